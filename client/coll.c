@@ -1,0 +1,317 @@
+/* Collective calls and groups: each call becomes one op; outside a group
+ * it is submitted alone, inside one it waits for ccs_group_end, which
+ * submits all of the thread's ops in one request and returns when all are
+ * done. Unregistered buffers are copied through a staging area. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+struct op {
+  ccs_comm_t *comm;
+  uint32_t kind;
+  uint64_t count;
+  ccs_dtype_t dtype;
+  ccs_redop_t redop;
+  int root;
+  const char *send;
+  char *recv;
+  uint64_t send_len, recv_len;
+  /* resolved: buffer id and offset; staged ranges copy through staging */
+  uint64_t send_id, send_off, recv_id, recv_off;
+  const char *stage_lo; /* user range staged at stage_off, or NULL */
+  size_t stage_len, stage_off;
+  int stage_in;   /* copy user -> staging before (send data lies in range) */
+  const char *stage2_lo; /* a second, disjoint staged range (send) */
+  size_t stage2_len, stage2_off;
+};
+
+static __thread struct {
+  int depth;
+  struct op *ops;
+  size_t n, cap;
+} group;
+
+static ccs_result_t fail(ccs_comm_t *comm, ccs_result_t rc, const char *fmt, const char *what) {
+  ccs__set_error(fmt, what);
+  if (comm) snprintf(comm->last_error, sizeof(comm->last_error), "%s", ccs__error());
+  return rc;
+}
+
+static ccs_result_t check_op(struct op *o, ccs_stream_t stream) {
+  const char *name = ccs__coll_name(o->kind);
+  if (!o->comm) return fail(NULL, CCS_ERR_INVALID_ARGUMENT, "%s: communicator is NULL", name);
+  if (stream)
+    return fail(o->comm, CCS_ERR_UNSUPPORTED,
+                "%s: streams come with device buffers, which this build does not support; "
+                "pass NULL", name);
+  if ((unsigned)o->dtype >= CCS_DTYPE_COUNT)
+    return fail(o->comm, CCS_ERR_INVALID_ARGUMENT, "%s: unknown data type", name);
+  if (ccs__coll_has_redop(o->kind) && (unsigned)o->redop >= CCS_REDOP_COUNT)
+    return fail(o->comm, CCS_ERR_INVALID_ARGUMENT, "%s: unknown reduction", name);
+  int p2p = o->kind == CCS__SEND || o->kind == CCS__RECV;
+  if ((ccs__coll_has_root(o->kind) || p2p) && (o->root < 0 || o->root >= o->comm->nranks))
+    return fail(o->comm, CCS_ERR_INVALID_ARGUMENT,
+                p2p ? "%s: peer out of range" : "%s: root out of range", name);
+  if (ccs__op_lengths(o->kind, o->count, ccs_dtype_size(o->dtype), o->comm->nranks,
+                      o->comm->rank, o->root, &o->send_len, &o->recv_len))
+    return fail(o->comm, CCS_ERR_INVALID_ARGUMENT, "%s: count overflows", name);
+  if ((o->send_len && !o->send) || (o->recv_len && !o->recv))
+    return fail(o->comm, CCS_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
+  return CCS_OK;
+}
+
+static size_t align_up(size_t v) { return (v + 63) & ~(size_t)63; }
+
+/* Chooses registered ids or staging for each op's buffers; returns the
+ * staging bytes needed. Where the send and receive ranges of a staged op
+ * overlap (in-place calls), their union is staged once with its contents,
+ * so the daemon sees the same aliasing the caller made. */
+static ccs_result_t resolve(struct ccs__conn *c, struct op *ops, size_t n, size_t *ret_bytes) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct op *o = &ops[i];
+    int send_staged = 0, recv_staged = 0, r;
+    if (o->send_len) {
+      r = ccs__mem_lookup(c, o->send, o->send_len, &o->send_id, &o->send_off);
+      if (r < 0) return fail(o->comm, CCS_ERR_SYSTEM, "%s", ccs__error());
+      send_staged = r;
+    }
+    if (o->recv_len) {
+      r = ccs__mem_lookup(c, o->recv, o->recv_len, &o->recv_id, &o->recv_off);
+      if (r < 0) return fail(o->comm, CCS_ERR_SYSTEM, "%s", ccs__error());
+      recv_staged = r;
+    }
+    const char *s0 = o->send, *s1 = o->send + o->send_len;
+    const char *r0 = o->recv, *r1 = o->recv + o->recv_len;
+    if (send_staged && recv_staged && s0 < r1 && r0 < s1) {
+      o->stage_lo = s0 < r0 ? s0 : r0;
+      o->stage_len = (size_t)((s1 > r1 ? s1 : r1) - o->stage_lo);
+      o->stage_in = 1;
+    } else {
+      if (recv_staged) o->stage_lo = r0, o->stage_len = o->recv_len;
+      if (send_staged) o->stage2_lo = s0, o->stage2_len = o->send_len;
+    }
+    if (o->stage_lo) o->stage_off = bytes, bytes += align_up(o->stage_len);
+    if (o->stage2_lo) o->stage2_off = bytes, bytes += align_up(o->stage2_len);
+  }
+  *ret_bytes = bytes;
+  return CCS_OK;
+}
+
+static void fill_ref(Ccs__BufRef *ref, const struct op *o, const char *ptr, uint64_t len,
+                     uint64_t id, uint64_t off, const struct ccs__staging *st) {
+  ref->length = len;
+  if (o->stage2_lo && ptr == o->stage2_lo) {
+    ref->buffer = st->id;
+    ref->offset = o->stage2_off;
+  } else if (o->stage_lo && ptr >= o->stage_lo && ptr < o->stage_lo + o->stage_len) {
+    ref->buffer = st->id;
+    ref->offset = o->stage_off + (uint64_t)(ptr - o->stage_lo);
+  } else {
+    ref->buffer = id;
+    ref->offset = off;
+  }
+}
+
+static ccs_result_t submit(struct op *ops, size_t n) {
+  struct ccs__conn *c = ops[0].comm->conn;
+  for (size_t i = 0; i < n; i++) {
+    if (ops[i].comm->conn != c)
+      return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
+                  "a group mixes communicators of different daemon connections");
+    if (ops[i].comm->async_error != CCS_OK)
+      return fail(ops[i].comm, ops[i].comm->async_error, "%s", ops[i].comm->last_error);
+  }
+  size_t staged_bytes;
+  ccs_result_t rc = resolve(c, ops, n, &staged_bytes);
+  if (rc != CCS_OK) return rc;
+  struct ccs__staging *st = NULL;
+  if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, &st)) != CCS_OK)
+    return fail(ops[0].comm, rc, "%s", ccs__error());
+
+  Ccs__Op *msgs = calloc(n, sizeof(*msgs));
+  Ccs__Op **ptrs = calloc(n, sizeof(*ptrs));
+  Ccs__BufRef *refs = calloc(2 * n, sizeof(*refs));
+  if (!msgs || !ptrs || !refs) {
+    rc = fail(ops[0].comm, CCS_ERR_NO_MEMORY, "%s", "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    struct op *o = &ops[i];
+    Ccs__Op *m = &msgs[i];
+    ccs__op__init(m);
+    m->comm = o->comm->handle;
+    m->kind = o->kind;
+    m->count = o->count;
+    m->dtype = (uint32_t)o->dtype;
+    m->redop = (uint32_t)o->redop;
+    m->root = o->root;
+    if (o->send_len) {
+      ccs__buf_ref__init(&refs[2 * i]);
+      fill_ref(&refs[2 * i], o, o->send, o->send_len, o->send_id, o->send_off, st);
+      m->send = &refs[2 * i];
+    }
+    if (o->recv_len) {
+      ccs__buf_ref__init(&refs[2 * i + 1]);
+      fill_ref(&refs[2 * i + 1], o, o->recv, o->recv_len, o->recv_id, o->recv_off, st);
+      m->recv = &refs[2 * i + 1];
+    }
+    if (o->stage_lo && o->stage_in)
+      memcpy((char *)st->base + o->stage_off, o->stage_lo, o->stage_len);
+    if (o->stage2_lo) memcpy((char *)st->base + o->stage2_off, o->stage2_lo, o->stage2_len);
+    ptrs[i] = m;
+  }
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__Submit sub = CCS__SUBMIT__INIT;
+  sub.n_ops = n;
+  sub.ops = ptrs;
+  req.body_case = CCS__REQUEST__BODY_SUBMIT;
+  req.submit = &sub;
+  Ccs__Reply *reply;
+  rc = ccs__conn_call(c, &req, -1, &reply);
+  if (rc == CCS_OK) {
+    ccs__reply__free_unpacked(reply, NULL);
+    for (size_t i = 0; i < n; i++) {
+      struct op *o = &ops[i];
+      if (o->stage_lo && o->recv_len) /* the results: only the receive range */
+        memcpy(o->recv, (char *)st->base + o->stage_off + (size_t)(o->recv - o->stage_lo),
+               o->recv_len);
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      ccs_comm_t *cm = ops[i].comm;
+      snprintf(cm->last_error, sizeof(cm->last_error), "%s", ccs__error());
+      /* Bad arguments leave the comm usable; anything else is fatal to it. */
+      if (rc != CCS_ERR_INVALID_ARGUMENT && rc != CCS_ERR_INVALID_USAGE &&
+          rc != CCS_ERR_MISMATCH && cm->async_error == CCS_OK)
+        cm->async_error = rc;
+    }
+  }
+out:
+  free(msgs);
+  free(ptrs);
+  free(refs);
+  ccs__staging_release(st);
+  return rc;
+}
+
+static ccs_result_t enqueue(struct op *o, ccs_stream_t stream) {
+  ccs_result_t rc = check_op(o, stream);
+  if (rc != CCS_OK) return rc;
+  if (group.depth == 0) return submit(o, 1);
+  if (group.n == CCS__SUBMIT_MAX_OPS)
+    return fail(o->comm, CCS_ERR_INVALID_USAGE, "%s",
+                "too many ops in one group (4096 at most)");
+  if (group.n == group.cap) {
+    size_t cap = group.cap ? 2 * group.cap : 16;
+    struct op *grown = realloc(group.ops, cap * sizeof(*grown));
+    if (!grown) return fail(o->comm, CCS_ERR_NO_MEMORY, "%s", "out of memory");
+    group.ops = grown;
+    group.cap = cap;
+  }
+  group.ops[group.n++] = *o;
+  return CCS_OK;
+}
+
+CCS__API ccs_result_t ccs_group_start(void) {
+  group.depth++;
+  return CCS_OK;
+}
+
+CCS__API ccs_result_t ccs_group_end(void) {
+  if (group.depth == 0) {
+    ccs__set_error("ccs_group_end without ccs_group_start");
+    return CCS_ERR_INVALID_USAGE;
+  }
+  if (--group.depth > 0) return CCS_OK;
+  ccs_result_t rc = group.n ? submit(group.ops, group.n) : CCS_OK;
+  free(group.ops);
+  group.ops = NULL;
+  group.n = group.cap = 0;
+  return rc;
+}
+
+#define OP(...) (struct op){__VA_ARGS__}
+
+CCS__API ccs_result_t ccs_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                     ccs_dtype_t dtype, ccs_redop_t op, ccs_comm_t *comm,
+                                     ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__ALL_REDUCE, .count = count, .dtype = dtype,
+                   .redop = op, .send = sendbuf, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_broadcast(const void *sendbuf, void *recvbuf, size_t count,
+                                    ccs_dtype_t dtype, int root, ccs_comm_t *comm,
+                                    ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__BROADCAST, .count = count, .dtype = dtype,
+                   .root = root, .send = sendbuf, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                 ccs_dtype_t dtype, ccs_redop_t op, int root, ccs_comm_t *comm,
+                                 ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__REDUCE, .count = count, .dtype = dtype,
+                   .redop = op, .root = root, .send = sendbuf, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                     ccs_dtype_t dtype, ccs_comm_t *comm, ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__ALL_GATHER, .count = sendcount, .dtype = dtype,
+                   .send = sendbuf, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                         ccs_dtype_t dtype, ccs_redop_t op, ccs_comm_t *comm,
+                                         ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__REDUCE_SCATTER, .count = recvcount,
+                   .dtype = dtype, .redop = op, .send = sendbuf, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                     ccs_dtype_t dtype, ccs_comm_t *comm, ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__ALL_TO_ALL, .count = count, .dtype = dtype,
+                   .send = sendbuf, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                 ccs_dtype_t dtype, int root, ccs_comm_t *comm,
+                                 ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__GATHER, .count = sendcount, .dtype = dtype,
+                   .root = root, .send = sendbuf, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                  ccs_dtype_t dtype, int root, ccs_comm_t *comm,
+                                  ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__SCATTER, .count = recvcount, .dtype = dtype,
+                   .root = root, .send = sendbuf, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_send(const void *sendbuf, size_t count, ccs_dtype_t dtype, int peer,
+                               ccs_comm_t *comm, ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__SEND, .count = count, .dtype = dtype,
+                   .root = peer, .send = sendbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_recv(void *recvbuf, size_t count, ccs_dtype_t dtype, int peer,
+                               ccs_comm_t *comm, ccs_stream_t stream) {
+  struct op o = OP(.comm = comm, .kind = CCS__RECV, .count = count, .dtype = dtype,
+                   .root = peer, .recv = recvbuf);
+  return enqueue(&o, stream);
+}
+
+CCS__API ccs_result_t ccs_barrier(ccs_comm_t *comm) {
+  struct op o = OP(.comm = comm, .kind = CCS__BARRIER);
+  return enqueue(&o, NULL);
+}

@@ -1,0 +1,145 @@
+/* Communicators on the client side: a handle on the daemon's comm. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+CCS__API ccs_result_t ccs_get_unique_id(ccs_unique_id_t *id) {
+  if (!id) {
+    ccs__set_error("ccs_get_unique_id: id is NULL");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct ccs__conn *c;
+  ccs_result_t rc = ccs__conn_get(&c);
+  if (rc != CCS_OK) return rc;
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__GetUniqueId m = CCS__GET_UNIQUE_ID__INIT;
+  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
+  req.get_unique_id = &m;
+  Ccs__Reply *reply;
+  rc = ccs__conn_call(c, &req, -1, &reply);
+  ccs__conn_put(c);
+  if (rc != CCS_OK) return rc;
+  if (reply->body_case != CCS__REPLY__BODY_UNIQUE_ID ||
+      reply->unique_id->id.len != CCS_UNIQUE_ID_BYTES) {
+    ccs__reply__free_unpacked(reply, NULL);
+    ccs__set_error("daemon sent a malformed unique id");
+    return CCS_ERR_PROTOCOL;
+  }
+  memcpy(id->internal, reply->unique_id->id.data, CCS_UNIQUE_ID_BYTES);
+  ccs__reply__free_unpacked(reply, NULL);
+  return CCS_OK;
+}
+
+CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_unique_id_t id,
+                                         int rank) {
+  if (!comm || nranks < 1 || rank < 0 || rank >= nranks) {
+    ccs__set_error("ccs_comm_init_rank: need a comm pointer and 0 <= rank (%d) < nranks (%d)",
+                   rank, nranks);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct ccs_comm *cm = calloc(1, sizeof(*cm));
+  if (!cm) {
+    ccs__set_error("out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  ccs_result_t rc = ccs__conn_get(&cm->conn);
+  if (rc != CCS_OK) {
+    free(cm);
+    return rc;
+  }
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__CommInit m = CCS__COMM_INIT__INIT;
+  m.id.data = (uint8_t *)id.internal;
+  m.id.len = CCS_UNIQUE_ID_BYTES;
+  m.nranks = (uint32_t)nranks;
+  m.rank = (uint32_t)rank;
+  req.body_case = CCS__REQUEST__BODY_COMM_INIT;
+  req.comm_init = &m;
+  Ccs__Reply *reply;
+  rc = ccs__conn_call(cm->conn, &req, -1, &reply);
+  if (rc == CCS_OK && reply->body_case != CCS__REPLY__BODY_COMM_INIT) {
+    ccs__reply__free_unpacked(reply, NULL);
+    ccs__set_error("daemon sent no communicator handle");
+    rc = CCS_ERR_PROTOCOL;
+  }
+  if (rc != CCS_OK) {
+    ccs__conn_put(cm->conn);
+    free(cm);
+    return rc;
+  }
+  cm->handle = reply->comm_init->comm;
+  cm->nranks = nranks;
+  cm->rank = rank;
+  ccs__reply__free_unpacked(reply, NULL);
+  *comm = cm;
+  return CCS_OK;
+}
+
+static ccs_result_t comm_leave(ccs_comm_t *comm, int abort) {
+  if (!comm) {
+    ccs__set_error("communicator is NULL");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  if (!comm->conn->broken) {
+    Ccs__Request req = CCS__REQUEST__INIT;
+    Ccs__CommDestroy d = CCS__COMM_DESTROY__INIT;
+    Ccs__CommAbort a = CCS__COMM_ABORT__INIT;
+    d.comm = a.comm = comm->handle;
+    if (abort) {
+      req.body_case = CCS__REQUEST__BODY_COMM_ABORT;
+      req.comm_abort = &a;
+    } else {
+      req.body_case = CCS__REQUEST__BODY_COMM_DESTROY;
+      req.comm_destroy = &d;
+    }
+    Ccs__Reply *reply;
+    /* The local handle goes whatever the daemon says: a daemon that is
+     * gone has already forgotten the comm. */
+    if (ccs__conn_call(comm->conn, &req, -1, &reply) == CCS_OK)
+      ccs__reply__free_unpacked(reply, NULL);
+  }
+  ccs__conn_put(comm->conn);
+  free(comm);
+  return CCS_OK;
+}
+
+CCS__API ccs_result_t ccs_comm_destroy(ccs_comm_t *comm) { return comm_leave(comm, 0); }
+CCS__API ccs_result_t ccs_comm_abort(ccs_comm_t *comm) { return comm_leave(comm, 1); }
+
+CCS__API ccs_result_t ccs_comm_count(const ccs_comm_t *comm, int *count) {
+  if (!comm || !count) return CCS_ERR_INVALID_ARGUMENT;
+  *count = comm->nranks;
+  return CCS_OK;
+}
+
+CCS__API ccs_result_t ccs_comm_user_rank(const ccs_comm_t *comm, int *rank) {
+  if (!comm || !rank) return CCS_ERR_INVALID_ARGUMENT;
+  *rank = comm->rank;
+  return CCS_OK;
+}
+
+CCS__API ccs_result_t ccs_comm_get_async_error(ccs_comm_t *comm, ccs_result_t *async_error) {
+  if (!comm || !async_error) return CCS_ERR_INVALID_ARGUMENT;
+  if (comm->async_error == CCS_OK) {
+    Ccs__Request req = CCS__REQUEST__INIT;
+    Ccs__CommQuery q = CCS__COMM_QUERY__INIT;
+    q.comm = comm->handle;
+    req.body_case = CCS__REQUEST__BODY_COMM_QUERY;
+    req.comm_query = &q;
+    Ccs__Reply *reply;
+    ccs_result_t rc = ccs__conn_call(comm->conn, &req, -1, &reply);
+    if (rc == CCS_OK) ccs__reply__free_unpacked(reply, NULL);
+    else {
+      comm->async_error = rc;
+      snprintf(comm->last_error, sizeof(comm->last_error), "%s", ccs__error());
+    }
+  }
+  *async_error = comm->async_error;
+  return CCS_OK;
+}
+
+CCS__API const char *ccs_comm_last_error(const ccs_comm_t *comm) {
+  return comm ? comm->last_error : ccs__error();
+}

@@ -1,0 +1,266 @@
+/* The process's connection to ccsd: connect, hello, and calls that wait for
+ * their reply by id. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+struct ccs__reply_slot {
+  uint64_t id;
+  Ccs__Reply *reply;
+  struct ccs__reply_slot *next;
+};
+
+static pthread_mutex_t current_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ccs__conn *current;
+static struct ccs__conn *inherited; /* the parent's, after a fork; never used */
+
+static __thread char error_text[CCS__ERROR_TEXT_MAX];
+
+void ccs__set_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error_text, sizeof(error_text), fmt, ap);
+  va_end(ap);
+}
+
+const char *ccs__error(void) { return error_text; }
+
+static const char *socket_path(void) {
+  const char *p = getenv("CCS_SOCKET");
+  return p && *p ? p : CCS__DEFAULT_SOCKET;
+}
+
+void ccs__conn_ref(struct ccs__conn *c) {
+  pthread_mutex_lock(&c->mu);
+  c->refs++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+void ccs__conn_put(struct ccs__conn *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  int last = --c->refs == 0;
+  pthread_mutex_unlock(&c->mu);
+  if (!last) return;
+  if (c->fd >= 0) close(c->fd);
+  while (c->replies) {
+    struct ccs__reply_slot *s = c->replies;
+    c->replies = s->next;
+    ccs__reply__free_unpacked(s->reply, NULL);
+    free(s);
+  }
+  ccs__frame_reader_close(&c->rd);
+  pthread_mutex_destroy(&c->send_mu);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
+  free(c);
+}
+
+static ccs_result_t conn_open(struct ccs__conn **ret) {
+  const char *path = socket_path();
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof(addr.sun_path)) {
+    ccs__set_error("CCS_SOCKET path too long: %s", path);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  strcpy(addr.sun_path, path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    ccs__set_error("socket: %s", strerror(errno));
+    return CCS_ERR_SYSTEM;
+  }
+  if (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+    ccs__set_error("cannot connect to ccsd at %s: %s (is the daemon running? CCS_SOCKET "
+                   "chooses the socket)", path, strerror(errno));
+    close(fd);
+    return CCS_ERR_DAEMON_UNAVAILABLE;
+  }
+  struct ccs__conn *c = calloc(1, sizeof(*c));
+  if (!c) {
+    close(fd);
+    ccs__set_error("out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  c->fd = fd;
+  c->pid = getpid();
+  c->refs = 1;
+  pthread_mutex_init(&c->send_mu, NULL);
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  ccs__frame_reader_init(&c->rd, CCS__FRAME_MAX);
+
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__Hello hello = CCS__HELLO__INIT;
+  hello.protocol = CCS__PROTOCOL_VERSION;
+  req.body_case = CCS__REQUEST__BODY_HELLO;
+  req.hello = &hello;
+  Ccs__Reply *reply;
+  ccs_result_t rc = ccs__conn_call(c, &req, -1, &reply);
+  if (rc != CCS_OK) {
+    ccs__conn_put(c);
+    return rc;
+  }
+  ccs__reply__free_unpacked(reply, NULL);
+  *ret = c;
+  return CCS_OK;
+}
+
+ccs_result_t ccs__conn_get(struct ccs__conn **ret) {
+  pthread_mutex_lock(&current_mu);
+  if (current && current->pid != getpid()) {
+    /* Forked: the parent keeps talking on this socket; the child's copy of
+     * the connection (and its comms) is dead. */
+    close(current->fd);
+    current->fd = -1;
+    current->broken = CCS_ERR_DAEMON_UNAVAILABLE;
+    inherited = current; /* the parent's references live in the parent */
+    current = NULL;
+  }
+  if (current && current->broken) {
+    ccs__conn_put(current);
+    current = NULL;
+  }
+  ccs_result_t rc = CCS_OK;
+  if (!current) rc = conn_open(&current);
+  if (rc == CCS_OK) {
+    ccs__conn_ref(current);
+    *ret = current;
+  }
+  pthread_mutex_unlock(&current_mu);
+  return rc;
+}
+
+static int send_all(struct ccs__conn *c, const uint8_t *buf, size_t len, int pass_fd) {
+  size_t off = 0;
+  while (off < len) {
+    struct iovec iov = {(void *)(buf + off), len - off};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    union {
+      char buf[CMSG_SPACE(sizeof(int))];
+      struct cmsghdr align;
+    } ctl;
+    if (off == 0 && pass_fd >= 0) {
+      /* The fd rides with the frame's first byte; the daemon pairs them. */
+      memset(&ctl, 0, sizeof(ctl));
+      msg.msg_control = ctl.buf;
+      msg.msg_controllen = sizeof(ctl.buf);
+      struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+    }
+    ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    off += (size_t)n;
+  }
+  return 0;
+}
+
+/* Blocks for one whole frame; NULL when the connection is gone or broken. */
+static Ccs__Reply *read_reply(struct ccs__conn *c) {
+  for (;;) {
+    const uint8_t *payload;
+    size_t len;
+    int r = ccs__frame_reader_next(&c->rd, &payload, &len);
+    if (r == 1) return ccs__reply_unpack(payload, len);
+    if (r < 0) return NULL;
+    uint8_t *space;
+    size_t room;
+    if (ccs__frame_reader_space(&c->rd, &space, &room)) return NULL;
+    ssize_t n = recv(c->fd, space, room, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return NULL;
+    ccs__frame_reader_commit(&c->rd, (size_t)n);
+  }
+}
+
+static Ccs__Reply *take_reply(struct ccs__conn *c, uint64_t id) {
+  for (struct ccs__reply_slot **p = &c->replies; *p; p = &(*p)->next) {
+    if ((*p)->id != id) continue;
+    struct ccs__reply_slot *s = *p;
+    Ccs__Reply *r = s->reply;
+    *p = s->next;
+    free(s);
+    return r;
+  }
+  return NULL;
+}
+
+static char broken_text[CCS__ERROR_TEXT_MAX]; /* why the daemon hung up */
+
+ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
+                            Ccs__Reply **ret) {
+  pthread_mutex_lock(&c->send_mu);
+  uint64_t id = req->id = ++c->next_id;
+  size_t len;
+  uint8_t *frame = ccs__frame_pack(&req->base, &len);
+  int sent = frame && !c->broken && send_all(c, frame, len, pass_fd) == 0;
+  pthread_mutex_unlock(&c->send_mu);
+  free(frame);
+  if (!frame) {
+    ccs__set_error("request too large for one frame (over %u bytes)", CCS__FRAME_MAX);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+
+  Ccs__Reply *reply = NULL;
+  pthread_mutex_lock(&c->mu);
+  if (!sent && !c->broken) c->broken = CCS_ERR_DAEMON_UNAVAILABLE;
+  while (!(reply = take_reply(c, id)) && !c->broken) {
+    if (c->reading) {
+      pthread_cond_wait(&c->cv, &c->mu);
+      continue;
+    }
+    c->reading = 1;
+    pthread_mutex_unlock(&c->mu);
+    Ccs__Reply *r = read_reply(c);
+    pthread_mutex_lock(&c->mu);
+    c->reading = 0;
+    struct ccs__reply_slot *slot = r ? malloc(sizeof(*slot)) : NULL;
+    if (r && r->id == 0) {
+      /* Unsolicited: the daemon's last word before it closes on us. */
+      snprintf(broken_text, sizeof(broken_text), "%s", r->error);
+      c->broken = r->status ? r->status : CCS_ERR_PROTOCOL;
+      ccs__reply__free_unpacked(r, NULL);
+      free(slot);
+    } else if (!slot) {
+      if (r) ccs__reply__free_unpacked(r, NULL);
+      if (!c->broken) c->broken = CCS_ERR_DAEMON_UNAVAILABLE;
+    } else {
+      slot->id = r->id;
+      slot->reply = r;
+      slot->next = c->replies;
+      c->replies = slot;
+    }
+    pthread_cond_broadcast(&c->cv);
+  }
+  ccs_result_t broken = c->broken;
+  pthread_mutex_unlock(&c->mu);
+
+  if (!reply) {
+    if (broken == CCS_ERR_DAEMON_UNAVAILABLE || !broken_text[0])
+      ccs__set_error("connection to ccsd lost (daemon stopped or restarted); create new "
+                     "communicators once it is back");
+    else
+      ccs__set_error("ccsd closed the connection: %s", broken_text);
+    return broken;
+  }
+  ccs_result_t rc = (ccs_result_t)reply->status;
+  if (rc != CCS_OK) {
+    ccs__set_error("%s", reply->error && *reply->error ? reply->error : ccs_strerror(rc));
+    ccs__reply__free_unpacked(reply, NULL);
+    return rc;
+  }
+  *ret = reply;
+  return CCS_OK;
+}

@@ -1,0 +1,129 @@
+/* ccs: collectives as a service. The one public header of libccs.
+ *
+ * A job's ranks call these functions; the node's ccsd daemon performs the
+ * collectives. The API mirrors NCCL's: opaque communicators created from a
+ * 128-byte unique id, one result enum for every call, a detail text per
+ * communicator. With a NULL stream every call returns when the operation is
+ * complete (host buffers).
+ */
+#ifndef CCS_H
+#define CCS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CCS_VERSION_MAJOR 0
+#define CCS_VERSION_MINOR 1
+#define CCS_VERSION_PATCH 0
+
+/* Results. The numbers travel on the wire: never renumber, only append. */
+#define CCS_RESULT_MAP(X)                                                          \
+  X(CCS_OK, 0, "success")                                                          \
+  X(CCS_IN_PROGRESS, 1, "operation in progress")                                   \
+  X(CCS_ERR_INVALID_ARGUMENT, 2, "invalid argument")                               \
+  X(CCS_ERR_INVALID_USAGE, 3, "invalid usage")                                     \
+  X(CCS_ERR_NO_MEMORY, 4, "out of memory")                                         \
+  X(CCS_ERR_SYSTEM, 5, "system error")                                             \
+  X(CCS_ERR_CUDA, 6, "CUDA error")                                                 \
+  X(CCS_ERR_TRANSPORT, 7, "transport error")                                       \
+  X(CCS_ERR_PROTOCOL, 8, "protocol error")                                         \
+  X(CCS_ERR_PEER_LOST, 9, "peer lost")                                             \
+  X(CCS_ERR_TIMEOUT, 10, "timeout")                                                \
+  X(CCS_ERR_VERSION, 11, "version mismatch")                                       \
+  X(CCS_ERR_DAEMON_UNAVAILABLE, 12, "daemon unavailable")                          \
+  X(CCS_ERR_UNSUPPORTED, 13, "unsupported")                                        \
+  X(CCS_ERR_MISMATCH, 14, "arguments differ across ranks")                         \
+  X(CCS_ERR_PERMISSION, 15, "permission denied")                                   \
+  X(CCS_ERR_QUOTA, 16, "quota exceeded")                                           \
+  X(CCS_ERR_ABORTED, 17, "communicator aborted")
+
+typedef enum {
+#define CCS__RESULT_ENUM(name, value, text) name = value,
+  CCS_RESULT_MAP(CCS__RESULT_ENUM)
+#undef CCS__RESULT_ENUM
+} ccs_result_t;
+
+typedef enum {
+  CCS_INT8 = 0,
+  CCS_UINT8 = 1,
+  CCS_INT32 = 2,
+  CCS_UINT32 = 3,
+  CCS_INT64 = 4,
+  CCS_UINT64 = 5,
+  CCS_FLOAT16 = 6,
+  CCS_BFLOAT16 = 7,
+  CCS_FLOAT32 = 8,
+  CCS_FLOAT64 = 9,
+  CCS_FLOAT8_E4M3 = 10,
+  CCS_FLOAT8_E5M2 = 11,
+  CCS_DTYPE_COUNT
+} ccs_dtype_t;
+
+typedef enum { CCS_SUM = 0, CCS_PROD = 1, CCS_MAX = 2, CCS_MIN = 3, CCS_AVG = 4, CCS_REDOP_COUNT } ccs_redop_t;
+
+#define CCS_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[CCS_UNIQUE_ID_BYTES];
+} ccs_unique_id_t;
+
+typedef struct ccs_comm ccs_comm_t;
+typedef void *ccs_stream_t; /* NULL: the call returns when the op is complete */
+
+const char *ccs_strerror(ccs_result_t r);
+const char *ccs_result_name(ccs_result_t r); /* "CCS_ERR_TIMEOUT" */
+
+ccs_result_t ccs_get_unique_id(ccs_unique_id_t *id);
+ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_unique_id_t id, int rank);
+ccs_result_t ccs_comm_destroy(ccs_comm_t *comm);
+ccs_result_t ccs_comm_abort(ccs_comm_t *comm);
+ccs_result_t ccs_comm_count(const ccs_comm_t *comm, int *count);
+ccs_result_t ccs_comm_user_rank(const ccs_comm_t *comm, int *rank);
+ccs_result_t ccs_comm_get_async_error(ccs_comm_t *comm, ccs_result_t *async_error);
+const char *ccs_comm_last_error(const ccs_comm_t *comm);
+
+/* Host memory the daemon maps directly (zero copy). Any other pointer works
+ * too, staged through a bounded per-connection area. */
+ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes);
+ccs_result_t ccs_mem_free(void *ptr);
+
+ccs_result_t ccs_all_reduce(const void *sendbuf, void *recvbuf, size_t count, ccs_dtype_t dtype,
+                            ccs_redop_t op, ccs_comm_t *comm, ccs_stream_t stream);
+ccs_result_t ccs_broadcast(const void *sendbuf, void *recvbuf, size_t count, ccs_dtype_t dtype,
+                           int root, ccs_comm_t *comm, ccs_stream_t stream);
+ccs_result_t ccs_reduce(const void *sendbuf, void *recvbuf, size_t count, ccs_dtype_t dtype,
+                        ccs_redop_t op, int root, ccs_comm_t *comm, ccs_stream_t stream);
+ccs_result_t ccs_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                            ccs_dtype_t dtype, ccs_comm_t *comm, ccs_stream_t stream);
+ccs_result_t ccs_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                ccs_dtype_t dtype, ccs_redop_t op, ccs_comm_t *comm,
+                                ccs_stream_t stream);
+/* count elements to and from each peer */
+ccs_result_t ccs_all_to_all(const void *sendbuf, void *recvbuf, size_t count, ccs_dtype_t dtype,
+                            ccs_comm_t *comm, ccs_stream_t stream);
+ccs_result_t ccs_gather(const void *sendbuf, void *recvbuf, size_t sendcount, ccs_dtype_t dtype,
+                        int root, ccs_comm_t *comm, ccs_stream_t stream);
+ccs_result_t ccs_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, ccs_dtype_t dtype,
+                         int root, ccs_comm_t *comm, ccs_stream_t stream);
+ccs_result_t ccs_send(const void *sendbuf, size_t count, ccs_dtype_t dtype, int peer,
+                      ccs_comm_t *comm, ccs_stream_t stream);
+ccs_result_t ccs_recv(void *recvbuf, size_t count, ccs_dtype_t dtype, int peer, ccs_comm_t *comm,
+                      ccs_stream_t stream);
+ccs_result_t ccs_barrier(ccs_comm_t *comm);
+
+/* Ops issued between start and end are submitted together; they complete
+ * (host) by the time ccs_group_end returns. Groups nest, like NCCL's. */
+ccs_result_t ccs_group_start(void);
+ccs_result_t ccs_group_end(void);
+
+/* Helpers */
+size_t ccs_dtype_size(ccs_dtype_t dtype); /* 0 for an unknown type */
+const char *ccs_dtype_name(ccs_dtype_t dtype);
+const char *ccs_redop_name(ccs_redop_t op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CCS_H */

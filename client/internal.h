@@ -1,0 +1,82 @@
+/* libccs internals: the connection to the daemon, registered memory and
+ * staging, and the per-call error text. */
+#ifndef CCS_CLIENT_INTERNAL_H
+#define CCS_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ccs.h"
+#include "wire.h"
+
+#define CCS__API __attribute__((visibility("default")))
+#define CCS__DEFAULT_SOCKET "/run/ccs/ccsd.sock"
+
+/* One connection per process, shared by its threads. Each call sends its
+ * request and waits for the reply with its id; whichever waiting thread
+ * finds no reader becomes the reader and hands other threads' replies over
+ * (leader/follower), so threads never block each other's replies. */
+struct ccs__reply_slot;
+struct ccs__conn {
+  int fd;
+  pid_t pid; /* a forked child must not share its parent's connection */
+  int refs;  /* the process's current-connection pointer, comms, calls */
+  int broken;
+  uint64_t next_id;
+  pthread_mutex_t send_mu;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int reading;
+  struct ccs__reply_slot *replies;
+  struct ccs__frame_reader rd;
+};
+
+/* The current connection, connecting (and saying hello) if there is none,
+ * the last one broke, or the process forked. Takes a reference. */
+ccs_result_t ccs__conn_get(struct ccs__conn **ret);
+void ccs__conn_ref(struct ccs__conn *c);
+void ccs__conn_put(struct ccs__conn *c);
+/* Sends req (its id is assigned here) with an optional fd, waits for the
+ * reply. On any result other than CCS_OK the reply is NULL and the text is
+ * in ccs__error(). A reply with an error status is returned as that status
+ * with its text, and freed. */
+ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
+                            Ccs__Reply **ret);
+
+/* Thread-local detail of the last failure (also copied into the comm). */
+void ccs__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *ccs__error(void);
+
+/* Registered memory: (buffer id, offset) for [ptr, ptr+len) on connection
+ * c, registering again there if the buffer was made on an older
+ * connection. 0 when found, 1 when not ccs memory, <0 on failure. */
+int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *ret_id,
+                    uint64_t *ret_off);
+
+/* Staging for unregistered buffers: a registered area of at least `bytes`,
+ * taken from a per-connection pool (exclusive until released). */
+struct ccs__staging {
+  void *base;
+  size_t size;
+  uint64_t id;
+  struct ccs__conn *conn;
+  struct ccs__staging *next;
+};
+ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, struct ccs__staging **ret);
+void ccs__staging_release(struct ccs__staging *s);
+
+/* memfd-backed shared memory, sealed against shrinking and growing. */
+ccs_result_t ccs__memfd_map(size_t bytes, int *ret_fd, void **ret_ptr);
+ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, uint64_t *ret_id);
+void ccs__mem_deregister(struct ccs__conn *c, uint64_t id);
+
+struct ccs_comm {
+  struct ccs__conn *conn;
+  uint64_t handle;
+  int nranks, rank;
+  ccs_result_t async_error;
+  char last_error[CCS__ERROR_TEXT_MAX];
+};
+
+#endif

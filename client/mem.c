@@ -1,0 +1,253 @@
+/* Memory the daemon can map: sealed memfds passed over the socket.
+ *
+ * ccs_mem_alloc'ed buffers are registered once per connection (again,
+ * lazily, after a fork or a daemon restart: the fd is kept for that).
+ * Unregistered user buffers are staged through a pool of registered areas,
+ * bounded in total by CCS_STAGING_MAX_BYTES (default 1 GiB). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+struct allocation {
+  char *ptr;
+  size_t size;
+  int fd;
+  struct ccs__conn *conn; /* where id is valid; NULL: not registered */
+  uint64_t id;
+};
+
+static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct allocation *allocs;
+static size_t nallocs, cap_allocs;
+
+ccs_result_t ccs__memfd_map(size_t bytes, int *ret_fd, void **ret_ptr) {
+  int fd = memfd_create("ccs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    ccs__set_error("memfd_create: %s", strerror(errno));
+    return CCS_ERR_SYSTEM;
+  }
+  if (ftruncate(fd, (off_t)bytes) ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+    ccs__set_error("cannot size and seal a %zu-byte memfd: %s", bytes, strerror(errno));
+    close(fd);
+    return CCS_ERR_SYSTEM;
+  }
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    ccs__set_error("cannot map %zu bytes: %s", bytes, strerror(errno));
+    close(fd);
+    return errno == ENOMEM ? CCS_ERR_NO_MEMORY : CCS_ERR_SYSTEM;
+  }
+  *ret_fd = fd;
+  *ret_ptr = p;
+  return CCS_OK;
+}
+
+ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, uint64_t *ret_id) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
+  req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
+  req.mem_register = &m;
+  Ccs__Reply *reply;
+  ccs_result_t rc = ccs__conn_call(c, &req, fd, &reply);
+  if (rc != CCS_OK) return rc;
+  if (reply->body_case != CCS__REPLY__BODY_MEM_REGISTER) {
+    ccs__reply__free_unpacked(reply, NULL);
+    ccs__set_error("daemon sent no buffer id");
+    return CCS_ERR_PROTOCOL;
+  }
+  *ret_id = reply->mem_register->buffer;
+  ccs__reply__free_unpacked(reply, NULL);
+  return CCS_OK;
+}
+
+void ccs__mem_deregister(struct ccs__conn *c, uint64_t id) {
+  if (c->broken) return;
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__MemDeregister m = CCS__MEM_DEREGISTER__INIT;
+  m.buffer = id;
+  req.body_case = CCS__REQUEST__BODY_MEM_DEREGISTER;
+  req.mem_deregister = &m;
+  Ccs__Reply *reply;
+  if (ccs__conn_call(c, &req, -1, &reply) == CCS_OK) ccs__reply__free_unpacked(reply, NULL);
+}
+
+CCS__API ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes) {
+  if (!ptr || bytes == 0) {
+    ccs__set_error("ccs_mem_alloc needs a pointer to fill and a non-zero size");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct ccs__conn *c;
+  ccs_result_t rc = ccs__conn_get(&c);
+  if (rc != CCS_OK) return rc;
+  int fd;
+  void *p;
+  uint64_t id;
+  if ((rc = ccs__memfd_map(bytes, &fd, &p)) != CCS_OK) goto out;
+  if ((rc = ccs__mem_register_fd(c, fd, &id)) != CCS_OK) {
+    munmap(p, bytes);
+    close(fd);
+    goto out;
+  }
+  pthread_mutex_lock(&mem_mu);
+  if (nallocs == cap_allocs) {
+    size_t cap = cap_allocs ? 2 * cap_allocs : 16;
+    struct allocation *grown = realloc(allocs, cap * sizeof(*grown));
+    if (!grown) {
+      pthread_mutex_unlock(&mem_mu);
+      ccs__mem_deregister(c, id);
+      munmap(p, bytes);
+      close(fd);
+      ccs__set_error("out of memory");
+      rc = CCS_ERR_NO_MEMORY;
+      goto out;
+    }
+    allocs = grown;
+    cap_allocs = cap;
+  }
+  ccs__conn_ref(c);
+  allocs[nallocs++] = (struct allocation){p, bytes, fd, c, id};
+  pthread_mutex_unlock(&mem_mu);
+  *ptr = p;
+out:
+  ccs__conn_put(c);
+  return rc;
+}
+
+CCS__API ccs_result_t ccs_mem_free(void *ptr) {
+  if (!ptr) return CCS_OK;
+  pthread_mutex_lock(&mem_mu);
+  size_t i;
+  for (i = 0; i < nallocs && allocs[i].ptr != ptr; i++) {
+  }
+  if (i == nallocs) {
+    pthread_mutex_unlock(&mem_mu);
+    ccs__set_error("ccs_mem_free: %p was not returned by ccs_mem_alloc", ptr);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct allocation a = allocs[i];
+  allocs[i] = allocs[--nallocs];
+  pthread_mutex_unlock(&mem_mu);
+  if (a.conn) {
+    ccs__mem_deregister(a.conn, a.id);
+    ccs__conn_put(a.conn);
+  }
+  munmap(a.ptr, a.size);
+  close(a.fd);
+  return CCS_OK;
+}
+
+int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *ret_id,
+                    uint64_t *ret_off) {
+  const char *p = ptr;
+  int found = 1;
+  pthread_mutex_lock(&mem_mu);
+  for (size_t i = 0; i < nallocs; i++) {
+    struct allocation *a = &allocs[i];
+    if (p < a->ptr || p >= a->ptr + a->size || len > (size_t)(a->ptr + a->size - p)) continue;
+    if (a->conn != c) {
+      /* Made on an older connection (fork, daemon restart): register here. */
+      uint64_t id;
+      if (ccs__mem_register_fd(c, a->fd, &id) != CCS_OK) {
+        found = -1;
+        break;
+      }
+      if (a->conn) ccs__conn_put(a->conn);
+      ccs__conn_ref(c);
+      a->conn = c;
+      a->id = id;
+    }
+    *ret_id = a->id;
+    *ret_off = (uint64_t)(p - a->ptr);
+    found = 0;
+    break;
+  }
+  pthread_mutex_unlock(&mem_mu);
+  return found;
+}
+
+/* --- staging --- */
+
+static pthread_mutex_t staging_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ccs__staging *free_staging;
+static size_t staging_bytes; /* mapped, in use or free */
+
+static size_t staging_limit(void) {
+  const char *s = getenv("CCS_STAGING_MAX_BYTES");
+  char *end;
+  unsigned long long v = s ? strtoull(s, &end, 10) : 0;
+  return s && *s && !*end && v ? (size_t)v : (size_t)1 << 30;
+}
+
+static void staging_unmap(struct ccs__staging *s) {
+  ccs__mem_deregister(s->conn, s->id);
+  ccs__conn_put(s->conn);
+  munmap(s->base, s->size);
+  staging_bytes -= s->size;
+  free(s);
+}
+
+ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, struct ccs__staging **ret) {
+  pthread_mutex_lock(&staging_mu);
+  struct ccs__staging **best = NULL;
+  for (struct ccs__staging **p = &free_staging; *p; p = &(*p)->next) {
+    if ((*p)->conn != c || (*p)->conn->broken) continue;
+    if ((*p)->size >= bytes && (!best || (*p)->size < (*best)->size)) best = p;
+  }
+  if (best) {
+    struct ccs__staging *s = *best;
+    *best = s->next;
+    pthread_mutex_unlock(&staging_mu);
+    *ret = s;
+    return CCS_OK;
+  }
+  /* Make room: drop free areas that are too small or on old connections. */
+  while (free_staging && staging_bytes + bytes > staging_limit()) {
+    struct ccs__staging *s = free_staging;
+    free_staging = s->next;
+    staging_unmap(s);
+  }
+  size_t size = (size_t)1 << 20;
+  while (size < bytes) size <<= 1;
+  size_t limit = staging_limit();
+  if (size > limit && bytes <= limit) size = bytes;
+  if (staging_bytes + size > limit) {
+    pthread_mutex_unlock(&staging_mu);
+    ccs__set_error("unregistered buffers need %zu bytes of staging, over the limit of %zu "
+                   "(CCS_STAGING_MAX_BYTES); allocate them with ccs_mem_alloc", bytes, limit);
+    return CCS_ERR_NO_MEMORY;
+  }
+  struct ccs__staging *s = calloc(1, sizeof(*s));
+  int fd = -1;
+  ccs_result_t rc = s ? ccs__memfd_map(size, &fd, &s->base) : CCS_ERR_NO_MEMORY;
+  if (rc == CCS_OK) {
+    rc = ccs__mem_register_fd(c, fd, &s->id);
+    close(fd);
+    if (rc != CCS_OK) munmap(s->base, size);
+  }
+  if (rc != CCS_OK) {
+    free(s);
+    pthread_mutex_unlock(&staging_mu);
+    return rc;
+  }
+  s->size = size;
+  s->conn = c;
+  ccs__conn_ref(c);
+  staging_bytes += size;
+  pthread_mutex_unlock(&staging_mu);
+  *ret = s;
+  return CCS_OK;
+}
+
+void ccs__staging_release(struct ccs__staging *s) {
+  if (!s) return;
+  pthread_mutex_lock(&staging_mu);
+  s->next = free_staging;
+  free_staging = s;
+  pthread_mutex_unlock(&staging_mu);
+}

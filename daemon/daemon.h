@@ -1,0 +1,239 @@
+/* ccsd's objects and who owns what.
+ *
+ * Everything below lives on the libuv loop thread except the executor's
+ * queue; payload bytes are only touched by executor threads.
+ *
+ *   daemon ── sessions (one per client connection)
+ *          │     ├─ buffers   registered memfd mappings (refcounted: ops in
+ *          │     │            flight keep a buffer mapped after its owner left)
+ *          │     ├─ members   this client's ranks in comms
+ *          │     └─ submissions  requests awaiting their reply
+ *          └─ comms ── members[nranks], pending collectives (slots by op
+ *                      number) and unmatched sends/receives
+ * A matched op becomes an xop: the posts of every rank plus the pieces of
+ * work the planner made of it; the executor runs it and hands it back.
+ */
+#ifndef CCSD_DAEMON_H
+#define CCSD_DAEMON_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "list.h"
+#include "wire.h"
+
+#define CCSD_MAX_RANKS 4096
+#define CCSD_MAX_PENDING_FDS 4
+#define CCSD_MAX_OUTPUT_BYTES (16u << 20)
+
+struct ccsd_config {
+  const char *socket_path;
+  unsigned socket_mode;
+  int threads;
+  double init_timeout_s;
+  size_t chunk_bytes;
+};
+
+struct executor;
+
+struct daemon {
+  uv_loop_t *loop;
+  struct ccsd_config cfg;
+  int listen_fd;
+  uv_poll_t listen_poll;
+  uv_signal_t sig_term, sig_int;
+  struct list sessions;
+  struct list comms;
+  struct executor *exec;
+  uint64_t next_id; /* sessions, comms: numbers for logs */
+  int stopping;
+};
+
+struct membuf {
+  struct list link; /* in session->buffers while registered */
+  uint64_t id;
+  void *base;
+  size_t size;
+  int refs;
+};
+
+struct pending_fd {
+  int fd;
+  uint64_t offset; /* stream offset of the frame it arrived with */
+};
+
+struct session {
+  struct list link;
+  struct daemon *d;
+  uint64_t id;
+  int fd;
+  uv_poll_t poll;
+  int poll_events;
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  int said_hello;
+  int closing;
+  struct ccs__frame_reader rd;
+  uint64_t rx_total;      /* bytes received */
+  uint64_t rx_frame_start; /* stream offset of the next frame */
+  struct pending_fd fds[CCSD_MAX_PENDING_FDS];
+  int nfds;
+  struct list outq;
+  size_t out_bytes;
+  struct list buffers;
+  uint64_t next_buffer_id;
+  struct list members;
+  struct list submissions;
+  uint64_t next_comm_handle;
+};
+
+/* A request waiting for its reply: a Submit (one post per op) or a CommInit. */
+struct submission {
+  struct list link;         /* in session->submissions */
+  struct session *session;  /* NULL once the client is gone */
+  uint64_t req_id;
+  int nposts, ndone;
+  ccs_result_t status;
+  char *error;
+  uint64_t comm_handle; /* a CommInit's reply carries it */
+};
+
+struct member {
+  struct list session_link;
+  struct comm *comm;
+  struct session *session; /* NULL once the client is gone */
+  uint64_t handle;
+  int rank;
+  pid_t pid;
+  struct submission *init; /* until the comm is ready */
+  uint64_t coll_seq;       /* collectives submitted so far */
+};
+
+enum comm_state { COMM_JOINING, COMM_READY, COMM_FAILED };
+
+struct comm {
+  struct list link;
+  struct daemon *d;
+  uint64_t id;
+  uint8_t secret[CCS__SECRET_BYTES];
+  uid_t uid;
+  int nranks, joined, departed;
+  struct member **members;
+  enum comm_state state;
+  ccs_result_t error;
+  char error_text[CCS__ERROR_TEXT_MAX];
+  uv_timer_t init_timer;
+  struct list slots; /* pending collectives, by op number */
+  struct list p2p;   /* unmatched sends and receives */
+  struct list running; /* xops in the executor */
+  int refs;          /* members, xops, the timer handle */
+};
+
+/* One rank's part of one op. */
+struct post {
+  struct list link;
+  struct submission *sub;
+  struct member *member;
+  uint32_t kind, dtype, redop;
+  uint64_t count;
+  int root; /* or the peer of a send/recv */
+  struct membuf *sendbuf, *recvbuf;
+  uint64_t send_off, send_len, recv_off, recv_len;
+  uint64_t seq;
+};
+
+struct slot {
+  struct list link;
+  uint64_t seq;
+  int nposted;
+  struct post **posts;
+};
+
+/* A unit of work: reduce (or copy, nin == 1) inputs into every output. */
+struct xpiece {
+  const void **in;
+  void **out;
+  int nin, nout;
+  int reduce;
+  size_t count; /* elements */
+};
+
+struct xop {
+  struct list link;      /* in the executor's queue */
+  struct list done_link; /* in the executor's completed list */
+  struct list comm_link; /* in comm->running */
+  struct comm *comm;
+  struct post **posts;
+  int nposts;
+  uint32_t kind;
+  uint64_t seq;
+  ccs_dtype_t dtype;
+  ccs_redop_t redop;
+  size_t avg_divisor, elem_size, chunk_elems;
+  struct xpiece *pieces;
+  size_t npieces;
+  size_t *piece_first_task; /* npieces + 1 prefix sums */
+  size_t ntasks, phase_split; /* tasks >= phase_split wait for all before */
+  size_t next_task;
+  _Atomic size_t done_tasks;
+  _Atomic int cancelled; /* the comm failed: skip the remaining work */
+  void *scratch;
+  void **ptrs; /* storage behind pieces' in/out */
+};
+
+/* server.c */
+int ccsd_server_start(struct daemon *d);
+void ccsd_server_stop(struct daemon *d);
+
+/* session.c */
+void ccsd_session_new(struct daemon *d, int fd);
+void ccsd_session_close(struct session *s, const char *why);
+int ccsd_session_send(struct session *s, const Ccs__Reply *reply);
+int ccsd_session_reply(struct session *s, uint64_t req_id, ccs_result_t status, const char *error);
+int ccsd_session_take_fd(struct session *s, uint64_t frame_offset);
+
+/* dispatch.c */
+void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64_t frame_offset);
+
+/* memreg.c */
+ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
+                                  size_t errlen);
+struct membuf *ccsd_membuf_find(struct session *s, uint64_t id);
+void ccsd_membuf_deregister(struct membuf *b);
+void ccsd_membuf_ref(struct membuf *b);
+void ccsd_membuf_unref(struct membuf *b);
+
+/* submission.c */
+struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts);
+void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, const char *error);
+void ccsd_submission_orphan_all(struct session *s);
+
+/* comm.c */
+void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m);
+struct member *ccsd_member_find(struct session *s, uint64_t handle);
+void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void ccsd_member_leave(struct member *m, const char *why);
+void ccsd_comm_ref(struct comm *c);
+void ccsd_comm_unref(struct comm *c);
+
+/* match.c */
+void ccsd_post_submit(struct post *p);
+void ccsd_post_free(struct post *p);
+void ccsd_xop_done(struct xop *x);
+void ccsd_comm_fail_pending(struct comm *c);
+
+/* direct.c: the intra-node planner (one pass over every rank's buffers) */
+ccs_result_t ccsd_plan_direct(struct xop *x, char *err, size_t errlen);
+
+/* executor.c */
+struct executor *ccsd_executor_new(struct daemon *d, int threads);
+/* Joins the threads, completes every op still held (cancelled), and frees
+ * the executor once the loop has closed its handle. */
+void ccsd_executor_stop(struct executor *e);
+void ccsd_executor_submit(struct executor *e, struct xop *x);
+void ccsd_xop_free(struct xop *x);
+
+#endif

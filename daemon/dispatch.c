@@ -1,0 +1,283 @@
+/* Frame -> request -> action -> reply. Protobuf types stop here: requests
+ * are validated field by field and copied into our own structs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
+  if (m->protocol != CCS__PROTOCOL_VERSION) {
+    char err[160];
+    snprintf(err, sizeof(err), "client speaks protocol %u, daemon speaks %u", m->protocol,
+             CCS__PROTOCOL_VERSION);
+    LOG_WARN("client %llu (pid %d): %s", (unsigned long long)s->id, (int)s->pid, err);
+    ccsd_session_reply(s, id, CCS_ERR_VERSION, err);
+    ccsd_session_close(s, "protocol version mismatch");
+    return;
+  }
+  s->said_hello = 1;
+  Ccs__Reply r = CCS__REPLY__INIT;
+  Ccs__HelloReply h = CCS__HELLO_REPLY__INIT;
+  char version[32];
+  snprintf(version, sizeof(version), "%d.%d.%d", CCS_VERSION_MAJOR, CCS_VERSION_MINOR,
+           CCS_VERSION_PATCH);
+  h.protocol = CCS__PROTOCOL_VERSION;
+  h.daemon_version = version;
+  r.id = id;
+  r.body_case = CCS__REPLY__BODY_HELLO;
+  r.hello = &h;
+  ccsd_session_send(s, &r);
+}
+
+static void on_get_unique_id(struct session *s, uint64_t id) {
+  struct ccs__unique_id uid = {.magic = CCS__UNIQUE_ID_MAGIC, .protocol = CCS__PROTOCOL_VERSION};
+  uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
+  if (getrandom(uid.secret, sizeof(uid.secret), 0) != (ssize_t)sizeof(uid.secret)) {
+    ccsd_session_reply(s, id, CCS_ERR_SYSTEM, "getrandom failed");
+    return;
+  }
+  memcpy(bytes, &uid, sizeof(uid));
+  Ccs__Reply r = CCS__REPLY__INIT;
+  Ccs__UniqueIdReply u = CCS__UNIQUE_ID_REPLY__INIT;
+  u.id.data = bytes;
+  u.id.len = sizeof(bytes);
+  r.id = id;
+  r.body_case = CCS__REPLY__BODY_UNIQUE_ID;
+  r.unique_id = &u;
+  ccsd_session_send(s, &r);
+}
+
+static void on_mem_register(struct session *s, uint64_t id, uint64_t frame_offset) {
+  int fd = ccsd_session_take_fd(s, frame_offset);
+  if (fd < 0) {
+    ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT,
+                       "memory registration without a file descriptor");
+    return;
+  }
+  char err[256];
+  struct membuf *b;
+  ccs_result_t rc = ccsd_membuf_register(s, fd, &b, err, sizeof(err));
+  if (rc != CCS_OK) {
+    ccsd_session_reply(s, id, rc, err);
+    return;
+  }
+  Ccs__Reply r = CCS__REPLY__INIT;
+  Ccs__MemRegisterReply m = CCS__MEM_REGISTER_REPLY__INIT;
+  m.buffer = b->id;
+  m.size = b->size;
+  r.id = id;
+  r.body_case = CCS__REPLY__BODY_MEM_REGISTER;
+  r.mem_register = &m;
+  ccsd_session_send(s, &r);
+}
+
+static void on_mem_deregister(struct session *s, uint64_t id, const Ccs__MemDeregister *m) {
+  struct membuf *b = ccsd_membuf_find(s, m->buffer);
+  if (!b) {
+    ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such buffer");
+    return;
+  }
+  ccsd_membuf_deregister(b);
+  ccsd_session_reply(s, id, CCS_OK, NULL);
+}
+
+static struct member *find_comm(struct session *s, uint64_t id, uint64_t handle) {
+  struct member *m = ccsd_member_find(s, handle);
+  if (!m) ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such communicator");
+  return m;
+}
+
+static void on_comm_destroy(struct session *s, uint64_t id, uint64_t handle, int abort) {
+  struct member *m = find_comm(s, id, handle);
+  if (!m) return;
+  if (abort)
+    ccsd_comm_fail(m->comm, CCS_ERR_ABORTED, "rank %d (pid %d) aborted the communicator",
+                   m->rank, (int)m->pid);
+  ccsd_member_leave(m, "destroyed the communicator");
+  ccsd_session_reply(s, id, CCS_OK, NULL);
+}
+
+static void on_comm_query(struct session *s, uint64_t id, uint64_t handle) {
+  struct member *m = find_comm(s, id, handle);
+  if (!m) return;
+  struct comm *c = m->comm;
+  ccsd_session_reply(s, id, c->state == COMM_FAILED ? c->error : CCS_OK,
+                     c->state == COMM_FAILED ? c->error_text : NULL);
+}
+
+/* Resolves and checks one buffer reference. `need` is the byte length the
+ * op requires; 0 means the buffer is not used and must be absent. */
+static int resolve_buf(struct session *s, const Ccs__BufRef *ref, uint64_t need,
+                       size_t align, const char *which, struct membuf **ret_buf,
+                       uint64_t *ret_off, char *err, size_t errlen) {
+  *ret_buf = NULL;
+  *ret_off = 0;
+  if (need == 0) return 0; /* unused: ignore whatever came */
+  if (!ref) {
+    snprintf(err, errlen, "%s buffer missing", which);
+    return -1;
+  }
+  struct membuf *b = ccsd_membuf_find(s, ref->buffer);
+  uint64_t end;
+  if (!b) {
+    snprintf(err, errlen, "%s buffer %llu is not registered on this connection", which,
+             (unsigned long long)ref->buffer);
+    return -1;
+  }
+  if (ref->length != need) {
+    snprintf(err, errlen, "%s buffer spans %llu bytes, the op needs %llu", which,
+             (unsigned long long)ref->length, (unsigned long long)need);
+    return -1;
+  }
+  if (__builtin_add_overflow(ref->offset, ref->length, &end) || end > b->size) {
+    snprintf(err, errlen, "%s range [%llu, +%llu) is outside its %zu-byte buffer", which,
+             (unsigned long long)ref->offset, (unsigned long long)ref->length, b->size);
+    return -1;
+  }
+  if (ref->offset % align) {
+    snprintf(err, errlen, "%s buffer is not aligned to its %zu-byte elements", which, align);
+    return -1;
+  }
+  *ret_buf = b;
+  *ret_off = ref->offset;
+  return 0;
+}
+
+/* Builds the post of one op; on failure fills err and returns NULL. */
+static struct post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t *rc, char *err,
+                              size_t errlen) {
+  *rc = CCS_ERR_INVALID_ARGUMENT;
+  struct member *m = ccsd_member_find(s, op->comm);
+  if (!m) {
+    snprintf(err, errlen, "no such communicator");
+    return NULL;
+  }
+  int n = m->comm->nranks;
+  if (op->kind >= CCS__COLL_KIND_COUNT) {
+    snprintf(err, errlen, "unknown collective %u", op->kind);
+    return NULL;
+  }
+  if (op->dtype >= CCS_DTYPE_COUNT) {
+    snprintf(err, errlen, "unknown data type %u", op->dtype);
+    return NULL;
+  }
+  if (ccs__coll_has_redop(op->kind) && op->redop >= CCS_REDOP_COUNT) {
+    snprintf(err, errlen, "unknown reduction %u", op->redop);
+    return NULL;
+  }
+  int p2p = op->kind == CCS__SEND || op->kind == CCS__RECV;
+  if ((ccs__coll_has_root(op->kind) || p2p) && (op->root < 0 || op->root >= n)) {
+    snprintf(err, errlen, "%s %d is out of range for %d ranks", p2p ? "peer" : "root", op->root,
+             n);
+    return NULL;
+  }
+  size_t sz = ccs_dtype_size(op->dtype);
+  uint64_t send_len, recv_len;
+  if (ccs__op_lengths(op->kind, op->count, sz, n, m->rank, op->root, &send_len, &recv_len)) {
+    snprintf(err, errlen, "count %llu overflows", (unsigned long long)op->count);
+    return NULL;
+  }
+  struct post *p = calloc(1, sizeof(*p));
+  if (!p) {
+    *rc = CCS_ERR_NO_MEMORY;
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  if (resolve_buf(s, op->send, send_len, sz, "send", &p->sendbuf, &p->send_off, err, errlen) ||
+      resolve_buf(s, op->recv, recv_len, sz, "receive", &p->recvbuf, &p->recv_off, err, errlen)) {
+    free(p);
+    return NULL;
+  }
+  p->member = m;
+  p->kind = op->kind;
+  p->dtype = op->dtype;
+  p->redop = ccs__coll_has_redop(op->kind) ? op->redop : 0;
+  p->count = op->count;
+  p->root = ccs__coll_has_root(op->kind) || p2p ? op->root : 0;
+  p->send_len = send_len;
+  p->recv_len = recv_len;
+  if (p->sendbuf) ccsd_membuf_ref(p->sendbuf);
+  if (p->recvbuf) ccsd_membuf_ref(p->recvbuf);
+  *rc = CCS_OK;
+  return p;
+}
+
+/* All ops of a Submit are checked before any is posted: a call with a bad
+ * argument has no effect (NCCL's InvalidArgument is local, non-fatal). */
+static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
+  char err[CCS__ERROR_TEXT_MAX];
+  ccs_result_t rc = CCS_OK;
+  if (m->n_ops == 0 || m->n_ops > CCS__SUBMIT_MAX_OPS) {
+    snprintf(err, sizeof(err), "a submission holds 1..%u ops, not %zu", CCS__SUBMIT_MAX_OPS,
+             m->n_ops);
+    ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
+  struct post **posts = calloc(m->n_ops, sizeof(*posts));
+  if (!posts) {
+    ccsd_session_reply(s, id, CCS_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  size_t i;
+  for (i = 0; i < m->n_ops; i++) {
+    posts[i] = make_post(s, m->ops[i], &rc, err, sizeof(err));
+    if (!posts[i]) break;
+  }
+  if (i < m->n_ops) {
+    char full[CCS__ERROR_TEXT_MAX + 32];
+    if (m->n_ops > 1) snprintf(full, sizeof(full), "op %zu of the group: %s", i, err);
+    else snprintf(full, sizeof(full), "%s", err);
+    while (i-- > 0) ccsd_post_free(posts[i]);
+    free(posts);
+    ccsd_session_reply(s, id, rc, full);
+    return;
+  }
+  struct submission *sub = ccsd_submission_new(s, id, (int)m->n_ops);
+  if (!sub) {
+    for (i = 0; i < m->n_ops; i++) ccsd_post_free(posts[i]);
+    free(posts);
+    ccsd_session_reply(s, id, CCS_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  for (i = 0; i < m->n_ops; i++) {
+    posts[i]->sub = sub;
+    ccsd_post_submit(posts[i]);
+  }
+  free(posts);
+}
+
+void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64_t frame_offset) {
+  Ccs__Request *req = ccs__request_unpack(payload, len);
+  if (!req) {
+    ccsd_session_reply(s, 0, CCS_ERR_PROTOCOL, "malformed request");
+    ccsd_session_close(s, "malformed request");
+    return;
+  }
+  uint64_t id = req->id;
+  if (!s->said_hello && req->body_case != CCS__REQUEST__BODY_HELLO) {
+    ccsd_session_reply(s, id, CCS_ERR_PROTOCOL, "the first request must be a hello");
+    ccsd_session_close(s, "no hello");
+    ccs__request__free_unpacked(req, NULL);
+    return;
+  }
+  switch (req->body_case) {
+  case CCS__REQUEST__BODY_HELLO: on_hello(s, id, req->hello); break;
+  case CCS__REQUEST__BODY_GET_UNIQUE_ID: on_get_unique_id(s, id); break;
+  case CCS__REQUEST__BODY_COMM_INIT: ccsd_comm_init(s, id, req->comm_init); break;
+  case CCS__REQUEST__BODY_COMM_DESTROY: on_comm_destroy(s, id, req->comm_destroy->comm, 0); break;
+  case CCS__REQUEST__BODY_COMM_ABORT: on_comm_destroy(s, id, req->comm_abort->comm, 1); break;
+  case CCS__REQUEST__BODY_COMM_QUERY: on_comm_query(s, id, req->comm_query->comm); break;
+  case CCS__REQUEST__BODY_MEM_REGISTER: on_mem_register(s, id, frame_offset); break;
+  case CCS__REQUEST__BODY_MEM_DEREGISTER: on_mem_deregister(s, id, req->mem_deregister); break;
+  case CCS__REQUEST__BODY_SUBMIT: on_submit(s, id, req->submit); break;
+  default:
+    ccsd_session_reply(s, id, CCS_ERR_PROTOCOL, "unknown request");
+    ccsd_session_close(s, "unknown request");
+    break;
+  }
+  ccs__request__free_unpacked(req, NULL);
+}

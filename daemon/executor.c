@@ -1,0 +1,182 @@
+/* Executor threads: run the pieces of matched ops, split into tasks of
+ * about chunk_bytes, and hand finished ops back to the loop thread.
+ *
+ * Ops queue in arrival order; every thread takes the next task of the
+ * first op that has one, so a large op is spread over all threads and small
+ * ops behind it still start as soon as its last tasks are claimed. Tasks
+ * past an op's phase_split wait until every task before it has finished
+ * (a snapshot that later pieces read). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "daemon.h"
+#include "kernels.h"
+#include "log.h"
+
+struct executor {
+  struct daemon *d;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct list queue;
+  struct list done;
+  uv_async_t async;
+  pthread_t *threads;
+  int nthreads;
+  int stop;
+};
+
+static size_t find_piece(const struct xop *x, size_t task) {
+  size_t lo = 0, hi = x->npieces; /* piece_first_task[lo] <= task < [hi] */
+  while (hi - lo > 1) {
+    size_t mid = (lo + hi) / 2;
+    if (x->piece_first_task[mid] <= task) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static void run_task(struct xop *x, size_t task) {
+  if (atomic_load_explicit(&x->cancelled, memory_order_relaxed)) return;
+  size_t p = find_piece(x, task);
+  const struct xpiece *pc = &x->pieces[p];
+  size_t begin = (task - x->piece_first_task[p]) * x->chunk_elems;
+  size_t n = pc->count - begin < x->chunk_elems ? pc->count - begin : x->chunk_elems;
+  size_t off = begin * x->elem_size;
+  enum { MAX_STACK = 64 };
+  const void *in_stack[MAX_STACK];
+  void *out_stack[MAX_STACK];
+  const void **in = pc->nin <= MAX_STACK ? in_stack : malloc(sizeof(void *) * (size_t)pc->nin);
+  void **out = pc->nout <= MAX_STACK ? out_stack : malloc(sizeof(void *) * (size_t)pc->nout);
+  if (!in || !out) abort(); /* a few KiB for >64 ranks; nothing sane to continue with */
+  for (int i = 0; i < pc->nin; i++) in[i] = (const char *)pc->in[i] + off;
+  for (int o = 0; o < pc->nout; o++) out[o] = (char *)pc->out[o] + off;
+  if (pc->reduce)
+    ccs__reduce_host(x->dtype, x->redop, x->avg_divisor, in, pc->nin, out, pc->nout, n);
+  else
+    ccs__copy_host(in[0], out, pc->nout, n * x->elem_size);
+  if (in != in_stack) free(in);
+  if (out != out_stack) free(out);
+}
+
+static int claimable(const struct xop *x) {
+  if (x->next_task >= x->ntasks) return 0;
+  return x->next_task < x->phase_split ||
+         atomic_load(&x->done_tasks) >= x->phase_split;
+}
+
+static void *worker(void *arg) {
+  struct executor *e = arg;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    struct xop *x = NULL;
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, &e->queue) {
+      struct xop *c = LIST_ENTRY(it, struct xop, link);
+      if (claimable(c)) {
+        x = c;
+        break;
+      }
+    }
+    if (!x) {
+      if (e->stop) break;
+      pthread_cond_wait(&e->cv, &e->mu);
+      continue;
+    }
+    size_t task = x->next_task++;
+    if (x->next_task == x->ntasks) list_remove(&x->link);
+    pthread_mutex_unlock(&e->mu);
+
+    run_task(x, task);
+
+    size_t done = atomic_fetch_add(&x->done_tasks, 1) + 1;
+    pthread_mutex_lock(&e->mu);
+    if (done == x->phase_split && done < x->ntasks) pthread_cond_broadcast(&e->cv);
+    if (done == x->ntasks) {
+      list_insert_tail(&e->done, &x->done_link);
+      uv_async_send(&e->async);
+    }
+  }
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+static void drain_done(struct executor *e) {
+  struct list done;
+  list_init(&done);
+  pthread_mutex_lock(&e->mu);
+  if (!list_empty(&e->done)) {
+    done = e->done;
+    done.next->prev = &done;
+    done.prev->next = &done;
+    list_init(&e->done);
+  }
+  pthread_mutex_unlock(&e->mu);
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &done) {
+    struct xop *x = LIST_ENTRY(it, struct xop, done_link);
+    list_remove(it);
+    ccsd_xop_done(x);
+  }
+}
+
+static void on_async(uv_async_t *h) { drain_done(h->data); }
+
+struct executor *ccsd_executor_new(struct daemon *d, int threads) {
+  struct executor *e = calloc(1, sizeof(*e));
+  if (!e) return NULL;
+  e->d = d;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  list_init(&e->queue);
+  list_init(&e->done);
+  uv_async_init(d->loop, &e->async, on_async);
+  e->async.data = e;
+  e->threads = calloc((size_t)threads, sizeof(pthread_t));
+  for (int i = 0; e->threads && i < threads; i++) {
+    if (pthread_create(&e->threads[i], NULL, worker, e)) break;
+    e->nthreads++;
+  }
+  if (e->nthreads == 0) {
+    LOG_ERROR("no executor thread could be started");
+    ccsd_executor_stop(e);
+    return NULL;
+  }
+  return e;
+}
+
+void ccsd_executor_submit(struct executor *e, struct xop *x) {
+  pthread_mutex_lock(&e->mu);
+  if (x->ntasks == 0) {
+    list_insert_tail(&e->done, &x->done_link);
+    uv_async_send(&e->async);
+  } else {
+    list_insert_tail(&e->queue, &x->link);
+    pthread_cond_broadcast(&e->cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void on_async_closed(uv_handle_t *h) {
+  struct executor *e = h->data;
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e->threads);
+  free(e);
+}
+
+void ccsd_executor_stop(struct executor *e) {
+  pthread_mutex_lock(&e->mu);
+  e->stop = 1;
+  /* Ops not started are finished as cancelled: their ranks are gone. */
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &e->queue) {
+    struct xop *x = LIST_ENTRY(it, struct xop, link);
+    atomic_store(&x->cancelled, 1);
+  }
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  for (int i = 0; i < e->nthreads; i++) pthread_join(e->threads[i], NULL);
+  drain_done(e);
+  uv_close((uv_handle_t *)&e->async, on_async_closed);
+}

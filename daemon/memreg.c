@@ -1,0 +1,81 @@
+/* Registered host buffers: a client's sealed memfd, mapped once here.
+ *
+ * The size comes from fstat, never from the message, and the memfd must be
+ * sealed against shrinking and growing: otherwise the client could truncate
+ * it under a running op and the daemon would fault on the mapping. A buffer
+ * stays mapped while an op in flight holds a reference, even after its
+ * client deregistered it or died. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+#define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
+ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
+                                  size_t errlen) {
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & REQUIRED_SEALS) != REQUIRED_SEALS) {
+    snprintf(err, errlen, "buffer must be a memfd sealed with F_SEAL_SHRINK|F_SEAL_GROW");
+    close(fd);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+    snprintf(err, errlen, "buffer memfd is empty or not a regular file");
+    close(fd);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  size_t size = (size_t)st.st_size;
+  void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int saved = errno;
+  close(fd); /* the mapping keeps the memory */
+  if (base == MAP_FAILED) {
+    snprintf(err, errlen, "cannot map %zu bytes: %s", size, strerror(saved));
+    return saved == ENOMEM ? CCS_ERR_NO_MEMORY : CCS_ERR_SYSTEM;
+  }
+  struct membuf *b = calloc(1, sizeof(*b));
+  if (!b) {
+    munmap(base, size);
+    snprintf(err, errlen, "out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  b->id = ++s->next_buffer_id;
+  b->base = base;
+  b->size = size;
+  b->refs = 1;
+  list_insert_tail(&s->buffers, &b->link);
+  LOG_TRACE("client %llu registered buffer %llu of %zu bytes", (unsigned long long)s->id,
+            (unsigned long long)b->id, size);
+  *ret = b;
+  return CCS_OK;
+}
+
+struct membuf *ccsd_membuf_find(struct session *s, uint64_t id) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &s->buffers) {
+    struct membuf *b = LIST_ENTRY(it, struct membuf, link);
+    if (b->id == id) return b;
+  }
+  return NULL;
+}
+
+void ccsd_membuf_ref(struct membuf *b) { b->refs++; }
+
+void ccsd_membuf_unref(struct membuf *b) {
+  if (!b || --b->refs > 0) return;
+  munmap(b->base, b->size);
+  free(b);
+}
+
+void ccsd_membuf_deregister(struct membuf *b) {
+  list_remove(&b->link);
+  ccsd_membuf_unref(b);
+}

@@ -1,0 +1,97 @@
+/* The Unix-socket listener: who may connect is decided by the socket file's
+ * mode and group; each accepted client becomes a session. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+static void on_listen_readable(uv_poll_t *h, int status, int events) {
+  struct daemon *d = h->data;
+  for (int i = 0; i < 64; i++) {
+    int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+        LOG_WARN("accept: %s", strerror(errno));
+      return;
+    }
+    ccsd_session_new(d, fd);
+  }
+}
+
+/* A stale socket file from a crashed daemon is removed; a live one means
+ * another daemon serves this path, and we refuse to steal it. */
+static int claim_path(const struct sockaddr_un *addr) {
+  int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return -1;
+  int live = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) == 0;
+  close(probe);
+  if (live) {
+    LOG_ERROR("another daemon is listening on %s", addr->sun_path);
+    return -1;
+  }
+  if (unlink(addr->sun_path) && errno != ENOENT) {
+    LOG_ERROR("cannot remove stale socket %s: %s", addr->sun_path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+static void make_parent_dir(const char *path) {
+  char copy[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  snprintf(copy, sizeof(copy), "%s", path);
+  char *dir = dirname(copy);
+  if (mkdir(dir, 0755) && errno != EEXIST) LOG_WARN("mkdir %s: %s", dir, strerror(errno));
+}
+
+int ccsd_server_start(struct daemon *d) {
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (strlen(d->cfg.socket_path) >= sizeof(addr.sun_path)) {
+    LOG_ERROR("socket path too long: %s", d->cfg.socket_path);
+    return -1;
+  }
+  strcpy(addr.sun_path, d->cfg.socket_path);
+  make_parent_dir(addr.sun_path);
+  if (claim_path(&addr)) return -1;
+
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    LOG_ERROR("socket: %s", strerror(errno));
+    return -1;
+  }
+  if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) || listen(fd, 512)) {
+    LOG_ERROR("cannot listen on %s: %s", addr.sun_path, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  if (chmod(addr.sun_path, d->cfg.socket_mode))
+    LOG_WARN("chmod %s: %s", addr.sun_path, strerror(errno));
+  d->listen_fd = fd;
+  uv_poll_init(d->loop, &d->listen_poll, fd);
+  d->listen_poll.data = d;
+  uv_poll_start(&d->listen_poll, UV_READABLE, on_listen_readable);
+  return 0;
+}
+
+static void on_listen_closed(uv_handle_t *h) {
+  struct daemon *d = h->data;
+  close(d->listen_fd);
+  d->listen_fd = -1;
+}
+
+void ccsd_server_stop(struct daemon *d) {
+  if (d->listen_fd >= 0 && !uv_is_closing((uv_handle_t *)&d->listen_poll)) {
+    unlink(d->cfg.socket_path);
+    uv_close((uv_handle_t *)&d->listen_poll, on_listen_closed);
+  }
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
+    ccsd_session_close(LIST_ENTRY(it, struct session, link), "daemon stopping");
+  }
+}

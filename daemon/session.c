@@ -1,0 +1,258 @@
+/* One client connection: reads frames (with the file descriptors passed
+ * alongside them), queues replies, and on close releases everything the
+ * client made. A protocol violation gets one error reply, then the close. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+struct outbuf {
+  struct list link;
+  size_t len, off;
+  uint8_t data[];
+};
+
+static void update_poll(struct session *s);
+static void on_poll(uv_poll_t *h, int status, int events);
+
+void ccsd_session_new(struct daemon *d, int fd) {
+  struct ucred cred;
+  socklen_t len = sizeof(cred);
+  if (d->stopping || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
+    close(fd);
+    return;
+  }
+  struct session *s = calloc(1, sizeof(*s));
+  if (!s) {
+    close(fd);
+    return;
+  }
+  s->d = d;
+  s->id = ++d->next_id;
+  s->fd = fd;
+  s->pid = cred.pid;
+  s->uid = cred.uid;
+  s->gid = cred.gid;
+  ccs__frame_reader_init(&s->rd, CCS__FRAME_MAX);
+  list_init(&s->outq);
+  list_init(&s->buffers);
+  list_init(&s->members);
+  list_init(&s->submissions);
+  list_insert_tail(&d->sessions, &s->link);
+  uv_poll_init(d->loop, &s->poll, fd);
+  s->poll.data = s;
+  update_poll(s);
+  LOG_INFO("client %llu connected: pid %d uid %d gid %d", (unsigned long long)s->id,
+           (int)s->pid, (int)s->uid, (int)s->gid);
+}
+
+static void update_poll(struct session *s) {
+  if (s->closing) return;
+  int events = UV_READABLE | (list_empty(&s->outq) ? 0 : UV_WRITABLE);
+  if (events != s->poll_events) {
+    s->poll_events = events;
+    uv_poll_start(&s->poll, events, on_poll);
+  }
+}
+
+static void on_closed(uv_handle_t *h) {
+  struct session *s = h->data;
+  close(s->fd);
+  free(s);
+}
+
+void ccsd_session_close(struct session *s, const char *why) {
+  if (s->closing) return;
+  s->closing = 1;
+  LOG_INFO("client %llu (pid %d) closed: %s", (unsigned long long)s->id, (int)s->pid, why);
+  list_remove(&s->link);
+  struct list *it, *tmp;
+  /* Leaving fails the client's comms for the other ranks (peer lost). */
+  LIST_FOREACH_SAFE(it, tmp, &s->members) {
+    ccsd_member_leave(LIST_ENTRY(it, struct member, session_link), why);
+  }
+  ccsd_submission_orphan_all(s);
+  LIST_FOREACH_SAFE(it, tmp, &s->buffers) {
+    ccsd_membuf_deregister(LIST_ENTRY(it, struct membuf, link));
+  }
+  LIST_FOREACH_SAFE(it, tmp, &s->outq) {
+    list_remove(it);
+    free(LIST_ENTRY(it, struct outbuf, link));
+  }
+  for (int i = 0; i < s->nfds; i++) close(s->fds[i].fd);
+  s->nfds = 0;
+  ccs__frame_reader_close(&s->rd);
+  uv_close((uv_handle_t *)&s->poll, on_closed);
+}
+
+static int flush(struct session *s) {
+  while (!list_empty(&s->outq)) {
+    struct outbuf *o = LIST_ENTRY(s->outq.next, struct outbuf, link);
+    ssize_t n = send(s->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) break;
+      return -1;
+    }
+    o->off += (size_t)n;
+    s->out_bytes -= (size_t)n;
+    if (o->off < o->len) break;
+    list_remove(&o->link);
+    free(o);
+  }
+  update_poll(s);
+  return 0;
+}
+
+int ccsd_session_send(struct session *s, const Ccs__Reply *reply) {
+  if (s->closing) return -1;
+  size_t len;
+  uint8_t *frame = ccs__frame_pack(&reply->base, &len);
+  if (!frame) return -1;
+  /* A client that never reads its replies is cut off, not buffered for. */
+  if (s->out_bytes + len > CCSD_MAX_OUTPUT_BYTES) {
+    free(frame);
+    ccsd_session_close(s, "not reading its replies");
+    return -1;
+  }
+  struct outbuf *o = malloc(sizeof(*o) + len);
+  if (!o) {
+    free(frame);
+    return -1;
+  }
+  memcpy(o->data, frame, len);
+  free(frame);
+  o->len = len;
+  o->off = 0;
+  list_insert_tail(&s->outq, &o->link);
+  s->out_bytes += len;
+  if (flush(s)) {
+    ccsd_session_close(s, "write failed");
+    return -1;
+  }
+  return 0;
+}
+
+int ccsd_session_reply(struct session *s, uint64_t req_id, ccs_result_t status, const char *error) {
+  Ccs__Reply r = CCS__REPLY__INIT;
+  r.id = req_id;
+  r.status = status;
+  r.error = (char *)(error ? error : "");
+  return ccsd_session_send(s, &r);
+}
+
+int ccsd_session_take_fd(struct session *s, uint64_t frame_offset) {
+  for (int i = 0; i < s->nfds; i++) {
+    if (s->fds[i].offset != frame_offset) continue;
+    int fd = s->fds[i].fd;
+    memmove(&s->fds[i], &s->fds[i + 1], sizeof(s->fds[0]) * (size_t)(s->nfds - i - 1));
+    s->nfds--;
+    return fd;
+  }
+  return -1;
+}
+
+/* Keeps the fds that came with a read, tagged with the stream offset of
+ * their first byte: the kernel delivers SCM_RIGHTS with the first byte of
+ * the sendmsg that carried them, which is the first byte of a frame. */
+static int stash_fds(struct session *s, struct msghdr *msg, uint64_t offset) {
+  int ok = !(msg->msg_flags & MSG_CTRUNC);
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    int *fds = (int *)CMSG_DATA(c);
+    for (size_t i = 0; i < n; i++) {
+      int fd;
+      memcpy(&fd, &fds[i], sizeof(fd));
+      if (ok && s->nfds < CCSD_MAX_PENDING_FDS) {
+        s->fds[s->nfds].fd = fd;
+        s->fds[s->nfds].offset = offset;
+        s->nfds++;
+      } else {
+        close(fd);
+        ok = 0;
+      }
+    }
+  }
+  return ok ? 0 : -1;
+}
+
+static void protocol_error(struct session *s, const char *what) {
+  LOG_WARN("client %llu (pid %d uid %d): protocol error: %s", (unsigned long long)s->id,
+           (int)s->pid, (int)s->uid, what);
+  ccsd_session_reply(s, 0, CCS_ERR_PROTOCOL, what);
+  flush(s);
+  ccsd_session_close(s, what);
+}
+
+static void on_readable(struct session *s) {
+  /* Bound the work per wake-up so one busy client cannot starve others. */
+  for (int rounds = 0; rounds < 16 && !s->closing; rounds++) {
+    uint8_t *space;
+    size_t room;
+    if (ccs__frame_reader_space(&s->rd, &space, &room)) {
+      protocol_error(s, "out of memory reading frame");
+      return;
+    }
+    union {
+      char buf[CMSG_SPACE(sizeof(int) * CCSD_MAX_PENDING_FDS)];
+      struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {space, room};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    ssize_t n = recvmsg(s->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) return;
+      ccsd_session_close(s, strerror(errno));
+      return;
+    }
+    if (n == 0) {
+      ccsd_session_close(s, ccs__frame_reader_pending(&s->rd) ? "disconnected mid-frame"
+                                                              : "disconnected");
+      return;
+    }
+    if (stash_fds(s, &msg, s->rx_total)) {
+      protocol_error(s, "too many or truncated file descriptors");
+      return;
+    }
+    s->rx_total += (uint64_t)n;
+    ccs__frame_reader_commit(&s->rd, (size_t)n);
+    const uint8_t *payload;
+    size_t len;
+    int r = 0;
+    while (!s->closing && (r = ccs__frame_reader_next(&s->rd, &payload, &len)) == 1) {
+      uint64_t start = s->rx_frame_start;
+      s->rx_frame_start += CCS__FRAME_HEADER + len;
+      ccsd_dispatch(s, payload, len, start);
+      /* An fd not claimed by its frame is a protocol violation. */
+      if (!s->closing && s->nfds && s->fds[0].offset <= start) {
+        protocol_error(s, "file descriptor sent with a frame that takes none");
+        return;
+      }
+    }
+    if (r < 0 && !s->closing) {
+      char what[96];
+      snprintf(what, sizeof(what), "frame larger than %u bytes", CCS__FRAME_MAX);
+      protocol_error(s, what);
+      return;
+    }
+  }
+}
+
+static void on_poll(uv_poll_t *h, int status, int events) {
+  struct session *s = h->data;
+  if (status < 0) {
+    ccsd_session_close(s, uv_strerror(status));
+    return;
+  }
+  if ((events & UV_WRITABLE) && flush(s)) {
+    ccsd_session_close(s, "write failed");
+    return;
+  }
+  if (events & UV_READABLE) on_readable(s);
+}

@@ -1,0 +1,51 @@
+/* A request waiting for its reply. A Submit completes when each of its ops
+ * did; the reply carries the first error. If the client left meanwhile the
+ * submission is orphaned and freed silently when its last op completes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+
+struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts) {
+  struct submission *sub = calloc(1, sizeof(*sub));
+  if (!sub) return NULL;
+  sub->session = s;
+  sub->req_id = req_id;
+  sub->nposts = nposts;
+  list_insert_tail(&s->submissions, &sub->link);
+  return sub;
+}
+
+void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, const char *error) {
+  sub->ndone++;
+  if (status != CCS_OK && sub->status == CCS_OK) {
+    sub->status = status;
+    sub->error = strdup(error ? error : "");
+  }
+  if (sub->ndone < sub->nposts) return;
+  if (sub->session) {
+    Ccs__Reply r = CCS__REPLY__INIT;
+    Ccs__CommInitReply init = CCS__COMM_INIT_REPLY__INIT;
+    r.id = sub->req_id;
+    r.status = sub->status;
+    r.error = sub->error ? sub->error : "";
+    if (sub->comm_handle && sub->status == CCS_OK) {
+      init.comm = sub->comm_handle;
+      r.body_case = CCS__REPLY__BODY_COMM_INIT;
+      r.comm_init = &init;
+    }
+    list_remove(&sub->link);
+    ccsd_session_send(sub->session, &r);
+  }
+  free(sub->error);
+  free(sub);
+}
+
+void ccsd_submission_orphan_all(struct session *s) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &s->submissions) {
+    struct submission *sub = LIST_ENTRY(it, struct submission, link);
+    sub->session = NULL;
+    list_remove(&sub->link);
+  }
+}

@@ -1,0 +1,24 @@
+/* What the executor asks of kernels/: reduce several inputs into several
+ * outputs, and copy. The host versions live in reduce_host.c; device
+ * versions (the .cu files here) share these shapes. */
+#ifndef CCS_KERNELS_H
+#define CCS_KERNELS_H
+
+#include <stddef.h>
+
+#include "ccs.h"
+
+/* outputs[o][i] = inputs[0][i] op inputs[1][i] op ... for i < count, for
+ * every o. Inputs are fully read block by block before the block's outputs
+ * are written, so an output may alias an input (in-place collectives).
+ * For CCS_AVG the result is divided by `avg_divisor` (integer types
+ * truncate, as NCCL); 0 leaves a partial sum. Narrow float types reduce in
+ * float and round once on store. */
+void ccs__reduce_host(ccs_dtype_t dtype, ccs_redop_t op, size_t avg_divisor,
+                      const void *const *inputs, int ninputs, void *const *outputs, int noutputs,
+                      size_t count);
+
+/* memcpy to each output; an output equal to the source is skipped. */
+void ccs__copy_host(const void *src, void *const *outputs, int noutputs, size_t bytes);
+
+#endif

@@ -1,0 +1,106 @@
+/* Host reduction and copy kernels.
+ *
+ * One pass per block: the block of every input is read once into an
+ * accumulator that stays in L1, then written once to every output. The inner
+ * loops are plain C over fixed-size blocks so the compiler vectorises them.
+ */
+#include <string.h>
+
+#include "dtype.h"
+#include "kernels.h"
+
+enum { BLOCK = 2048 };
+
+/* Integer sums and products wrap (computed unsigned: no signed overflow). */
+#define WRAP_ADD(T, U) (T)((U)(a) + (U)(b))
+#define WRAP_MUL(T, U) (T)((U)(a) * (U)(b))
+
+/* NAME: suffix; T: element type; A: accumulator type; LOAD/STORE convert
+ * between them; ADD/MUL combine a and b in A; DIV divides by d. */
+#define DEFINE_REDUCE(NAME, T, A, LOAD, STORE, ADD, MUL, DIV)                                  \
+  static inline A add_##NAME(A a, A b) { return ADD; }                                        \
+  static inline A mul_##NAME(A a, A b) { return MUL; }                                        \
+  static void reduce_##NAME(ccs_redop_t op, size_t d, const void *const *in, int nin,         \
+                            void *const *out, int nout, size_t count) {                       \
+    A acc[BLOCK];                                                                             \
+    for (size_t base = 0; base < count; base += BLOCK) {                                      \
+      size_t n = count - base < BLOCK ? count - base : BLOCK;                                 \
+      const T *s0 = (const T *)in[0] + base;                                                  \
+      for (size_t i = 0; i < n; i++) acc[i] = LOAD(s0[i]);                                    \
+      for (int k = 1; k < nin; k++) {                                                         \
+        const T *s = (const T *)in[k] + base;                                                 \
+        switch (op) {                                                                         \
+        case CCS_SUM:                                                                         \
+        case CCS_AVG:                                                                         \
+          for (size_t i = 0; i < n; i++) acc[i] = add_##NAME(acc[i], LOAD(s[i]));             \
+          break;                                                                              \
+        case CCS_PROD:                                                                        \
+          for (size_t i = 0; i < n; i++) acc[i] = mul_##NAME(acc[i], LOAD(s[i]));             \
+          break;                                                                              \
+        case CCS_MAX:                                                                         \
+          for (size_t i = 0; i < n; i++) {                                                    \
+            A v = LOAD(s[i]);                                                                 \
+            acc[i] = acc[i] < v ? v : acc[i];                                                 \
+          }                                                                                   \
+          break;                                                                              \
+        case CCS_MIN:                                                                         \
+          for (size_t i = 0; i < n; i++) {                                                    \
+            A v = LOAD(s[i]);                                                                 \
+            acc[i] = v < acc[i] ? v : acc[i];                                                 \
+          }                                                                                   \
+          break;                                                                              \
+        default:                                                                              \
+          break;                                                                              \
+        }                                                                                     \
+      }                                                                                       \
+      if (op == CCS_AVG && d > 0)                                                             \
+        for (size_t i = 0; i < n; i++) acc[i] = DIV;                                          \
+      for (int o = 0; o < nout; o++) {                                                        \
+        T *dst = (T *)out[o] + base;                                                          \
+        for (size_t i = 0; i < n; i++) dst[i] = STORE(acc[i]);                                \
+      }                                                                                       \
+    }                                                                                         \
+  }
+
+#define SAME(x) (x)
+/* W: a type wide enough to divide by any rank count without wrapping. */
+#define INT_REDUCE(NAME, T, U, W) \
+  DEFINE_REDUCE(NAME, T, T, SAME, SAME, WRAP_ADD(T, U), WRAP_MUL(T, U), (T)((W)acc[i] / (W)d))
+#define FLOAT_REDUCE(NAME, T, A, LOAD, STORE) \
+  DEFINE_REDUCE(NAME, T, A, LOAD, STORE, a + b, a * b, acc[i] / (A)d)
+
+INT_REDUCE(i8, int8_t, uint8_t, int64_t)
+INT_REDUCE(u8, uint8_t, uint8_t, uint64_t)
+INT_REDUCE(i32, int32_t, uint32_t, int64_t)
+INT_REDUCE(u32, uint32_t, uint32_t, uint64_t)
+INT_REDUCE(i64, int64_t, uint64_t, int64_t)
+INT_REDUCE(u64, uint64_t, uint64_t, uint64_t)
+FLOAT_REDUCE(f16, uint16_t, float, ccs__half_to_float, ccs__float_to_half)
+FLOAT_REDUCE(bf16, uint16_t, float, ccs__bf16_to_float, ccs__float_to_bf16)
+FLOAT_REDUCE(f32, float, float, SAME, SAME)
+FLOAT_REDUCE(f64, double, double, SAME, SAME)
+FLOAT_REDUCE(e4m3, uint8_t, float, ccs__e4m3_to_float, ccs__float_to_e4m3)
+FLOAT_REDUCE(e5m2, uint8_t, float, ccs__e5m2_to_float, ccs__float_to_e5m2)
+
+typedef void (*reduce_fn)(ccs_redop_t, size_t, const void *const *, int, void *const *, int,
+                          size_t);
+static const reduce_fn reducers[CCS_DTYPE_COUNT] = {
+    [CCS_INT8] = reduce_i8,          [CCS_UINT8] = reduce_u8,
+    [CCS_INT32] = reduce_i32,        [CCS_UINT32] = reduce_u32,
+    [CCS_INT64] = reduce_i64,        [CCS_UINT64] = reduce_u64,
+    [CCS_FLOAT16] = reduce_f16,      [CCS_BFLOAT16] = reduce_bf16,
+    [CCS_FLOAT32] = reduce_f32,      [CCS_FLOAT64] = reduce_f64,
+    [CCS_FLOAT8_E4M3] = reduce_e4m3, [CCS_FLOAT8_E5M2] = reduce_e5m2,
+};
+
+void ccs__reduce_host(ccs_dtype_t dtype, ccs_redop_t op, size_t avg_divisor,
+                      const void *const *inputs, int ninputs, void *const *outputs, int noutputs,
+                      size_t count) {
+  if ((unsigned)dtype >= CCS_DTYPE_COUNT || ninputs < 1 || count == 0) return;
+  reducers[dtype](op, avg_divisor, inputs, ninputs, outputs, noutputs, count);
+}
+
+void ccs__copy_host(const void *src, void *const *outputs, int noutputs, size_t bytes) {
+  for (int o = 0; o < noutputs; o++)
+    if (outputs[o] != src && bytes) memmove(outputs[o], src, bytes);
+}
