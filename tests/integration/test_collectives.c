@@ -1,0 +1,329 @@
+/* Every collective x dtype x op x size, in and out of place, registered and
+ * staged buffers, through a real daemon and real rank processes, checked
+ * element by element against values each rank recomputes from the seed.
+ * Usage: test_collectives NRANKS */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "reference.h"
+
+enum coll { ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER,
+            SCATTER, NCOLLS };
+static const char *const coll_names[] = {"all_reduce", "broadcast", "reduce", "all_gather",
+                                         "reduce_scatter", "all_to_all", "gather", "scatter"};
+static int has_redop(enum coll c) { return c == ALL_REDUCE || c == REDUCE || c == REDUCE_SCATTER; }
+
+struct shared {
+  ccs_unique_id_t id;
+  uint64_t seed;
+  int barrier_count; /* atomically incremented by ranks around barriers */
+};
+static struct shared *sh;
+static int nranks_arg;
+
+/* Integer-valued inputs: exact in every type, so sums are exact too. */
+static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int rank, size_t e) {
+  uint64_t h = test_mix(test_mix(sh->seed, op_id), ((uint64_t)rank << 32) + e);
+  if (op == CCS_PROD) {
+    static const int s[] = {1, 2, -1, -2, 1, 3};
+    int v = s[h % 6];
+    return ref_is_signed(t) ? v : (v < 0 ? -v : v);
+  }
+  int v = (int)(h % 17) - 8;
+  return ref_is_signed(t) ? v : v + 8;
+}
+
+static int64_t wrap(ccs_dtype_t t, int64_t v) {
+  switch (t) {
+  case CCS_INT8: return (int8_t)v;
+  case CCS_UINT8: return (uint8_t)v;
+  case CCS_INT32: return (int32_t)v;
+  case CCS_UINT32: return (uint32_t)v;
+  default: return v;
+  }
+}
+
+/* op over ranks of input(j, e_of_j) */
+static double reduce_ref(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int n, size_t e) {
+  double acc = 0;
+  int64_t iacc = 0;
+  for (int j = 0; j < n; j++) {
+    double v = input(t, op, op_id, j, e);
+    int64_t iv = (int64_t)v;
+    if (j == 0) acc = v, iacc = iv;
+    else switch (op) {
+      case CCS_SUM:
+      case CCS_AVG: acc += v, iacc += iv; break;
+      case CCS_PROD: acc *= v, iacc *= iv; break;
+      case CCS_MAX: acc = v > acc ? v : acc, iacc = iv > iacc ? iv : iacc; break;
+      case CCS_MIN: acc = v < acc ? v : acc, iacc = iv < iacc ? iv : iacc; break;
+      default: break;
+      }
+  }
+  if (ref_is_float(t)) return op == CCS_AVG ? acc / n : acc;
+  return (double)(op == CCS_AVG ? wrap(t, iacc) / n : wrap(t, iacc));
+}
+
+static int check_elem(ccs_dtype_t t, const void *buf, size_t k, double want, const char *what,
+                      int *reported) {
+  double got = ref_get(t, buf, k);
+  uint64_t cell = 0;
+  ref_set(t, &cell, 0, want); /* rounded and saturated as the type holds it */
+  want = ref_get(t, &cell, 0);
+  if (ref_close(t, got, want)) return 0;
+  if ((*reported)++ < 5) fprintf(stderr, "  %s[%zu]: got %.9g want %.9g\n", what, k, got, want);
+  return 1;
+}
+
+struct bufs {
+  void *a, *b;
+  int registered;
+};
+
+static void *alloc(size_t bytes, int registered) {
+  void *p = NULL;
+  if (bytes == 0) bytes = 64;
+  if (registered) {
+    if (ccs_mem_alloc(&p, bytes) != CCS_OK) return NULL;
+  } else {
+    p = malloc(bytes);
+  }
+  return p;
+}
+
+static void release(void *p, int registered) {
+  if (registered) ccs_mem_free(p);
+  else free(p);
+}
+
+/* One call of collective c; returns the number of wrong elements. */
+static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t t,
+                    ccs_redop_t op, size_t count, int in_place, int registered, uint64_t op_id) {
+  size_t sz = ccs_dtype_size(t), nc = (size_t)n * count;
+  int root = (int)(op_id % (uint64_t)n), is_root = rank == root;
+  size_t send_elems = 0, recv_elems = 0;
+  switch (c) {
+  case ALL_REDUCE: case BROADCAST: case REDUCE: send_elems = recv_elems = count; break;
+  case ALL_GATHER: case GATHER: send_elems = count, recv_elems = nc; break;
+  case REDUCE_SCATTER: case SCATTER: send_elems = nc, recv_elems = count; break;
+  case ALL_TO_ALL: send_elems = recv_elems = nc; break;
+  default: break;
+  }
+  size_t buf_elems = in_place ? (send_elems > recv_elems ? send_elems : recv_elems) : recv_elems;
+  char *buf = alloc(buf_elems * sz, registered);
+  char *sendbuf = in_place ? NULL : alloc(send_elems * sz, registered);
+  if (!buf || (!in_place && !sendbuf)) {
+    fprintf(stderr, "rank %d: allocation failed: %s\n", rank, ccs_comm_last_error(NULL));
+    return 1;
+  }
+  char *send = sendbuf, *recv = buf;
+  if (in_place) {
+    send = buf;
+    if (c == ALL_GATHER) send = buf + (size_t)rank * count * sz;
+    if (c == REDUCE_SCATTER) recv = buf + (size_t)rank * count * sz;
+    if (c == GATHER && is_root) send = buf + (size_t)root * count * sz;
+    if (c == SCATTER && is_root) recv = buf + (size_t)root * count * sz;
+  }
+  memset(buf, 0x5a, buf_elems * sz); /* sentinel where nothing may be written */
+  for (size_t e = 0; e < send_elems; e++) ref_set(t, send, e, input(t, op, op_id, rank, e));
+
+  ccs_result_t rc;
+  switch (c) {
+  case ALL_REDUCE: rc = ccs_all_reduce(send, recv, count, t, op, comm, NULL); break;
+  case BROADCAST: rc = ccs_broadcast(send, recv, count, t, root, comm, NULL); break;
+  case REDUCE: rc = ccs_reduce(send, recv, count, t, op, root, comm, NULL); break;
+  case ALL_GATHER: rc = ccs_all_gather(send, recv, count, t, comm, NULL); break;
+  case REDUCE_SCATTER: rc = ccs_reduce_scatter(send, recv, count, t, op, comm, NULL); break;
+  case ALL_TO_ALL: rc = ccs_all_to_all(send, recv, count, t, comm, NULL); break;
+  case GATHER: rc = ccs_gather(send, recv, count, t, root, comm, NULL); break;
+  case SCATTER: rc = ccs_scatter(send, recv, count, t, root, comm, NULL); break;
+  default: rc = CCS_ERR_INVALID_ARGUMENT; break;
+  }
+  int wrong = 0, reported = 0;
+  char what[160];
+  snprintf(what, sizeof(what), "rank %d/%d %s %s %s count=%zu %s %s root=%d", rank, n,
+           coll_names[c], ccs_dtype_name(t), has_redop(c) ? ccs_redop_name(op) : "-", count,
+           in_place ? "in-place" : "out-of-place", registered ? "registered" : "staged", root);
+  if (rc != CCS_OK) {
+    fprintf(stderr, "%s: %s: %s\n", what, ccs_result_name(rc), ccs_comm_last_error(comm));
+    wrong = 1;
+    goto out;
+  }
+  int recv_used = !((c == REDUCE || c == GATHER) && !is_root);
+  if (recv_used) {
+    for (size_t k = 0; k < recv_elems; k++) {
+      size_t j = k / (count ? count : 1), e = k % (count ? count : 1);
+      double want;
+      switch (c) {
+      case ALL_REDUCE: case REDUCE: want = reduce_ref(t, op, op_id, n, k); break;
+      case BROADCAST: want = input(t, op, op_id, root, k); break;
+      case ALL_GATHER: case GATHER: want = input(t, op, op_id, (int)j, e); break;
+      case REDUCE_SCATTER: want = reduce_ref(t, op, op_id, n, (size_t)rank * count + k); break;
+      case ALL_TO_ALL: want = input(t, op, op_id, (int)j, (size_t)rank * count + e); break;
+      case SCATTER: want = input(t, op, op_id, root, (size_t)rank * count + k); break;
+      default: want = 0; break;
+      }
+      wrong += check_elem(t, recv, k, want, what, &reported);
+    }
+  } else if (!in_place) {
+    for (size_t k = 0; k < recv_elems * sz; k++)
+      if ((unsigned char)recv[k] != 0x5a) {
+        if (reported++ < 5) fprintf(stderr, "  %s: unused receive buffer written at byte %zu\n", what, k);
+        wrong++;
+        break;
+      }
+  }
+  if (!in_place) /* the send buffer is read, never written */
+    for (size_t e = 0; e < send_elems; e++)
+      wrong += check_elem(t, send, e, input(t, op, op_id, rank, e), "send buffer", &reported);
+  if (wrong) fprintf(stderr, "%s: %d wrong\n", what, wrong);
+out:
+  release(buf, registered);
+  if (sendbuf) release(sendbuf, registered);
+  return wrong;
+}
+
+static size_t large_count(enum coll c, ccs_dtype_t t, int n) {
+  size_t per_rank = ((size_t)2 << 20) / ccs_dtype_size(t);
+  if (c == ALL_REDUCE || c == BROADCAST || c == REDUCE) return per_rank + 3;
+  return per_rank / (size_t)n + 1;
+}
+
+static int run_matrix(ccs_comm_t *comm, int rank, int n) {
+  int wrong = 0;
+  uint64_t op_id = 0;
+  for (int c = 0; c < NCOLLS; c++)
+    for (int t = 0; t < CCS_DTYPE_COUNT; t++)
+      for (int op = 0; op < (has_redop(c) ? CCS_REDOP_COUNT : 1); op++) {
+        size_t counts[4] = {0, 1, 1001, large_count(c, t, n)};
+        for (int s = 0; s < 4; s++)
+          for (int v = 0; v < 4; v++) {
+            /* the large size runs one variant per combination, rotating */
+            if (s == 3 && v != (int)((t + op + c) % 4)) continue;
+            wrong += run_case(comm, rank, n, c, t, op, counts[s], v & 1, v >> 1, op_id++);
+          }
+      }
+  return wrong;
+}
+
+/* Sends and receives in groups: a ring, then every pair (self included). */
+static int run_p2p(ccs_comm_t *comm, int rank, int n) {
+  int wrong = 0, reported = 0;
+  uint64_t op_id = 1u << 20;
+  for (int t = 0; t < CCS_DTYPE_COUNT; t++) {
+    size_t counts[4] = {0, 1, 1001, (((size_t)1 << 20) / ccs_dtype_size(t)) | 1};
+    for (int s = 0; s < 4; s++, op_id++) {
+      size_t cnt = counts[s], sz = ccs_dtype_size(t);
+      int registered = s & 1;
+      char *sb = alloc((size_t)n * cnt * sz, registered), *rb = alloc((size_t)n * cnt * sz, registered);
+      for (int peer = 0; peer < n; peer++)
+        for (size_t e = 0; e < cnt; e++)
+          ref_set(t, sb + (size_t)peer * cnt * sz, e, input(t, CCS_SUM, op_id, rank * n + peer, e));
+      int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+      ccs_group_start();
+      ccs_send(sb + (size_t)next * cnt * sz, cnt, t, next, comm, NULL);
+      ccs_recv(rb, cnt, t, prev, comm, NULL);
+      ccs_result_t rc = ccs_group_end();
+      if (rc != CCS_OK) {
+        fprintf(stderr, "rank %d ring %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
+        wrong++;
+      }
+      for (size_t e = 0; e < cnt; e++)
+        wrong += check_elem(t, rb, e, input(t, CCS_SUM, op_id, prev * n + rank, e), "ring recv", &reported);
+      ccs_group_start();
+      for (int peer = 0; peer < n; peer++) {
+        ccs_send(sb + (size_t)peer * cnt * sz, cnt, t, peer, comm, NULL);
+        ccs_recv(rb + (size_t)peer * cnt * sz, cnt, t, peer, comm, NULL);
+      }
+      rc = ccs_group_end();
+      if (rc != CCS_OK) {
+        fprintf(stderr, "rank %d pairs %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
+        wrong++;
+      }
+      for (int peer = 0; peer < n; peer++)
+        for (size_t e = 0; e < cnt; e++)
+          wrong += check_elem(t, rb + (size_t)peer * cnt * sz, e,
+                              input(t, CCS_SUM, op_id, peer * n + rank, e), "pair recv", &reported);
+      release(sb, registered);
+      release(rb, registered);
+    }
+  }
+  /* blocking pairs outside groups: even ranks send first, odd receive first */
+  if (n >= 2 && rank < 2) {
+    int peer = 1 - rank, v = 100 + rank, got = -1;
+    ccs_result_t a = rank == 0 ? ccs_send(&v, 1, CCS_INT32, peer, comm, NULL)
+                               : ccs_recv(&got, 1, CCS_INT32, peer, comm, NULL);
+    ccs_result_t b = rank == 0 ? ccs_recv(&got, 1, CCS_INT32, peer, comm, NULL)
+                               : ccs_send(&v, 1, CCS_INT32, peer, comm, NULL);
+    if (a != CCS_OK || b != CCS_OK || got != 100 + peer) {
+      fprintf(stderr, "rank %d blocking send/recv: %d %d got %d\n", rank, a, b, got);
+      wrong++;
+    }
+  }
+  return wrong;
+}
+
+static int run_barriers(ccs_comm_t *comm, int rank, int n) {
+  for (int round = 1; round <= 20; round++) {
+    __atomic_add_fetch(&sh->barrier_count, 1, __ATOMIC_SEQ_CST);
+    if (ccs_barrier(comm) != CCS_OK) return 1;
+    /* nobody leaves a barrier before everyone entered it */
+    if (__atomic_load_n(&sh->barrier_count, __ATOMIC_SEQ_CST) < round * n) {
+      fprintf(stderr, "rank %d left barrier %d early\n", rank, round);
+      return 1;
+    }
+    if (ccs_barrier(comm) != CCS_OK) return 1; /* keeps the rounds apart */
+  }
+  return 0;
+}
+
+static int rank_main(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  ccs_result_t rc = ccs_comm_init_rank(&comm, n, sh->id, rank);
+  if (rc != CCS_OK) {
+    fprintf(stderr, "rank %d: init: %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(NULL));
+    return 1;
+  }
+  int count, me;
+  if (ccs_comm_count(comm, &count) || ccs_comm_user_rank(comm, &me) || count != n || me != rank)
+    return 1;
+  int wrong = run_matrix(comm, rank, n);
+  wrong += run_p2p(comm, rank, n);
+  wrong += run_barriers(comm, rank, n);
+  ccs_result_t async;
+  if (ccs_comm_get_async_error(comm, &async) != CCS_OK || async != CCS_OK) wrong++;
+  ccs_comm_destroy(comm);
+  return wrong ? 1 : 0;
+}
+
+static void test_all_collectives(void **state) {
+  struct test_daemon d;
+  assert_int_equal(test_daemon_start(&d, NULL), 0);
+  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(sh != MAP_FAILED);
+  sh->seed = test_seed();
+  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  assert_int_equal(test_run_ranks(nranks_arg, rank_main, NULL, 900, NULL), 0);
+  assert_int_equal(test_daemon_stop(&d), 0);
+  munmap(sh, sizeof(*sh));
+}
+
+int main(int argc, char **argv) {
+  nranks_arg = argc > 1 ? atoi(argv[1]) : 3;
+  if (nranks_arg < 1 || nranks_arg > 64) {
+    fprintf(stderr, "usage: test_collectives NRANKS\n");
+    return 2;
+  }
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_all_collectives)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,187 @@
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CCSD_PATH
+#error "CCSD_PATH must name the ccsd binary"
+#endif
+
+static struct test_daemon *live[16];
+static pid_t owner;
+
+static void cleanup_at_exit(void) {
+  if (getpid() != owner) return; /* forked ranks leave it to the parent */
+  for (int i = 0; i < 16; i++) {
+    if (!live[i]) continue;
+    if (live[i]->pid > 0) {
+      kill(live[i]->pid, SIGKILL);
+      waitpid(live[i]->pid, NULL, 0);
+    }
+    unlink(live[i]->socket);
+    rmdir(live[i]->dir);
+  }
+}
+
+double test_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint64_t test_mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t test_seed(void) {
+  static uint64_t seed;
+  if (!seed) {
+    const char *s = getenv("CCS_TEST_SEED");
+    seed = s ? strtoull(s, NULL, 0) : test_mix((uint64_t)time(NULL), (uint64_t)getpid());
+    if (!seed) seed = 1;
+    fprintf(stderr, "# CCS_TEST_SEED=%llu\n", (unsigned long long)seed);
+  }
+  return seed;
+}
+
+static int can_connect(const char *path) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
+  if (!owner) {
+    owner = getpid();
+    atexit(cleanup_at_exit);
+  }
+  memset(d, 0, sizeof(*d));
+  snprintf(d->dir, sizeof(d->dir), "/tmp/ccs-test-XXXXXX");
+  if (!mkdtemp(d->dir)) return -1;
+  snprintf(d->socket, sizeof(d->socket), "%s/ccsd.sock", d->dir);
+  const char *argv[32] = {CCSD_PATH, "--socket", d->socket};
+  int argc = 3;
+  for (int i = 0; extra_args && extra_args[i] && argc < 30; i++) argv[argc++] = extra_args[i];
+  argv[argc] = NULL;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execv(CCSD_PATH, (char *const *)argv);
+    _exit(127);
+  }
+  d->pid = pid;
+  for (int i = 0; i < 16; i++)
+    if (!live[i]) {
+      live[i] = d;
+      break;
+    }
+  setenv("CCS_SOCKET", d->socket, 1);
+  double deadline = test_now() + 20;
+  while (test_now() < deadline) {
+    if (can_connect(d->socket)) return 0;
+    if (waitpid(pid, NULL, WNOHANG) == pid) {
+      d->pid = 0;
+      return -1;
+    }
+    usleep(5000);
+  }
+  return -1;
+}
+
+static void forget(struct test_daemon *d) {
+  for (int i = 0; i < 16; i++)
+    if (live[i] == d) live[i] = NULL;
+  unlink(d->socket);
+  rmdir(d->dir);
+}
+
+static int wait_deadline(pid_t pid, double timeout_s, int *status) {
+  double deadline = test_now() + timeout_s;
+  for (;;) {
+    pid_t r = waitpid(pid, status, WNOHANG);
+    if (r == pid) return 0;
+    if (r < 0 && errno != EINTR) return -1;
+    if (test_now() > deadline) return -1;
+    usleep(2000);
+  }
+}
+
+int test_daemon_stop(struct test_daemon *d) {
+  int status = -1;
+  if (d->pid > 0) {
+    kill(d->pid, SIGTERM);
+    if (wait_deadline(d->pid, 20, &status)) {
+      kill(d->pid, SIGKILL);
+      waitpid(d->pid, &status, 0);
+      status = -1;
+    } else {
+      status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    d->pid = 0;
+  }
+  forget(d);
+  return status;
+}
+
+void test_daemon_kill(struct test_daemon *d) {
+  if (d->pid > 0) {
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
+  }
+}
+
+int test_daemon_alive(const struct test_daemon *d) {
+  return d->pid > 0 && kill(d->pid, 0) == 0 && waitpid(d->pid, NULL, WNOHANG) == 0;
+}
+
+int test_run_ranks(int nranks, rank_fn fn, void *arg, double timeout_s, int *statuses) {
+  pid_t pids[256];
+  int failed = 0;
+  if (nranks > 256) return nranks;
+  fflush(NULL);
+  for (int r = 0; r < nranks; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      int rc = fn(r, nranks, arg);
+      fflush(NULL);
+      exit(rc < 0 ? 1 : rc > 125 ? 125 : rc);
+    }
+  }
+  double deadline = test_now() + timeout_s;
+  for (int r = 0; r < nranks; r++) {
+    int status = 0, code;
+    double left = deadline - test_now();
+    if (pids[r] < 0) code = -1;
+    else if (wait_deadline(pids[r], left > 0 ? left : 0, &status)) {
+      fprintf(stderr, "rank %d did not finish within %.0f s: killed\n", r, timeout_s);
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], NULL, 0);
+      code = -1;
+    } else {
+      code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    if (statuses) statuses[r] = code;
+    if (code != 0) failed++;
+  }
+  return failed;
+}

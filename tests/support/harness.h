@@ -1,0 +1,42 @@
+/* Test harness: a real ccsd in a private directory, and real client
+ * processes forked per rank, each bounded by a deadline. Everything is
+ * cleaned up at exit, also when a test fails. */
+#ifndef CCS_TEST_HARNESS_H
+#define CCS_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ccs.h"
+
+struct test_daemon {
+  pid_t pid;
+  char dir[64];
+  char socket[128];
+};
+
+/* Starts ccsd with the extra arguments (NULL-terminated list, may be NULL)
+ * and points CCS_SOCKET at it. Returns 0 when it accepts connections. */
+int test_daemon_start(struct test_daemon *d, const char *const *extra_args);
+/* SIGTERM, wait (then SIGKILL); returns the exit status (0 = clean). */
+int test_daemon_stop(struct test_daemon *d);
+/* Kills the daemon hard (SIGKILL) without cleanup of the socket. */
+void test_daemon_kill(struct test_daemon *d);
+int test_daemon_alive(const struct test_daemon *d);
+
+typedef int (*rank_fn)(int rank, int nranks, void *arg);
+/* Forks nranks processes running fn; each exits with fn's result. Waits
+ * up to timeout_s; stragglers are killed. Fills statuses (exit codes, or
+ * 128+signal, or -1 for killed at the deadline) if given; returns the
+ * number of ranks that did not return 0. */
+int test_run_ranks(int nranks, rank_fn fn, void *arg, double timeout_s, int *statuses);
+
+/* Fresh per run (time and pid), printed so a failure can be replayed with
+ * CCS_TEST_SEED. */
+uint64_t test_seed(void);
+uint64_t test_mix(uint64_t a, uint64_t b);
+
+double test_now(void);
+
+#endif

@@ -1,0 +1,32 @@
+/* Reference arithmetic for the tests, written apart from kernels/: element
+ * access through doubles and 64-bit integers, and narrow float rounding by
+ * searching a table of every representable value (round to nearest, ties
+ * to the even code), so the kernels' bit tricks are checked against
+ * something that shares none of them. */
+#ifndef CCS_TEST_REFERENCE_H
+#define CCS_TEST_REFERENCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ccs.h"
+
+int ref_is_float(ccs_dtype_t t);
+int ref_is_signed(ccs_dtype_t t);
+int ref_mantissa_bits(ccs_dtype_t t); /* explicit bits; 0 for integers */
+
+/* Narrow float codes <-> double. */
+double ref_narrow_decode(ccs_dtype_t t, uint32_t code);
+uint32_t ref_narrow_encode(ccs_dtype_t t, double x);
+
+/* Element i of a buffer of type t. */
+double ref_get(ccs_dtype_t t, const void *buf, size_t i);
+void ref_set(ccs_dtype_t t, void *buf, size_t i, double v); /* floats: rounded; ints: wrapped */
+uint64_t ref_get_bits(ccs_dtype_t t, const void *buf, size_t i); /* raw, zero-extended */
+void ref_set_int(ccs_dtype_t t, void *buf, size_t i, int64_t v); /* wrapped to the width */
+
+/* Does got match want within one rounding step of the type? (exact for
+ * integers, NaN matches NaN) */
+int ref_close(ccs_dtype_t t, double got, double want);
+
+#endif

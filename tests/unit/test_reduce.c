@@ -1,0 +1,130 @@
+/* Host reduction kernels against the reference, for every dtype, op,
+ * input count and awkward count, with fresh random data; in place too. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "kernels.h"
+#include "reference.h"
+
+/* Random element: integer-valued (exact in every type) or, for floats,
+ * real-valued with tolerance. */
+static double gen(ccs_dtype_t t, ccs_redop_t op, uint64_t h, int real) {
+  if (real && ref_is_float(t)) return ((double)(h % 2000001) - 1000000) / 250000.0; /* +-4 */
+  if (op == CCS_PROD) {
+    static const int s[] = {1, 2, -1, -2, 1, 3};
+    int v = s[h % 6];
+    return ref_is_signed(t) ? v : (v < 0 ? -v : v);
+  }
+  int v = (int)(h % 17) - 8;
+  return ref_is_signed(t) ? v : v + 8;
+}
+
+static int64_t wrap(ccs_dtype_t t, int64_t v) {
+  switch (t) {
+  case CCS_INT8: return (int8_t)v;
+  case CCS_UINT8: return (uint8_t)v;
+  case CCS_INT32: return (int32_t)v;
+  case CCS_UINT32: return (uint32_t)v;
+  default: return v;
+  }
+}
+
+static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real, int in_place,
+                  uint64_t seed) {
+  size_t sz = ccs_dtype_size(t);
+  void *in[8], *out[2];
+  double *want = calloc(count + 1, sizeof(double));
+  double *sum_abs = calloc(count + 1, sizeof(double));
+  for (int k = 0; k < nin; k++) in[k] = malloc(count * sz + 1);
+  out[0] = in_place ? in[0] : malloc(count * sz + 1);
+  out[1] = malloc(count * sz + 1);
+  for (size_t i = 0; i < count; i++) {
+    double acc = 0;
+    int64_t iacc = 0;
+    for (int k = 0; k < nin; k++) {
+      double v = gen(t, op, test_mix(seed, i * 8 + (size_t)k), real);
+      ref_set(t, in[k], i, v);
+      v = ref_get(t, in[k], i); /* what the type holds */
+      int64_t iv = (int64_t)v;
+      sum_abs[i] += fabs(v);
+      if (k == 0) acc = v, iacc = iv;
+      else switch (op) {
+        case CCS_SUM:
+        case CCS_AVG: acc += v, iacc += iv; break;
+        case CCS_PROD: acc *= v, iacc *= iv; break;
+        case CCS_MAX: acc = v > acc ? v : acc, iacc = iv > iacc ? iv : iacc; break;
+        case CCS_MIN: acc = v < acc ? v : acc, iacc = iv < iacc ? iv : iacc; break;
+        default: break;
+        }
+    }
+    if (ref_is_float(t)) want[i] = op == CCS_AVG ? acc / nin : acc;
+    else want[i] = (double)(op == CCS_AVG ? wrap(t, iacc) / nin : wrap(t, iacc));
+  }
+  ccs__reduce_host(t, op, (size_t)nin, (const void *const *)in, nin, out, 2, count);
+  for (int o = 0; o < 2; o++)
+    for (size_t i = 0; i < count; i++) {
+      double got = ref_get(t, out[o], i);
+      double w = want[i];
+      int ok;
+      if (ref_is_float(t)) { /* what the type can hold: rounded, saturated */
+        uint64_t cell = 0;
+        ref_set(t, &cell, 0, w);
+        w = ref_get(t, &cell, 0);
+      }
+      if (ref_is_float(t)) {
+        /* the rounding of the result, plus float accumulation (2^-24 per step) */
+        double eps = t == CCS_FLOAT64 ? 0x1p-52 : 0x1p-24;
+        double scale = op == CCS_PROD ? fabs(w) : sum_abs[i];
+        double tol = ldexp(fabs(w), -ref_mantissa_bits(t)) + nin * eps * scale;
+        ok = ref_close(t, got, w) || fabs(got - w) <= tol;
+      } else {
+        ok = got == (double)wrap(t, (int64_t)w);
+      }
+      if (!ok)
+        fail_msg("%s %s nin=%d count=%zu real=%d in_place=%d out %d [%zu]: got %.9g want %.9g",
+                 ccs_dtype_name(t), ccs_redop_name(op), nin, count, real, in_place, o, i, got, w);
+    }
+  for (int k = 0; k < nin; k++) free(in[k]);
+  if (!in_place) free(out[0]);
+  free(out[1]);
+  free(want);
+  free(sum_abs);
+}
+
+static void test_every_dtype_and_op(void **state) {
+  static const int nins[] = {1, 2, 3, 5, 8};
+  static const size_t counts[] = {0, 1, 7, 2047, 2048, 2049, 5003};
+  uint64_t seed = test_seed();
+  for (int t = 0; t < CCS_DTYPE_COUNT; t++)
+    for (int op = 0; op < CCS_REDOP_COUNT; op++)
+      for (size_t a = 0; a < sizeof(nins) / sizeof(nins[0]); a++)
+        for (size_t b = 0; b < sizeof(counts) / sizeof(counts[0]); b++)
+          for (int real = 0; real < 2; real++)
+            check((ccs_dtype_t)t, (ccs_redop_t)op, nins[a], counts[b], real, (int)(b & 1),
+                  test_mix(seed, (uint64_t)(t * 1000 + op * 100 + (int)a * 10 + (int)b)));
+}
+
+static void test_copy(void **state) {
+  char src[100], d1[100], d2[100];
+  for (int i = 0; i < 100; i++) src[i] = (char)i;
+  void *outs[3] = {d1, src, d2};
+  ccs__copy_host(src, outs, 3, sizeof(src));
+  assert_memory_equal(d1, src, 100);
+  assert_memory_equal(d2, src, 100);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_dtype_and_op),
+      cmocka_unit_test(test_copy),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
