@@ -1,6 +1,7 @@
 /* The process's connection to ccsd: connect, hello, and calls that wait for
  * their reply by id. */
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,16 @@ static ccs_result_t conn_open(struct ccs__conn **ret) {
   return CCS_OK;
 }
 
+/* A daemon that died or restarted has hung up: seen without a round trip,
+ * so calls that need no existing comm go straight to the new daemon. */
+static int peer_hung_up(struct ccs__conn *c) {
+  pthread_mutex_lock(&c->mu);
+  int idle = !c->reading;
+  pthread_mutex_unlock(&c->mu);
+  struct pollfd p = {c->fd, POLLRDHUP, 0};
+  return idle && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 ccs_result_t ccs__conn_get(struct ccs__conn **ret) {
   pthread_mutex_lock(&current_mu);
   if (current && current->pid != getpid()) {
@@ -123,6 +134,7 @@ ccs_result_t ccs__conn_get(struct ccs__conn **ret) {
     inherited = current; /* the parent's references live in the parent */
     current = NULL;
   }
+  if (current && !current->broken && peer_hung_up(current)) current->broken = CCS_ERR_DAEMON_UNAVAILABLE;
   if (current && current->broken) {
     ccs__conn_put(current);
     current = NULL;

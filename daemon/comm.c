@@ -217,13 +217,17 @@ struct member *ccsd_member_find(struct session *s, uint64_t handle) {
 }
 
 /* The member stays in comm->members (its rank and pid name it in errors)
- * until the comm is freed; only its link to the session goes. */
-void ccsd_member_leave(struct member *m, const char *why) {
+ * until the comm is freed; only its link to the session goes. A rank that
+ * destroys its handle fails the comm only if another rank still waits on
+ * it now, or submits later (ccsd_post_submit): destroying in turn is the
+ * normal end of a comm, not an error to log. */
+void ccsd_member_leave(struct member *m, const char *why, int graceful) {
   struct comm *c = m->comm;
   list_remove(&m->session_link);
   m->session = NULL;
   c->departed++;
-  if (c->state != COMM_FAILED && c->departed < c->nranks)
+  int waited_on = c->state == COMM_JOINING || !list_empty(&c->slots) || !list_empty(&c->p2p);
+  if (c->state != COMM_FAILED && c->departed < c->nranks && (!graceful || waited_on))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) %s", m->rank, (int)m->pid, why);
   if (m->init) { /* its own init reply cannot be delivered any more */
     struct submission *sub = m->init;
@@ -231,4 +235,11 @@ void ccsd_member_leave(struct member *m, const char *why) {
     ccsd_submission_post_done(sub, c->error, c->error_text);
   }
   ccsd_comm_unref(c);
+}
+
+/* The first rank that left, for errors of ops submitted after it did. */
+const struct member *ccsd_comm_departed(const struct comm *c) {
+  for (int r = 0; r < c->nranks; r++)
+    if (c->members[r] && !c->members[r]->session) return c->members[r];
+  return NULL;
 }

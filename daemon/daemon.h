@@ -215,7 +215,8 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m);
 struct member *ccsd_member_find(struct session *s, uint64_t handle);
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void ccsd_member_leave(struct member *m, const char *why);
+void ccsd_member_leave(struct member *m, const char *why, int graceful);
+const struct member *ccsd_comm_departed(const struct comm *c);
 void ccsd_comm_ref(struct comm *c);
 void ccsd_comm_unref(struct comm *c);
 

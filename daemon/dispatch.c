@@ -97,7 +97,7 @@ static void on_comm_destroy(struct session *s, uint64_t id, uint64_t handle, int
   if (abort)
     ccsd_comm_fail(m->comm, CCS_ERR_ABORTED, "rank %d (pid %d) aborted the communicator",
                    m->rank, (int)m->pid);
-  ccsd_member_leave(m, "destroyed the communicator");
+  ccsd_member_leave(m, "destroyed the communicator", 1);
   ccsd_session_reply(s, id, CCS_OK, NULL);
 }
 

@@ -143,11 +143,19 @@ static void submit_p2p(struct comm *c, struct post *p) {
 
 void ccsd_post_submit(struct post *p) {
   struct comm *c = p->member->comm;
+  int p2p = p->kind == CCS__SEND || p->kind == CCS__RECV;
+  /* An op that needs a rank which destroyed its handle can never run. */
+  const struct member *gone = c->state != COMM_READY ? NULL
+                              : p2p ? (c->members[p->root]->session ? NULL : c->members[p->root])
+                                    : ccsd_comm_departed(c);
+  if (gone)
+    ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) destroyed the communicator",
+                   gone->rank, (int)gone->pid);
   if (c->state != COMM_READY) {
     post_finish(p, c->error, c->error_text);
     return;
   }
-  if (p->kind == CCS__SEND || p->kind == CCS__RECV) {
+  if (p2p) {
     submit_p2p(c, p);
     return;
   }

@@ -74,7 +74,7 @@ void ccsd_session_close(struct session *s, const char *why) {
   struct list *it, *tmp;
   /* Leaving fails the client's comms for the other ranks (peer lost). */
   LIST_FOREACH_SAFE(it, tmp, &s->members) {
-    ccsd_member_leave(LIST_ENTRY(it, struct member, session_link), why);
+    ccsd_member_leave(LIST_ENTRY(it, struct member, session_link), why, 0);
   }
   ccsd_submission_orphan_all(s);
   LIST_FOREACH_SAFE(it, tmp, &s->buffers) {

@@ -35,7 +35,14 @@ int test_run_ranks(int nranks, rank_fn fn, void *arg, double timeout_s, int *sta
 /* Fresh per run (time and pid), printed so a failure can be replayed with
  * CCS_TEST_SEED. */
 uint64_t test_seed(void);
-uint64_t test_mix(uint64_t a, uint64_t b);
+
+/* splitmix64 of a combined with b: cheap, well mixed */
+static inline uint64_t test_mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 
 double test_now(void);
 

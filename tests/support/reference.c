@@ -1,7 +1,6 @@
 #include "reference.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,12 +58,17 @@ static void build_tables(void) {
   }
 }
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
+const double *ref_narrow_values[CCS_DTYPE_COUNT];
 
-double ref_narrow_decode(ccs_dtype_t t, uint32_t code) {
-  pthread_once(&once, build_tables);
-  return fmt_of(t)->all[code];
+__attribute__((constructor)) static void init_tables(void) {
+  build_tables();
+  ref_narrow_values[CCS_FLOAT16] = fmts[0].all;
+  ref_narrow_values[CCS_BFLOAT16] = fmts[1].all;
+  ref_narrow_values[CCS_FLOAT8_E4M3] = fmts[2].all;
+  ref_narrow_values[CCS_FLOAT8_E5M2] = fmts[3].all;
 }
+
+double ref_narrow_decode(ccs_dtype_t t, uint32_t code) { return fmt_of(t)->all[code]; }
 
 static uint32_t narrow_encode(const struct narrow *f, double x);
 
@@ -75,7 +79,6 @@ uint32_t ref_narrow_encode(ccs_dtype_t t, double x) {
     uint32_t code;
     int valid;
   } cache[4][1024];
-  pthread_once(&once, build_tables);
   const struct narrow *f = fmt_of(t);
   uint64_t bits;
   memcpy(&bits, &x, sizeof(bits));
@@ -111,10 +114,6 @@ static uint32_t narrow_encode(const struct narrow *f, double x) {
   return sign | code;
 }
 
-int ref_is_float(ccs_dtype_t t) { return t >= CCS_FLOAT16; }
-int ref_is_signed(ccs_dtype_t t) {
-  return t == CCS_INT8 || t == CCS_INT32 || t == CCS_INT64 || ref_is_float(t);
-}
 
 int ref_mantissa_bits(ccs_dtype_t t) {
   switch (t) {
@@ -128,40 +127,18 @@ int ref_mantissa_bits(ccs_dtype_t t) {
   }
 }
 
+static const size_t sizes[CCS_DTYPE_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1};
+
 uint64_t ref_get_bits(ccs_dtype_t t, const void *buf, size_t i) {
-  size_t sz = ccs_dtype_size(t);
+  size_t sz = sizes[t];
   uint64_t v = 0;
   memcpy(&v, (const char *)buf + i * sz, sz); /* little endian */
   return v;
 }
 
 static void set_bits(ccs_dtype_t t, void *buf, size_t i, uint64_t v) {
-  size_t sz = ccs_dtype_size(t);
+  size_t sz = sizes[t];
   memcpy((char *)buf + i * sz, &v, sz);
-}
-
-double ref_get(ccs_dtype_t t, const void *buf, size_t i) {
-  uint64_t b = ref_get_bits(t, buf, i);
-  switch (t) {
-  case CCS_INT8: return (double)(int8_t)b;
-  case CCS_UINT8: return (double)(uint8_t)b;
-  case CCS_INT32: return (double)(int32_t)b;
-  case CCS_UINT32: return (double)(uint32_t)b;
-  case CCS_INT64: return (double)(int64_t)b;
-  case CCS_UINT64: return (double)b;
-  case CCS_FLOAT32: {
-    float f;
-    uint32_t u = (uint32_t)b;
-    memcpy(&f, &u, 4);
-    return f;
-  }
-  case CCS_FLOAT64: {
-    double d;
-    memcpy(&d, &b, 8);
-    return d;
-  }
-  default: return ref_narrow_decode(t, (uint32_t)b);
-  }
 }
 
 void ref_set_int(ccs_dtype_t t, void *buf, size_t i, int64_t v) { set_bits(t, buf, i, (uint64_t)v); }

@@ -11,16 +11,35 @@
 
 #include "ccs.h"
 
-int ref_is_float(ccs_dtype_t t);
-int ref_is_signed(ccs_dtype_t t);
+static inline int ref_is_float(ccs_dtype_t t) { return t >= CCS_FLOAT16; }
+static inline int ref_is_signed(ccs_dtype_t t) {
+  return t == CCS_INT8 || t == CCS_INT32 || t == CCS_INT64 || t >= CCS_FLOAT16;
+}
 int ref_mantissa_bits(ccs_dtype_t t); /* explicit bits; 0 for integers */
 
 /* Narrow float codes <-> double. */
 double ref_narrow_decode(ccs_dtype_t t, uint32_t code);
 uint32_t ref_narrow_encode(ccs_dtype_t t, double x);
 
+/* Every code's value for the narrow types, built before main. */
+extern const double *ref_narrow_values[CCS_DTYPE_COUNT];
+
 /* Element i of a buffer of type t. */
-double ref_get(ccs_dtype_t t, const void *buf, size_t i);
+static inline double ref_get(ccs_dtype_t t, const void *buf, size_t i) {
+  switch (t) {
+  case CCS_INT8: return ((const int8_t *)buf)[i];
+  case CCS_UINT8: return ((const uint8_t *)buf)[i];
+  case CCS_INT32: return ((const int32_t *)buf)[i];
+  case CCS_UINT32: return ((const uint32_t *)buf)[i];
+  case CCS_INT64: return (double)((const int64_t *)buf)[i];
+  case CCS_UINT64: return (double)((const uint64_t *)buf)[i];
+  case CCS_FLOAT32: return ((const float *)buf)[i];
+  case CCS_FLOAT64: return ((const double *)buf)[i];
+  case CCS_FLOAT16:
+  case CCS_BFLOAT16: return ref_narrow_values[t][((const uint16_t *)buf)[i]];
+  default: return ref_narrow_values[t][((const uint8_t *)buf)[i]];
+  }
+}
 void ref_set(ccs_dtype_t t, void *buf, size_t i, double v); /* floats: rounded; ints: wrapped */
 uint64_t ref_get_bits(ccs_dtype_t t, const void *buf, size_t i); /* raw, zero-extended */
 void ref_set_int(ccs_dtype_t t, void *buf, size_t i, int64_t v); /* wrapped to the width */

@@ -1,0 +1,472 @@
+/* Faults on one node: a rank killed while others wait, mismatched
+ * arguments, bad arguments, garbage on the socket, the init deadline, no
+ * daemon, a daemon that dies under blocked clients. Each case checks that
+ * the right ranks get the right error and that the daemon keeps serving. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "wire.h"
+
+struct shared {
+  ccs_unique_id_t id;
+  int mode;
+};
+static struct shared *sh;
+static struct test_daemon daemon_;
+
+static int setup(void **state) {
+  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  const char *args[] = {"--init-timeout", "2", NULL};
+  return sh == MAP_FAILED || test_daemon_start(&daemon_, args);
+}
+
+static int teardown(void **state) {
+  int rc = test_daemon_stop(&daemon_);
+  munmap(sh, sizeof(*sh));
+  return rc;
+}
+
+static void new_id(void) { assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK); }
+
+/* A fresh comm of n ranks doing one all_reduce: the daemon still serves. */
+static int healthy_rank(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
+  int v = rank + 1, sum = 0;
+  ccs_result_t rc = ccs_all_reduce(&v, &sum, 1, CCS_INT32, CCS_SUM, comm, NULL);
+  ccs_comm_destroy(comm);
+  return rc != CCS_OK || sum != n * (n + 1) / 2;
+}
+
+static void assert_daemon_serves(int n) {
+  new_id();
+  assert_int_equal(test_run_ranks(n, healthy_rank, NULL, 60, NULL), 0);
+  assert_true(test_daemon_alive(&daemon_));
+}
+
+/* --- a rank dies while the others wait in a collective --- */
+static int dying_rank(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
+  if (rank == n - 1) {
+    usleep(200 * 1000); /* let the others block first */
+    raise(SIGKILL);
+  }
+  float x[1000] = {0}, y[1000];
+  ccs_result_t rc = ccs_all_reduce(x, y, 1000, CCS_FLOAT32, CCS_SUM, comm, NULL);
+  const char *err = ccs_comm_last_error(comm);
+  char want[32];
+  snprintf(want, sizeof(want), "rank %d", n - 1);
+  int ok = rc == CCS_ERR_PEER_LOST && strstr(err, want) != NULL;
+  if (!ok) fprintf(stderr, "rank %d: got %s: %s\n", rank, ccs_result_name(rc), err);
+  /* the comm stays failed: the next call says so at once */
+  rc = ccs_all_reduce(x, y, 1000, CCS_FLOAT32, CCS_SUM, comm, NULL);
+  ok = ok && rc == CCS_ERR_PEER_LOST;
+  ccs_result_t async;
+  ok = ok && ccs_comm_get_async_error(comm, &async) == CCS_OK && async == CCS_ERR_PEER_LOST;
+  ccs_comm_destroy(comm);
+  return ok ? 0 : 1;
+}
+
+static void test_rank_killed(void **state) {
+  new_id();
+  int st[3];
+  test_run_ranks(3, dying_rank, NULL, 60, st);
+  assert_int_equal(st[0], 0);
+  assert_int_equal(st[1], 0);
+  assert_int_equal(st[2], 128 + SIGKILL);
+  assert_daemon_serves(3);
+}
+
+/* --- mismatched arguments: every rank gets the error, the comm survives --- */
+static int mismatch_rank(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
+  int fails = 0;
+  int32_t x[16] = {0}, y[16 * 8];
+  for (int c = 0; c < 5; c++) {
+    int odd = rank == 1; /* rank 1 differs */
+    ccs_result_t rc;
+    const char *field;
+    switch (c) {
+    case 0: field = "count=15"; rc = ccs_all_reduce(x, y, odd ? 15 : 16, CCS_INT32, CCS_SUM, comm, NULL); break;
+    case 1: field = "dtype=uint32"; rc = ccs_all_reduce(x, y, 16, odd ? CCS_UINT32 : CCS_INT32, CCS_SUM, comm, NULL); break;
+    case 2: field = "op=max"; rc = ccs_all_reduce(x, y, 16, CCS_INT32, odd ? CCS_MAX : CCS_SUM, comm, NULL); break;
+    case 3: field = "root=1"; rc = ccs_broadcast(x, y, 16, CCS_INT32, odd ? 1 : 0, comm, NULL); break;
+    default: field = "all_gather"; rc = odd ? ccs_all_gather(x, y, 16, CCS_INT32, comm, NULL)
+                                          : ccs_all_reduce(x, y, 16, CCS_INT32, CCS_SUM, comm, NULL); break;
+    }
+    const char *err = ccs_comm_last_error(comm);
+    if (rc != CCS_ERR_MISMATCH || !strstr(err, "rank 1") || !strstr(err, field)) {
+      fprintf(stderr, "rank %d case %d: %s: %s\n", rank, c, ccs_result_name(rc), err);
+      fails++;
+    }
+  }
+  /* still usable, and op numbers still agree */
+  int v = rank, sum = -1;
+  if (ccs_all_reduce(&v, &sum, 1, CCS_INT32, CCS_SUM, comm, NULL) != CCS_OK || sum != n * (n - 1) / 2)
+    fails++;
+  /* a send and a receive that disagree */
+  if (n >= 2 && rank < 2) {
+    int32_t buf[4] = {0};
+    ccs_result_t rc = rank == 0 ? ccs_send(buf, 4, CCS_INT32, 1, comm, NULL)
+                                : ccs_recv(buf, 3, CCS_INT32, 0, comm, NULL);
+    if (rc != CCS_ERR_MISMATCH) fails++;
+  }
+  ccs_comm_destroy(comm);
+  return fails;
+}
+
+static void test_mismatch(void **state) {
+  new_id();
+  assert_int_equal(test_run_ranks(3, mismatch_rank, NULL, 60, NULL), 0);
+  assert_daemon_serves(2);
+}
+
+/* --- bad arguments: local, non-fatal, no effect --- */
+static int bad_args_rank(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
+  int fails = 0;
+  int32_t x[4] = {1, 2, 3, 4}, y[4];
+  fails += ccs_all_reduce(x, y, 4, (ccs_dtype_t)99, CCS_SUM, comm, NULL) != CCS_ERR_INVALID_ARGUMENT;
+  fails += ccs_all_reduce(x, y, 4, CCS_INT32, (ccs_redop_t)42, comm, NULL) != CCS_ERR_INVALID_ARGUMENT;
+  fails += ccs_broadcast(x, y, 4, CCS_INT32, n, comm, NULL) != CCS_ERR_INVALID_ARGUMENT;
+  fails += ccs_send(x, 4, CCS_INT32, -1, comm, NULL) != CCS_ERR_INVALID_ARGUMENT;
+  fails += ccs_all_reduce(NULL, y, 4, CCS_INT32, CCS_SUM, comm, NULL) != CCS_ERR_INVALID_ARGUMENT;
+  fails += ccs_all_reduce(x, y, 4, CCS_INT32, CCS_SUM, NULL, NULL) != CCS_ERR_INVALID_ARGUMENT;
+  fails += ccs_all_reduce(x, y, 4, CCS_INT32, CCS_SUM, comm, (ccs_stream_t)0x1) != CCS_ERR_UNSUPPORTED;
+  fails += ccs_all_reduce(x, y, SIZE_MAX / 2, CCS_INT32, CCS_SUM, comm, NULL) != CCS_ERR_INVALID_ARGUMENT;
+  fails += ccs_group_end() != CCS_ERR_INVALID_USAGE;
+  fails += ccs_mem_free(x) != CCS_ERR_INVALID_ARGUMENT;
+  void *p;
+  fails += ccs_mem_alloc(&p, 0) != CCS_ERR_INVALID_ARGUMENT;
+  if (fails) fprintf(stderr, "rank %d: %d bad-argument checks failed\n", rank, fails);
+  /* none of it counted as an op */
+  if (ccs_all_reduce(x, y, 4, CCS_INT32, CCS_SUM, comm, NULL) != CCS_OK || y[3] != 4 * n) fails++;
+  ccs_comm_destroy(comm);
+  return fails;
+}
+
+static void test_bad_arguments(void **state) {
+  new_id();
+  assert_int_equal(test_run_ranks(2, bad_args_rank, NULL, 60, NULL), 0);
+  ccs_comm_t *comm;
+  ccs_unique_id_t junk;
+  memset(&junk, 0x42, sizeof(junk));
+  assert_int_equal(ccs_comm_init_rank(&comm, 2, junk, 0), CCS_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ccs_comm_init_rank(&comm, 2, sh->id, 2), CCS_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ccs_comm_init_rank(NULL, 2, sh->id, 0), CCS_ERR_INVALID_ARGUMENT);
+}
+
+/* --- the init deadline names the missing rank --- */
+static int late_rank(int rank, int n, void *arg) {
+  if (rank == n - 1) return 0; /* never joins */
+  ccs_comm_t *comm;
+  ccs_result_t rc = ccs_comm_init_rank(&comm, n, sh->id, rank);
+  const char *err = ccs_comm_last_error(NULL);
+  if (rc != CCS_ERR_TIMEOUT || !strstr(err, "rank(s) 2 never")) {
+    fprintf(stderr, "rank %d: %s: %s\n", rank, ccs_result_name(rc), err);
+    return 1;
+  }
+  return 0;
+}
+
+static void test_init_timeout(void **state) {
+  new_id();
+  assert_int_equal(test_run_ranks(3, late_rank, NULL, 30, NULL), 0);
+  assert_daemon_serves(2);
+}
+
+/* --- raw protocol abuse --- */
+static int raw_connect(void) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s", daemon_.socket);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+  return fd;
+}
+
+static void raw_send(int fd, const void *buf, size_t len, int pass_fd) {
+  struct iovec iov = {(void *)buf, len};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  union {
+    char b[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } ctl;
+  if (pass_fd >= 0) {
+    msg.msg_control = ctl.b;
+    msg.msg_controllen = sizeof(ctl.b);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+  }
+  assert_int_equal(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+static void raw_request(int fd, Ccs__Request *req, int pass_fd) {
+  size_t len;
+  uint8_t *f = ccs__frame_pack(&req->base, &len);
+  raw_send(fd, f, len, pass_fd);
+  free(f);
+}
+
+/* Next reply, or NULL at EOF; fails the test after 10 s. */
+static Ccs__Reply *raw_reply(int fd) {
+  uint8_t hdr[4];
+  size_t got = 0;
+  while (got < 4) {
+    struct pollfd p = {fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 10000), 1);
+    ssize_t n = read(fd, hdr + got, 4 - got);
+    if (n <= 0) return NULL;
+    got += (size_t)n;
+  }
+  uint32_t len = hdr[0] | hdr[1] << 8 | hdr[2] << 16 | (uint32_t)hdr[3] << 24;
+  assert_true(len < CCS__FRAME_MAX);
+  uint8_t *body = malloc(len + 1);
+  for (got = 0; got < len;) {
+    ssize_t n = read(fd, body + got, len - got);
+    assert_true(n > 0);
+    got += (size_t)n;
+  }
+  Ccs__Reply *r = ccs__reply_unpack(body, len);
+  free(body);
+  assert_non_null(r);
+  return r;
+}
+
+static void expect_reply(int fd, ccs_result_t status) {
+  Ccs__Reply *r = raw_reply(fd);
+  assert_non_null(r);
+  if (r->status != (int)status)
+    fail_msg("got %s (%s), want %s", ccs_result_name((ccs_result_t)r->status), r->error,
+             ccs_result_name(status));
+  ccs__reply__free_unpacked(r, NULL);
+}
+
+static void expect_closed(int fd) {
+  Ccs__Reply *r = raw_reply(fd);
+  assert_null(r);
+  close(fd);
+}
+
+static void raw_hello(int fd, uint32_t protocol) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__Hello h = CCS__HELLO__INIT;
+  h.protocol = protocol;
+  req.id = 1;
+  req.body_case = CCS__REQUEST__BODY_HELLO;
+  req.hello = &h;
+  raw_request(fd, &req, -1);
+}
+
+static void test_garbage_and_oversized_frames(void **state) {
+  /* garbage bytes */
+  int fd = raw_connect();
+  uint8_t junk[64];
+  for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (uint8_t)(i * 37 + 11);
+  junk[0] = 60, junk[1] = junk[2] = junk[3] = 0; /* a plausible length, junk inside */
+  raw_send(fd, junk, sizeof(junk), -1);
+  expect_reply(fd, CCS_ERR_PROTOCOL);
+  expect_closed(fd);
+  /* a length over the cap, nothing allocated for it */
+  fd = raw_connect();
+  uint8_t huge[4] = {0xff, 0xff, 0xff, 0x7f};
+  raw_send(fd, huge, 4, -1);
+  expect_reply(fd, CCS_ERR_PROTOCOL);
+  expect_closed(fd);
+  /* a request before the hello */
+  fd = raw_connect();
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
+  req.id = 5;
+  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
+  req.get_unique_id = &g;
+  raw_request(fd, &req, -1);
+  expect_reply(fd, CCS_ERR_PROTOCOL);
+  expect_closed(fd);
+  /* another protocol version */
+  fd = raw_connect();
+  raw_hello(fd, 999);
+  expect_reply(fd, CCS_ERR_VERSION);
+  expect_closed(fd);
+  /* a half frame, then the client vanishes */
+  fd = raw_connect();
+  raw_send(fd, huge, 2, -1);
+  close(fd);
+  /* a file descriptor riding on a frame that takes none */
+  fd = raw_connect();
+  raw_hello(fd, CCS__PROTOCOL_VERSION);
+  expect_reply(fd, CCS_OK);
+  req.id = 6;
+  raw_request(fd, &req, STDIN_FILENO);
+  expect_reply(fd, CCS_OK); /* the request itself is answered... */
+  expect_reply(fd, CCS_ERR_PROTOCOL); /* ...then the stray fd ends the session */
+  expect_closed(fd);
+  assert_daemon_serves(2);
+}
+
+static void register_fd(int fd, int memfd, ccs_result_t want, uint64_t *ret_id) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
+  req.id = 7;
+  req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
+  req.mem_register = &m;
+  raw_request(fd, &req, memfd);
+  Ccs__Reply *r = raw_reply(fd);
+  assert_non_null(r);
+  if (r->status != (int)want) fail_msg("register: %s: %s", ccs_result_name((ccs_result_t)r->status), r->error);
+  if (ret_id && want == CCS_OK) *ret_id = r->mem_register->buffer;
+  ccs__reply__free_unpacked(r, NULL);
+}
+
+static void test_buffer_checks(void **state) {
+  int fd = raw_connect();
+  raw_hello(fd, CCS__PROTOCOL_VERSION);
+  expect_reply(fd, CCS_OK);
+  /* an unsealed memfd could shrink under the daemon: refused */
+  int unsealed = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  assert_int_equal(ftruncate(unsealed, 4096), 0);
+  register_fd(fd, unsealed, CCS_ERR_INVALID_ARGUMENT, NULL);
+  /* a sealed one is fine */
+  int sealed = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  assert_int_equal(ftruncate(sealed, 4096), 0);
+  assert_int_equal(fcntl(sealed, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  uint64_t buf = 0;
+  register_fd(fd, sealed, CCS_OK, &buf);
+  close(unsealed);
+  close(sealed);
+  /* a one-rank comm to submit ops on */
+  ccs_unique_id_t id;
+  assert_int_equal(ccs_get_unique_id(&id), CCS_OK);
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__CommInit ci = CCS__COMM_INIT__INIT;
+  ci.id.data = (uint8_t *)id.internal;
+  ci.id.len = sizeof(id.internal);
+  ci.nranks = 1;
+  req.id = 8;
+  req.body_case = CCS__REQUEST__BODY_COMM_INIT;
+  req.comm_init = &ci;
+  raw_request(fd, &req, -1);
+  Ccs__Reply *r = raw_reply(fd);
+  assert_int_equal(r->status, CCS_OK);
+  uint64_t comm = r->comm_init->comm;
+  ccs__reply__free_unpacked(r, NULL);
+
+  struct {
+    uint64_t buffer, offset, length, count;
+    ccs_result_t want;
+  } cases[] = {
+      {buf, 0, 4096, 1024, CCS_OK},
+      {buf, 4, 4092, 1023, CCS_OK},
+      {buf, 4096, 4, 1, CCS_ERR_INVALID_ARGUMENT},          /* past the end */
+      {buf, 2, 4, 1, CCS_ERR_INVALID_ARGUMENT},             /* misaligned */
+      {buf, UINT64_MAX - 3, 4, 1, CCS_ERR_INVALID_ARGUMENT}, /* offset + length wraps */
+      {buf, 0, 8, 1, CCS_ERR_INVALID_ARGUMENT},             /* length disagrees with count */
+      {buf + 100, 0, 4, 1, CCS_ERR_INVALID_ARGUMENT},       /* not registered */
+      {buf, 0, 0, UINT64_MAX / 2, CCS_ERR_INVALID_ARGUMENT}, /* count * size overflows */
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    Ccs__BufRef ref = CCS__BUF_REF__INIT;
+    ref.buffer = cases[i].buffer;
+    ref.offset = cases[i].offset;
+    ref.length = cases[i].length;
+    Ccs__Op op = CCS__OP__INIT, *ops[1] = {&op};
+    op.comm = comm;
+    op.kind = CCS__ALL_REDUCE;
+    op.count = cases[i].count;
+    op.dtype = CCS_FLOAT32;
+    op.send = op.recv = &ref;
+    Ccs__Submit sub = CCS__SUBMIT__INIT;
+    sub.n_ops = 1;
+    sub.ops = ops;
+    Ccs__Request q = CCS__REQUEST__INIT;
+    q.id = 100 + i;
+    q.body_case = CCS__REQUEST__BODY_SUBMIT;
+    q.submit = &sub;
+    raw_request(fd, &q, -1);
+    expect_reply(fd, cases[i].want);
+  }
+  close(fd);
+  assert_daemon_serves(2);
+}
+
+/* --- the daemon dies under blocked clients, then comes back --- */
+static int orphaned_rank(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
+  int v = 1, out;
+  /* rank n-1 never calls: the others block until the daemon dies */
+  if (rank == n - 1) {
+    ccs_result_t async = CCS_OK;
+    while (async == CCS_OK && ccs_comm_get_async_error(comm, &async) == CCS_OK) usleep(50000);
+    ccs_comm_destroy(comm);
+    return async != CCS_ERR_DAEMON_UNAVAILABLE;
+  }
+  ccs_result_t rc = ccs_all_reduce(&v, &out, 1, CCS_INT32, CCS_SUM, comm, NULL);
+  if (rc != CCS_ERR_DAEMON_UNAVAILABLE) {
+    fprintf(stderr, "rank %d: %s\n", rank, ccs_result_name(rc));
+    return 1;
+  }
+  rc = ccs_all_reduce(&v, &out, 1, CCS_INT32, CCS_SUM, comm, NULL);
+  ccs_comm_destroy(comm);
+  return rc != CCS_ERR_DAEMON_UNAVAILABLE;
+}
+
+static void test_daemon_restart(void **state) {
+  new_id();
+  pid_t child = fork();
+  if (child == 0) {
+    _exit(test_run_ranks(3, orphaned_rank, NULL, 30, NULL));
+  }
+  usleep(500 * 1000);
+  test_daemon_kill(&daemon_);
+  int status;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  /* no daemon: an immediate, clear error */
+  ccs_unique_id_t id;
+  assert_int_equal(ccs_get_unique_id(&id), CCS_ERR_DAEMON_UNAVAILABLE);
+  assert_non_null(strstr(ccs_comm_last_error(NULL), "cannot connect"));
+  /* back again: the same process makes new comms */
+  unlink(daemon_.socket);
+  rmdir(daemon_.dir);
+  const char *args[] = {"--init-timeout", "2", NULL};
+  assert_int_equal(test_daemon_start(&daemon_, args), 0);
+  assert_daemon_serves(2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rank_killed),
+      cmocka_unit_test(test_mismatch),
+      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_init_timeout),
+      cmocka_unit_test(test_garbage_and_oversized_frames),
+      cmocka_unit_test(test_buffer_checks),
+      cmocka_unit_test(test_daemon_restart),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
