@@ -1,0 +1,600 @@
+/* ccs-perf: the nccl-tests-compatible benchmark for ccs.
+ *
+ *   ccs-perf COLLECTIVE [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
+ *            [-m AGG] [-c CHECK] [-o OP] [-d TYPE] [-r ROOT] [-a AVG] [-z 0|1] [-J FILE]
+ *            [--np N] [--registered 0|1]
+ *
+ * Ranks: --np N forks N local ranks; otherwise CCS_RANK and CCS_NRANKS say
+ * who this process is and CCS_UNIQUE_ID_FILE names the file rank 0 writes
+ * the unique id to (for ranks started by a launcher). Rank 0 prints the
+ * table in nccl-tests' layout, with the same size, algbw and busbw rules. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ccs.h"
+#include "dtype.h"
+#include "perf_math.h"
+
+static const char *const coll_names[PERF_COLL_COUNT] = {
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+    "all_to_all", "gather",     "scatter",        "sendrecv"};
+
+struct opts {
+  enum perf_coll coll;
+  size_t min_bytes, max_bytes, step_bytes;
+  double factor;
+  int iters, warmup, agg, check, root, average, blocking, registered, nprocs;
+  int dtypes[CCS_DTYPE_COUNT], ndtypes;
+  int ops[CCS_REDOP_COUNT], nops;
+  const char *json;
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ccs-perf COLLECTIVE [options]\n"
+          "collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
+          "             gather scatter sendrecv\n"
+          "  -b MIN    minimum size in bytes (K, M, G suffixes; default 32M)\n"
+          "  -e MAX    maximum size in bytes (default 32M)\n"
+          "  -f F      multiply the size by F each step (default 2)\n"
+          "  -i STEP   add STEP bytes each step instead\n"
+          "  -n N      timed iterations (default 20)\n"
+          "  -w N      warm-up iterations (default 1)\n"
+          "  -m N      ops per group in each iteration (default 1)\n"
+          "  -c N      checked iterations; 0 disables the check (default 1)\n"
+          "  -o OP     sum prod max min avg all (default sum)\n"
+          "  -d TYPE   int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double\n"
+          "            f8e4m3 f8e5m2 all (default float)\n"
+          "  -r ROOT   root rank (default 0)\n"
+          "  -a MODE   time across ranks: 0 rank 0, 1 average, 2 min, 3 max (default 1)\n"
+          "  -z 0|1    blocking collectives (every call here is; accepted for compatibility)\n"
+          "  -J FILE   also write the rows as JSON\n"
+          "  --np N    fork N local ranks\n"
+          "  --registered 0|1  ccs_mem_alloc buffers (1, default) or malloc (0)\n"
+          "environment without --np: CCS_RANK, CCS_NRANKS, CCS_UNIQUE_ID_FILE\n");
+}
+
+static int parse_size(const char *s, size_t *ret) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || v < 0) return -1;
+  switch (*end) {
+  case 'K': case 'k': v *= 1024, end++; break;
+  case 'M': case 'm': v *= 1024 * 1024, end++; break;
+  case 'G': case 'g': v *= 1024.0 * 1024 * 1024, end++; break;
+  default: break;
+  }
+  if (*end || v > 1e15) return -1;
+  *ret = (size_t)v;
+  return 0;
+}
+
+static int parse_int(const char *s, int min, int max, int *ret) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || v < min || v > max) return -1;
+  *ret = (int)v;
+  return 0;
+}
+
+static int parse_dtype(const char *s, struct opts *o) {
+  if (!strcmp(s, "all")) {
+    for (int t = 0; t < CCS_DTYPE_COUNT; t++) o->dtypes[t] = t;
+    o->ndtypes = CCS_DTYPE_COUNT;
+    return 0;
+  }
+  static const struct { const char *name; ccs_dtype_t t; } aliases[] = {
+      {"char", CCS_INT8}, {"int", CCS_INT32}, {"float16", CCS_FLOAT16}, {"float32", CCS_FLOAT32},
+      {"float64", CCS_FLOAT64}, {"bf16", CCS_BFLOAT16}};
+  for (int t = 0; t < CCS_DTYPE_COUNT; t++)
+    if (!strcmp(s, ccs_dtype_name((ccs_dtype_t)t))) return o->dtypes[0] = t, o->ndtypes = 1, 0;
+  for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++)
+    if (!strcmp(s, aliases[i].name)) return o->dtypes[0] = aliases[i].t, o->ndtypes = 1, 0;
+  return -1;
+}
+
+static int parse_op(const char *s, struct opts *o) {
+  if (!strcmp(s, "all")) {
+    for (int op = 0; op < CCS_REDOP_COUNT; op++) o->ops[op] = op;
+    o->nops = CCS_REDOP_COUNT;
+    return 0;
+  }
+  for (int op = 0; op < CCS_REDOP_COUNT; op++)
+    if (!strcmp(s, ccs_redop_name((ccs_redop_t)op))) return o->ops[0] = op, o->nops = 1, 0;
+  return -1;
+}
+
+/* Exported for the unit test through a separate object; see perf_args.c. */
+int perf_parse_args(int argc, char **argv, struct opts *o);
+
+int perf_parse_args(int argc, char **argv, struct opts *o) {
+  memset(o, 0, sizeof(*o));
+  o->min_bytes = o->max_bytes = 32 << 20;
+  o->factor = 2;
+  o->iters = 20, o->warmup = 1, o->agg = 1, o->check = 1, o->average = 1, o->registered = 1;
+  o->dtypes[0] = CCS_FLOAT32, o->ndtypes = 1;
+  o->ops[0] = CCS_SUM, o->nops = 1;
+  if (argc < 2 || argv[1][0] == '-') {
+    if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return 1;
+    fprintf(stderr, "ccs-perf: name a collective first\n");
+    return -1;
+  }
+  int found = 0;
+  for (int c = 0; c < PERF_COLL_COUNT; c++)
+    if (!strcmp(argv[1], coll_names[c])) o->coll = (enum perf_coll)c, found = 1;
+  if (!found) {
+    fprintf(stderr, "ccs-perf: unknown collective '%s'\n", argv[1]);
+    return -1;
+  }
+  enum { O_NP = 256, O_REGISTERED };
+  static const struct option longs[] = {{"np", required_argument, 0, O_NP},
+                                        {"registered", required_argument, 0, O_REGISTERED},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  optind = 2;
+  int c;
+  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:m:c:o:d:r:a:z:J:h", longs, NULL)) != -1) {
+    int bad = 0;
+    switch (c) {
+    case 'b': bad = parse_size(optarg, &o->min_bytes); break;
+    case 'e': bad = parse_size(optarg, &o->max_bytes); break;
+    case 'i': bad = parse_size(optarg, &o->step_bytes) || o->step_bytes == 0; break;
+    case 'f': o->factor = strtod(optarg, NULL), bad = !(o->factor > 1); break;
+    case 'n': bad = parse_int(optarg, 1, 1 << 24, &o->iters); break;
+    case 'w': bad = parse_int(optarg, 0, 1 << 24, &o->warmup); break;
+    case 'm': bad = parse_int(optarg, 1, 1024, &o->agg); break;
+    case 'c': bad = parse_int(optarg, 0, 1 << 20, &o->check); break;
+    case 'o': bad = parse_op(optarg, o); break;
+    case 'd': bad = parse_dtype(optarg, o); break;
+    case 'r': bad = parse_int(optarg, 0, 1 << 20, &o->root); break;
+    case 'a': bad = parse_int(optarg, 0, 3, &o->average); break;
+    case 'z': bad = parse_int(optarg, 0, 1, &o->blocking); break;
+    case 'J': o->json = optarg; break;
+    case O_NP: bad = parse_int(optarg, 1, 256, &o->nprocs); break;
+    case O_REGISTERED: bad = parse_int(optarg, 0, 1, &o->registered); break;
+    case 'h': return 1;
+    default: return -1;
+    }
+    if (bad) {
+      fprintf(stderr, "ccs-perf: bad value '%s' for -%c\n", optarg, c < 256 ? c : '-');
+      return -1;
+    }
+  }
+  if (optind != argc) {
+    fprintf(stderr, "ccs-perf: unexpected argument '%s'\n", argv[optind]);
+    return -1;
+  }
+  if (o->min_bytes > o->max_bytes) {
+    fprintf(stderr, "ccs-perf: -b must not exceed -e\n");
+    return -1;
+  }
+  return 0;
+}
+
+#ifndef PERF_NO_MAIN
+
+/* --- element access through the kernels' conversions --- */
+static double get_elem(ccs_dtype_t t, const void *b, size_t i) {
+  switch (t) {
+  case CCS_INT8: return ((const int8_t *)b)[i];
+  case CCS_UINT8: return ((const uint8_t *)b)[i];
+  case CCS_INT32: return ((const int32_t *)b)[i];
+  case CCS_UINT32: return ((const uint32_t *)b)[i];
+  case CCS_INT64: return (double)((const int64_t *)b)[i];
+  case CCS_UINT64: return (double)((const uint64_t *)b)[i];
+  case CCS_FLOAT16: return ccs__half_to_float(((const uint16_t *)b)[i]);
+  case CCS_BFLOAT16: return ccs__bf16_to_float(((const uint16_t *)b)[i]);
+  case CCS_FLOAT32: return ((const float *)b)[i];
+  case CCS_FLOAT64: return ((const double *)b)[i];
+  case CCS_FLOAT8_E4M3: return ccs__e4m3_to_float(((const uint8_t *)b)[i]);
+  default: return ccs__e5m2_to_float(((const uint8_t *)b)[i]);
+  }
+}
+
+static void set_elem(ccs_dtype_t t, void *b, size_t i, double v) {
+  switch (t) {
+  case CCS_INT8: ((int8_t *)b)[i] = (int8_t)v; break;
+  case CCS_UINT8: ((uint8_t *)b)[i] = (uint8_t)v; break;
+  case CCS_INT32: ((int32_t *)b)[i] = (int32_t)v; break;
+  case CCS_UINT32: ((uint32_t *)b)[i] = (uint32_t)v; break;
+  case CCS_INT64: ((int64_t *)b)[i] = (int64_t)v; break;
+  case CCS_UINT64: ((uint64_t *)b)[i] = (uint64_t)v; break;
+  case CCS_FLOAT16: ((uint16_t *)b)[i] = ccs__float_to_half((float)v); break;
+  case CCS_BFLOAT16: ((uint16_t *)b)[i] = ccs__float_to_bf16((float)v); break;
+  case CCS_FLOAT32: ((float *)b)[i] = (float)v; break;
+  case CCS_FLOAT64: ((double *)b)[i] = v; break;
+  case CCS_FLOAT8_E4M3: ((uint8_t *)b)[i] = ccs__float_to_e4m3((float)v); break;
+  default: ((uint8_t *)b)[i] = ccs__float_to_e5m2((float)v); break;
+  }
+}
+
+static int is_unsigned(ccs_dtype_t t) { return t == CCS_UINT8 || t == CCS_UINT32 || t == CCS_UINT64; }
+
+/* Small integers: exact in every type and in every sum of a few ranks. */
+static double input(ccs_dtype_t t, ccs_redop_t op, int rank, size_t i, int iter) {
+  uint64_t h = (uint64_t)rank * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + (uint64_t)iter;
+  h ^= h >> 29;
+  if (op == CCS_PROD) return h % 4 == 0 ? 2 : 1;
+  return is_unsigned(t) ? (double)(h % 9) : (double)(h % 9) - 4;
+}
+
+static double expected_reduce(ccs_dtype_t t, ccs_redop_t op, int n, size_t i, int iter) {
+  double acc = input(t, op, 0, i, iter);
+  for (int r = 1; r < n; r++) {
+    double v = input(t, op, r, i, iter);
+    switch (op) {
+    case CCS_SUM: case CCS_AVG: acc += v; break;
+    case CCS_PROD: acc *= v; break;
+    case CCS_MAX: acc = v > acc ? v : acc; break;
+    default: acc = v < acc ? v : acc; break;
+    }
+  }
+  if (op == CCS_AVG) acc = t >= CCS_FLOAT16 ? acc / n : trunc(acc / n);
+  /* what the type holds: wrap integers, round floats */
+  uint64_t cell = 0;
+  set_elem(t, &cell, 0, acc);
+  return get_elem(t, &cell, 0);
+}
+
+struct bench {
+  const struct opts *o;
+  ccs_comm_t *comm;
+  int rank, n;
+  char *sendbuf, *recvbuf;
+};
+
+/* The buffers of one call: out of place, or in place as NCCL lays it out. */
+static void layout(const struct bench *b, struct perf_counts k, size_t sz, int in_place,
+                   char **send, char **recv) {
+  *send = b->sendbuf, *recv = b->recvbuf;
+  if (!in_place) return;
+  *send = b->recvbuf;
+  switch (b->o->coll) {
+  case PERF_ALL_GATHER: *send = b->recvbuf + (size_t)b->rank * k.param * sz; break;
+  case PERF_GATHER: if (b->rank == b->o->root) *send = b->recvbuf + (size_t)b->rank * k.param * sz; break;
+  case PERF_REDUCE_SCATTER: *send = b->recvbuf, *recv = b->recvbuf + (size_t)b->rank * k.param * sz; break;
+  case PERF_SCATTER: if (b->rank == b->o->root) *recv = b->recvbuf + (size_t)b->rank * k.param * sz; break;
+  default: break;
+  }
+}
+
+static ccs_result_t call(const struct bench *b, struct perf_counts k, ccs_dtype_t t,
+                         ccs_redop_t op, char *send, char *recv) {
+  int root = b->o->root, n = b->n, r = b->rank;
+  switch (b->o->coll) {
+  case PERF_ALL_REDUCE: return ccs_all_reduce(send, recv, k.param, t, op, b->comm, NULL);
+  case PERF_ALL_GATHER: return ccs_all_gather(send, recv, k.param, t, b->comm, NULL);
+  case PERF_REDUCE_SCATTER: return ccs_reduce_scatter(send, recv, k.param, t, op, b->comm, NULL);
+  case PERF_BROADCAST: return ccs_broadcast(send, recv, k.param, t, root, b->comm, NULL);
+  case PERF_REDUCE: return ccs_reduce(send, recv, k.param, t, op, root, b->comm, NULL);
+  case PERF_ALL_TO_ALL: return ccs_all_to_all(send, recv, k.param, t, b->comm, NULL);
+  case PERF_GATHER: return ccs_gather(send, recv, k.param, t, root, b->comm, NULL);
+  case PERF_SCATTER: return ccs_scatter(send, recv, k.param, t, root, b->comm, NULL);
+  default:
+    ccs_group_start();
+    ccs_send(send, k.param, t, (r + 1) % n, b->comm, NULL);
+    ccs_recv(recv, k.param, t, (r + n - 1) % n, b->comm, NULL);
+    return ccs_group_end();
+  }
+}
+
+/* Fills the inputs of a checked iteration, runs it, counts wrong elements. */
+static long check_once(const struct bench *b, struct perf_counts k, ccs_dtype_t t, ccs_redop_t op,
+                       int in_place, int iter, ccs_result_t *rc) {
+  size_t sz = ccs_dtype_size(t);
+  char *send, *recv;
+  int n = b->n, r = b->rank, root = b->o->root;
+  layout(b, k, sz, in_place, &send, &recv);
+  enum perf_coll c = b->o->coll;
+  /* element i of send belongs to rank r's input stream at index i */
+  for (size_t i = 0; i < k.send; i++) set_elem(t, send, i, input(t, op, r, i, iter));
+  *rc = call(b, k, t, op, send, recv);
+  if (*rc != CCS_OK) return 0;
+  if ((c == PERF_REDUCE || c == PERF_GATHER) && r != root) return 0;
+  long wrong = 0;
+  size_t p = k.param;
+  for (size_t i = 0; i < k.recv; i++) {
+    size_t j = p ? i / p : 0, e = p ? i % p : 0;
+    double want;
+    switch (c) {
+    case PERF_ALL_REDUCE: case PERF_REDUCE: want = expected_reduce(t, op, n, i, iter); break;
+    case PERF_REDUCE_SCATTER: want = expected_reduce(t, op, n, (size_t)r * p + i, iter); break;
+    case PERF_BROADCAST: want = input(t, op, root, i, iter); break;
+    case PERF_ALL_GATHER: case PERF_GATHER: want = input(t, op, (int)j, e, iter); break;
+    case PERF_ALL_TO_ALL: want = input(t, op, (int)j, (size_t)r * p + e, iter); break;
+    case PERF_SCATTER: want = input(t, op, root, (size_t)r * p + i, iter); break;
+    default: want = input(t, op, (r + n - 1) % n, i, iter); break;
+    }
+    double got = get_elem(t, recv, i);
+    double tol = op == CCS_AVG && t >= CCS_FLOAT16 ? fabs(want) * 0.13 : 0; /* one fp8 step */
+    if (!(fabs(got - want) <= tol)) wrong++;
+  }
+  return wrong;
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+struct result {
+  double us, algbw, busbw;
+  long wrong; /* -1: not checked */
+  int skipped;
+};
+
+static int combine(const struct bench *b, double *t, long *wrong) {
+  double in[2] = {*t, 0}, out[2];
+  ccs_redop_t op = b->o->average == 2 ? CCS_MIN : b->o->average == 3 ? CCS_MAX : CCS_SUM;
+  int64_t w = *wrong, wsum;
+  if (b->o->average == 0) {
+    if (ccs_broadcast(in, out, 1, CCS_FLOAT64, 0, b->comm, NULL) != CCS_OK) return -1;
+  } else if (ccs_all_reduce(in, out, 1, CCS_FLOAT64, op, b->comm, NULL) != CCS_OK) {
+    return -1;
+  }
+  *t = b->o->average == 1 ? out[0] / b->n : out[0];
+  if (ccs_all_reduce(&w, &wsum, 1, CCS_INT64, CCS_SUM, b->comm, NULL) != CCS_OK) return -1;
+  *wrong = (long)wsum;
+  return 0;
+}
+
+static int measure(const struct bench *b, struct perf_counts k, ccs_dtype_t t, ccs_redop_t op,
+                   int in_place, struct result *res) {
+  const struct opts *o = b->o;
+  size_t sz = ccs_dtype_size(t);
+  char *send, *recv;
+  memset(res, 0, sizeof(*res));
+  if (in_place && o->coll == PERF_SENDRECV) { /* the same buffer both ways races: N/A */
+    res->skipped = 1;
+    return 0;
+  }
+  layout(b, k, sz, in_place, &send, &recv);
+  ccs_result_t rc = CCS_OK;
+  for (int i = 0; i < o->warmup && rc == CCS_OK; i++) rc = call(b, k, t, op, send, recv);
+  if (rc == CCS_OK) rc = ccs_barrier(b->comm);
+  double t0 = now();
+  for (int i = 0; i < o->iters && rc == CCS_OK; i++) {
+    if (o->agg > 1) ccs_group_start();
+    for (int m = 0; m < o->agg && rc == CCS_OK; m++) rc = call(b, k, t, op, send, recv);
+    if (o->agg > 1 && rc == CCS_OK) rc = ccs_group_end();
+    else if (o->agg > 1) ccs_group_end();
+  }
+  double secs = (now() - t0) / ((double)o->iters * o->agg);
+  long wrong = 0;
+  for (int i = 0; i < o->check && rc == CCS_OK; i++) wrong += check_once(b, k, t, op, in_place, i, &rc);
+  if (rc != CCS_OK) {
+    fprintf(stderr, "ccs-perf: rank %d: %s %s: %s: %s\n", b->rank, coll_names[o->coll],
+            ccs_dtype_name(t), ccs_result_name(rc), ccs_comm_last_error(b->comm));
+    return -1;
+  }
+  if (combine(b, &secs, &wrong)) return -1;
+  res->us = secs * 1e6;
+  res->algbw = perf_algbw(o->coll, k, sz, secs);
+  res->busbw = res->algbw * perf_bus_factor(o->coll, b->n);
+  res->wrong = o->check ? wrong : -1;
+  return 0;
+}
+
+static void format_time(char *buf, size_t len, double us) {
+  snprintf(buf, len, us >= 10000 ? "%7.0f" : us >= 100 ? "%7.1f" : "%7.2f", us);
+}
+
+static void print_result(const struct result *r) {
+  char ts[32], ws[32];
+  if (r->skipped) {
+    printf("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
+    return;
+  }
+  format_time(ts, sizeof(ts), r->us);
+  if (r->wrong < 0) snprintf(ws, sizeof(ws), "N/A");
+  else snprintf(ws, sizeof(ws), "%ld", r->wrong);
+  printf("  %7s  %6.2f  %6.2f  %6s", ts, r->algbw, r->busbw, ws);
+}
+
+static void json_result(FILE *j, const char *name, const struct result *r) {
+  if (r->skipped) fprintf(j, "\"%s\": null", name);
+  else
+    fprintf(j, "\"%s\": {\"time_us\": %.3f, \"algbw\": %.6f, \"busbw\": %.6f, \"wrong\": %ld}",
+            name, r->us, r->algbw, r->busbw, r->wrong);
+}
+
+static int has_op(enum perf_coll c) {
+  return c == PERF_ALL_REDUCE || c == PERF_REDUCE_SCATTER || c == PERF_REDUCE;
+}
+static int has_root(enum perf_coll c) {
+  return c == PERF_BROADCAST || c == PERF_REDUCE || c == PERF_GATHER || c == PERF_SCATTER;
+}
+
+static int run_rank(const struct opts *o, ccs_unique_id_t id, int rank, int n) {
+  struct bench b = {o, NULL, rank, n, NULL, NULL};
+  ccs_result_t rc = ccs_comm_init_rank(&b.comm, n, id, rank);
+  if (rc != CCS_OK) {
+    fprintf(stderr, "ccs-perf: rank %d: init: %s: %s\n", rank, ccs_result_name(rc),
+            ccs_comm_last_error(NULL));
+    return 1;
+  }
+  if (o->root >= n) {
+    if (rank == 0) fprintf(stderr, "ccs-perf: root %d out of range for %d ranks\n", o->root, n);
+    ccs_comm_destroy(b.comm);
+    return 2;
+  }
+  /* buffers for the largest size of the widest type */
+  struct perf_counts big = perf_counts(o->coll, o->max_bytes, 1, n);
+  size_t bytes = big.send > big.recv ? big.send : big.recv;
+  bytes = bytes + 64;
+  if (o->registered) {
+    if (ccs_mem_alloc((void **)&b.sendbuf, bytes) || ccs_mem_alloc((void **)&b.recvbuf, bytes)) {
+      fprintf(stderr, "ccs-perf: ccs_mem_alloc(%zu): %s\n", bytes, ccs_comm_last_error(NULL));
+      return 1;
+    }
+  } else {
+    b.sendbuf = malloc(bytes);
+    b.recvbuf = malloc(bytes);
+    if (!b.sendbuf || !b.recvbuf) return 1;
+  }
+  memset(b.sendbuf, 0, bytes);
+  memset(b.recvbuf, 0, bytes);
+  FILE *json = NULL;
+  if (rank == 0) {
+    printf("# ccs-perf %s: %d ranks, %s buffers\n", coll_names[o->coll], n,
+           o->registered ? "registered (ccs_mem_alloc)" : "unregistered (staged)");
+    printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d "
+           "agg iters: %d validation: %d graph: 0\n#\n", o->min_bytes, o->max_bytes,
+           o->step_bytes ? (double)o->step_bytes : o->factor, o->step_bytes ? "bytes" : "factor",
+           o->warmup, o->iters, o->agg, o->check ? 1 : 0);
+    printf("# %64s out-of-place %24s in-place\n", "", "");
+    printf("#  %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size",
+           "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+           "busbw", "#wrong");
+    printf("#  %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
+           "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    if (o->json && !(json = fopen(o->json, "w")))
+      fprintf(stderr, "ccs-perf: cannot write %s: %s\n", o->json, strerror(errno));
+    if (json) fprintf(json, "[\n");
+  }
+  long total_wrong = 0;
+  double bw_sum = 0;
+  int bw_count = 0, failed = 0, first_row = 1;
+  for (int d = 0; d < o->ndtypes && !failed; d++)
+    for (int p = 0; p < (has_op(o->coll) ? o->nops : 1) && !failed; p++) {
+      ccs_dtype_t t = (ccs_dtype_t)o->dtypes[d];
+      ccs_redop_t op = has_op(o->coll) ? (ccs_redop_t)o->ops[p] : CCS_SUM;
+      size_t sz = ccs_dtype_size(t);
+      for (size_t size = o->min_bytes; size <= o->max_bytes && !failed;) {
+        struct perf_counts k = perf_counts(o->coll, size, sz, n);
+        struct result res[2];
+        if (measure(&b, k, t, op, 0, &res[0]) || measure(&b, k, t, op, 1, &res[1])) {
+          failed = 1;
+          break;
+        }
+        if (rank == 0) {
+          printf("%12zu  %12zu  %8s  %6s  %6d", k.bytes, k.bytes / sz, ccs_dtype_name(t),
+                 has_op(o->coll) ? ccs_redop_name(op) : "none", has_root(o->coll) ? o->root : -1);
+          print_result(&res[0]);
+          print_result(&res[1]);
+          printf("\n");
+          fflush(stdout);
+          if (json) {
+            fprintf(json, "%s  {\"collective\": \"%s\", \"ranks\": %d, \"size\": %zu, \"count\": %zu, "
+                    "\"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, ", first_row ? "" : ",\n",
+                    coll_names[o->coll], n, k.bytes, k.bytes / sz, ccs_dtype_name(t),
+                    has_op(o->coll) ? ccs_redop_name(op) : "none", has_root(o->coll) ? o->root : -1);
+            json_result(json, "out_of_place", &res[0]);
+            fprintf(json, ", ");
+            json_result(json, "in_place", &res[1]);
+            fprintf(json, "}");
+          }
+          first_row = 0;
+        }
+        for (int i = 0; i < 2; i++) {
+          if (res[i].skipped) continue;
+          if (res[i].wrong > 0) total_wrong += res[i].wrong;
+          bw_sum += res[i].busbw;
+          bw_count++;
+        }
+        size_t next = o->step_bytes ? size + o->step_bytes : (size_t)((double)size * o->factor);
+        if (next <= size) next = size + 1;
+        size = next;
+      }
+    }
+  if (rank == 0) {
+    printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+    printf("# Avg bus bandwidth    : %g \n#\n", bw_count ? bw_sum / bw_count : 0.0);
+    fflush(stdout);
+    if (json) {
+      fprintf(json, "\n]\n");
+      fclose(json);
+    }
+  }
+  if (o->registered) {
+    ccs_mem_free(b.sendbuf);
+    ccs_mem_free(b.recvbuf);
+  } else {
+    free(b.sendbuf);
+    free(b.recvbuf);
+  }
+  ccs_comm_destroy(b.comm);
+  return failed ? 1 : total_wrong ? 3 : 0;
+}
+
+static int id_from_file(const char *path, int rank, ccs_unique_id_t *id) {
+  if (rank == 0) {
+    ccs_result_t rc = ccs_get_unique_id(id);
+    if (rc != CCS_OK) {
+      fprintf(stderr, "ccs-perf: %s: %s\n", ccs_result_name(rc), ccs_comm_last_error(NULL));
+      return -1;
+    }
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f || fwrite(id, sizeof(*id), 1, f) != 1 || fclose(f) || rename(tmp, path)) {
+      fprintf(stderr, "ccs-perf: cannot write the unique id to %s: %s\n", path, strerror(errno));
+      return -1;
+    }
+    return 0;
+  }
+  for (int tries = 0; tries < 6000; tries++) { /* 60 s */
+    FILE *f = fopen(path, "rb");
+    if (f) {
+      size_t got = fread(id, sizeof(*id), 1, f);
+      fclose(f);
+      if (got == 1) return 0;
+    }
+    usleep(10000);
+  }
+  fprintf(stderr, "ccs-perf: rank %d: no unique id appeared in %s\n", rank, path);
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  struct opts o;
+  int rc = perf_parse_args(argc, argv, &o);
+  if (rc) {
+    usage(rc > 0 ? stdout : stderr);
+    return rc > 0 ? 0 : 2;
+  }
+  ccs_unique_id_t id;
+  if (o.nprocs == 0) {
+    const char *r = getenv("CCS_RANK"), *n = getenv("CCS_NRANKS"), *f = getenv("CCS_UNIQUE_ID_FILE");
+    int rank = 0, nranks = 1;
+    if (r && n && f) {
+      if (parse_int(r, 0, 1 << 20, &rank) || parse_int(n, 1, 1 << 20, &nranks) || rank >= nranks) {
+        fprintf(stderr, "ccs-perf: bad CCS_RANK/CCS_NRANKS\n");
+        return 2;
+      }
+      if (id_from_file(f, rank, &id)) return 1;
+      return run_rank(&o, id, rank, nranks);
+    }
+    o.nprocs = 1;
+  }
+  ccs_result_t got = ccs_get_unique_id(&id);
+  if (got != CCS_OK) {
+    fprintf(stderr, "ccs-perf: %s: %s\n", ccs_result_name(got), ccs_comm_last_error(NULL));
+    return 1;
+  }
+  fflush(stdout);
+  pid_t pids[256];
+  for (int r = 0; r < o.nprocs; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) _exit(run_rank(&o, id, r, o.nprocs));
+  }
+  int worst = 0;
+  for (int r = 0; r < o.nprocs; r++) {
+    int status;
+    if (pids[r] < 0 || waitpid(pids[r], &status, 0) != pids[r]) worst = worst ? worst : 1;
+    else if (!WIFEXITED(status)) worst = 1;
+    else if (WEXITSTATUS(status) > worst) worst = WEXITSTATUS(status);
+  }
+  return worst;
+}
+#endif
