@@ -20,7 +20,9 @@ struct ccs__reply_slot {
 
 static pthread_mutex_t current_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ccs__conn *current;
-static struct ccs__conn *inherited; /* the parent's, after a fork; never used */
+/* The parent's connection after a fork: kept (volatile: the store must
+ * happen) so it stays reachable, never used. */
+static struct ccs__conn *volatile inherited;
 
 static __thread char error_text[CCS__ERROR_TEXT_MAX];
 

@@ -89,10 +89,13 @@ static void *worker(void *arg) {
 
     run_task(x, task);
 
+    /* Once the last task is counted the loop thread may free x: read what
+     * is needed before counting. */
+    size_t split = x->phase_split, ntasks = x->ntasks;
     size_t done = atomic_fetch_add(&x->done_tasks, 1) + 1;
     pthread_mutex_lock(&e->mu);
-    if (done == x->phase_split && done < x->ntasks) pthread_cond_broadcast(&e->cv);
-    if (done == x->ntasks) {
+    if (done == split && done < ntasks) pthread_cond_broadcast(&e->cv);
+    if (done == ntasks) {
       list_insert_tail(&e->done, &x->done_link);
       uv_async_send(&e->async);
     }

@@ -21,166 +21,9 @@
 
 #include "ccs.h"
 #include "dtype.h"
+#include "perf_args.h"
 #include "perf_math.h"
 
-static const char *const coll_names[PERF_COLL_COUNT] = {
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-    "all_to_all", "gather",     "scatter",        "sendrecv"};
-
-struct opts {
-  enum perf_coll coll;
-  size_t min_bytes, max_bytes, step_bytes;
-  double factor;
-  int iters, warmup, agg, check, root, average, blocking, registered, nprocs;
-  int dtypes[CCS_DTYPE_COUNT], ndtypes;
-  int ops[CCS_REDOP_COUNT], nops;
-  const char *json;
-};
-
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: ccs-perf COLLECTIVE [options]\n"
-          "collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
-          "             gather scatter sendrecv\n"
-          "  -b MIN    minimum size in bytes (K, M, G suffixes; default 32M)\n"
-          "  -e MAX    maximum size in bytes (default 32M)\n"
-          "  -f F      multiply the size by F each step (default 2)\n"
-          "  -i STEP   add STEP bytes each step instead\n"
-          "  -n N      timed iterations (default 20)\n"
-          "  -w N      warm-up iterations (default 1)\n"
-          "  -m N      ops per group in each iteration (default 1)\n"
-          "  -c N      checked iterations; 0 disables the check (default 1)\n"
-          "  -o OP     sum prod max min avg all (default sum)\n"
-          "  -d TYPE   int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double\n"
-          "            f8e4m3 f8e5m2 all (default float)\n"
-          "  -r ROOT   root rank (default 0)\n"
-          "  -a MODE   time across ranks: 0 rank 0, 1 average, 2 min, 3 max (default 1)\n"
-          "  -z 0|1    blocking collectives (every call here is; accepted for compatibility)\n"
-          "  -J FILE   also write the rows as JSON\n"
-          "  --np N    fork N local ranks\n"
-          "  --registered 0|1  ccs_mem_alloc buffers (1, default) or malloc (0)\n"
-          "environment without --np: CCS_RANK, CCS_NRANKS, CCS_UNIQUE_ID_FILE\n");
-}
-
-static int parse_size(const char *s, size_t *ret) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || v < 0) return -1;
-  switch (*end) {
-  case 'K': case 'k': v *= 1024, end++; break;
-  case 'M': case 'm': v *= 1024 * 1024, end++; break;
-  case 'G': case 'g': v *= 1024.0 * 1024 * 1024, end++; break;
-  default: break;
-  }
-  if (*end || v > 1e15) return -1;
-  *ret = (size_t)v;
-  return 0;
-}
-
-static int parse_int(const char *s, int min, int max, int *ret) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (end == s || *end || v < min || v > max) return -1;
-  *ret = (int)v;
-  return 0;
-}
-
-static int parse_dtype(const char *s, struct opts *o) {
-  if (!strcmp(s, "all")) {
-    for (int t = 0; t < CCS_DTYPE_COUNT; t++) o->dtypes[t] = t;
-    o->ndtypes = CCS_DTYPE_COUNT;
-    return 0;
-  }
-  static const struct { const char *name; ccs_dtype_t t; } aliases[] = {
-      {"char", CCS_INT8}, {"int", CCS_INT32}, {"float16", CCS_FLOAT16}, {"float32", CCS_FLOAT32},
-      {"float64", CCS_FLOAT64}, {"bf16", CCS_BFLOAT16}};
-  for (int t = 0; t < CCS_DTYPE_COUNT; t++)
-    if (!strcmp(s, ccs_dtype_name((ccs_dtype_t)t))) return o->dtypes[0] = t, o->ndtypes = 1, 0;
-  for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++)
-    if (!strcmp(s, aliases[i].name)) return o->dtypes[0] = aliases[i].t, o->ndtypes = 1, 0;
-  return -1;
-}
-
-static int parse_op(const char *s, struct opts *o) {
-  if (!strcmp(s, "all")) {
-    for (int op = 0; op < CCS_REDOP_COUNT; op++) o->ops[op] = op;
-    o->nops = CCS_REDOP_COUNT;
-    return 0;
-  }
-  for (int op = 0; op < CCS_REDOP_COUNT; op++)
-    if (!strcmp(s, ccs_redop_name((ccs_redop_t)op))) return o->ops[0] = op, o->nops = 1, 0;
-  return -1;
-}
-
-/* Exported for the unit test through a separate object; see perf_args.c. */
-int perf_parse_args(int argc, char **argv, struct opts *o);
-
-int perf_parse_args(int argc, char **argv, struct opts *o) {
-  memset(o, 0, sizeof(*o));
-  o->min_bytes = o->max_bytes = 32 << 20;
-  o->factor = 2;
-  o->iters = 20, o->warmup = 1, o->agg = 1, o->check = 1, o->average = 1, o->registered = 1;
-  o->dtypes[0] = CCS_FLOAT32, o->ndtypes = 1;
-  o->ops[0] = CCS_SUM, o->nops = 1;
-  if (argc < 2 || argv[1][0] == '-') {
-    if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return 1;
-    fprintf(stderr, "ccs-perf: name a collective first\n");
-    return -1;
-  }
-  int found = 0;
-  for (int c = 0; c < PERF_COLL_COUNT; c++)
-    if (!strcmp(argv[1], coll_names[c])) o->coll = (enum perf_coll)c, found = 1;
-  if (!found) {
-    fprintf(stderr, "ccs-perf: unknown collective '%s'\n", argv[1]);
-    return -1;
-  }
-  enum { O_NP = 256, O_REGISTERED };
-  static const struct option longs[] = {{"np", required_argument, 0, O_NP},
-                                        {"registered", required_argument, 0, O_REGISTERED},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
-  optind = 2;
-  int c;
-  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:m:c:o:d:r:a:z:J:h", longs, NULL)) != -1) {
-    int bad = 0;
-    switch (c) {
-    case 'b': bad = parse_size(optarg, &o->min_bytes); break;
-    case 'e': bad = parse_size(optarg, &o->max_bytes); break;
-    case 'i': bad = parse_size(optarg, &o->step_bytes) || o->step_bytes == 0; break;
-    case 'f': o->factor = strtod(optarg, NULL), bad = !(o->factor > 1); break;
-    case 'n': bad = parse_int(optarg, 1, 1 << 24, &o->iters); break;
-    case 'w': bad = parse_int(optarg, 0, 1 << 24, &o->warmup); break;
-    case 'm': bad = parse_int(optarg, 1, 1024, &o->agg); break;
-    case 'c': bad = parse_int(optarg, 0, 1 << 20, &o->check); break;
-    case 'o': bad = parse_op(optarg, o); break;
-    case 'd': bad = parse_dtype(optarg, o); break;
-    case 'r': bad = parse_int(optarg, 0, 1 << 20, &o->root); break;
-    case 'a': bad = parse_int(optarg, 0, 3, &o->average); break;
-    case 'z': bad = parse_int(optarg, 0, 1, &o->blocking); break;
-    case 'J': o->json = optarg; break;
-    case O_NP: bad = parse_int(optarg, 1, 256, &o->nprocs); break;
-    case O_REGISTERED: bad = parse_int(optarg, 0, 1, &o->registered); break;
-    case 'h': return 1;
-    default: return -1;
-    }
-    if (bad) {
-      fprintf(stderr, "ccs-perf: bad value '%s' for -%c\n", optarg, c < 256 ? c : '-');
-      return -1;
-    }
-  }
-  if (optind != argc) {
-    fprintf(stderr, "ccs-perf: unexpected argument '%s'\n", argv[optind]);
-    return -1;
-  }
-  if (o->min_bytes > o->max_bytes) {
-    fprintf(stderr, "ccs-perf: -b must not exceed -e\n");
-    return -1;
-  }
-  return 0;
-}
-
-#ifndef PERF_NO_MAIN
 
 /* --- element access through the kernels' conversions --- */
 static double get_elem(ccs_dtype_t t, const void *b, size_t i) {
@@ -246,7 +89,7 @@ static double expected_reduce(ccs_dtype_t t, ccs_redop_t op, int n, size_t i, in
 }
 
 struct bench {
-  const struct opts *o;
+  const struct perf_opts *o;
   ccs_comm_t *comm;
   int rank, n;
   char *sendbuf, *recvbuf;
@@ -350,7 +193,7 @@ static int combine(const struct bench *b, double *t, long *wrong) {
 
 static int measure(const struct bench *b, struct perf_counts k, ccs_dtype_t t, ccs_redop_t op,
                    int in_place, struct result *res) {
-  const struct opts *o = b->o;
+  const struct perf_opts *o = b->o;
   size_t sz = ccs_dtype_size(t);
   char *send, *recv;
   memset(res, 0, sizeof(*res));
@@ -373,7 +216,7 @@ static int measure(const struct bench *b, struct perf_counts k, ccs_dtype_t t, c
   long wrong = 0;
   for (int i = 0; i < o->check && rc == CCS_OK; i++) wrong += check_once(b, k, t, op, in_place, i, &rc);
   if (rc != CCS_OK) {
-    fprintf(stderr, "ccs-perf: rank %d: %s %s: %s: %s\n", b->rank, coll_names[o->coll],
+    fprintf(stderr, "ccs-perf: rank %d: %s %s: %s: %s\n", b->rank, perf_coll_names[o->coll],
             ccs_dtype_name(t), ccs_result_name(rc), ccs_comm_last_error(b->comm));
     return -1;
   }
@@ -415,7 +258,7 @@ static int has_root(enum perf_coll c) {
   return c == PERF_BROADCAST || c == PERF_REDUCE || c == PERF_GATHER || c == PERF_SCATTER;
 }
 
-static int run_rank(const struct opts *o, ccs_unique_id_t id, int rank, int n) {
+static int run_rank(const struct perf_opts *o, ccs_unique_id_t id, int rank, int n) {
   struct bench b = {o, NULL, rank, n, NULL, NULL};
   ccs_result_t rc = ccs_comm_init_rank(&b.comm, n, id, rank);
   if (rc != CCS_OK) {
@@ -446,7 +289,7 @@ static int run_rank(const struct opts *o, ccs_unique_id_t id, int rank, int n) {
   memset(b.recvbuf, 0, bytes);
   FILE *json = NULL;
   if (rank == 0) {
-    printf("# ccs-perf %s: %d ranks, %s buffers\n", coll_names[o->coll], n,
+    printf("# ccs-perf %s: %d ranks, %s buffers\n", perf_coll_names[o->coll], n,
            o->registered ? "registered (ccs_mem_alloc)" : "unregistered (staged)");
     printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d "
            "agg iters: %d validation: %d graph: 0\n#\n", o->min_bytes, o->max_bytes,
@@ -487,7 +330,7 @@ static int run_rank(const struct opts *o, ccs_unique_id_t id, int rank, int n) {
           if (json) {
             fprintf(json, "%s  {\"collective\": \"%s\", \"ranks\": %d, \"size\": %zu, \"count\": %zu, "
                     "\"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, ", first_row ? "" : ",\n",
-                    coll_names[o->coll], n, k.bytes, k.bytes / sz, ccs_dtype_name(t),
+                    perf_coll_names[o->coll], n, k.bytes, k.bytes / sz, ccs_dtype_name(t),
                     has_op(o->coll) ? ccs_redop_name(op) : "none", has_root(o->coll) ? o->root : -1);
             json_result(json, "out_of_place", &res[0]);
             fprintf(json, ", ");
@@ -557,10 +400,10 @@ static int id_from_file(const char *path, int rank, ccs_unique_id_t *id) {
 }
 
 int main(int argc, char **argv) {
-  struct opts o;
+  struct perf_opts o;
   int rc = perf_parse_args(argc, argv, &o);
   if (rc) {
-    usage(rc > 0 ? stdout : stderr);
+    perf_usage(rc > 0 ? stdout : stderr);
     return rc > 0 ? 0 : 2;
   }
   ccs_unique_id_t id;
@@ -568,7 +411,7 @@ int main(int argc, char **argv) {
     const char *r = getenv("CCS_RANK"), *n = getenv("CCS_NRANKS"), *f = getenv("CCS_UNIQUE_ID_FILE");
     int rank = 0, nranks = 1;
     if (r && n && f) {
-      if (parse_int(r, 0, 1 << 20, &rank) || parse_int(n, 1, 1 << 20, &nranks) || rank >= nranks) {
+      if (perf_parse_int(r, 0, 1 << 20, &rank) || perf_parse_int(n, 1, 1 << 20, &nranks) || rank >= nranks) {
         fprintf(stderr, "ccs-perf: bad CCS_RANK/CCS_NRANKS\n");
         return 2;
       }
@@ -597,4 +440,3 @@ int main(int argc, char **argv) {
   }
   return worst;
 }
-#endif

@@ -1,0 +1,26 @@
+#ifndef CCS_PERF_ARGS_H
+#define CCS_PERF_ARGS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "ccs.h"
+#include "perf_math.h"
+
+struct perf_opts {
+  enum perf_coll coll;
+  size_t min_bytes, max_bytes, step_bytes;
+  double factor;
+  int iters, warmup, agg, check, root, average, blocking, registered, nprocs;
+  int dtypes[CCS_DTYPE_COUNT], ndtypes;
+  int ops[CCS_REDOP_COUNT], nops;
+  const char *json;
+};
+
+extern const char *const perf_coll_names[PERF_COLL_COUNT];
+void perf_usage(FILE *f);
+int perf_parse_int(const char *s, int min, int max, int *ret);
+/* 0: parsed; 1: help asked; -1: bad command line (a message was printed) */
+int perf_parse_args(int argc, char **argv, struct perf_opts *o);
+
+#endif

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs ccs-perf for one collective against a private ccsd: every type and
+# reduction at tiny sizes, checked; fails unless #wrong is 0 everywhere.
+#   run_perf.sh CCSD CCS_PERF COLLECTIVE
+set -euo pipefail
+ccsd=$1 perf=$2 coll=$3
+dir=$(mktemp -d /tmp/ccs-perf-test.XXXXXX)
+export CCS_SOCKET=$dir/ccsd.sock
+"$ccsd" --socket "$CCS_SOCKET" &
+daemon=$!
+trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 200); do [ -S "$CCS_SOCKET" ] && break; sleep 0.05; done
+status=0
+for np in 1 3; do
+  for reg in 1 0; do
+    out=$("$perf" "$coll" --np $np --registered $reg -b 8 -e 64K -f 8 -n 2 -w 1 -c 2 -d all -o all \
+          -J "$dir/rows.json") || status=1
+    grep -q '^# Out of bounds values : 0 OK$' <<<"$out" || { echo "$out"; status=1; }
+    grep -q '"collective"' "$dir/rows.json" || status=1
+  done
+done
+exit $status
