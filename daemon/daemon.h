@@ -33,6 +33,7 @@ struct ccsd_config {
   int threads;
   double init_timeout_s;
   size_t chunk_bytes;
+  size_t stream_bytes; /* ops writing at least this much stream their stores */
 };
 
 struct executor;
@@ -172,6 +173,7 @@ struct xop {
   ccs_dtype_t dtype;
   ccs_redop_t redop;
   size_t avg_divisor, elem_size, chunk_elems;
+  int streaming; /* outputs past the caches: non-temporal stores */
   struct xpiece *pieces;
   size_t npieces;
   size_t *piece_first_task; /* npieces + 1 prefix sums */

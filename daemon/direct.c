@@ -171,7 +171,9 @@ ccs_result_t ccsd_plan_direct(struct xop *x, char *err, size_t errlen) {
       break;
     }
 
-  size_t tasks = 0;
+  size_t tasks = 0, written = 0;
+  for (size_t i = 0; i < npieces; i++) written += x->pieces[i].count * sz * (size_t)x->pieces[i].nout;
+  x->streaming = written >= x->comm->d->cfg.stream_bytes;
   for (size_t i = 0; i < npieces; i++) {
     if (i == split && split) x->phase_split = tasks;
     x->piece_first_task[i] = tasks;

@@ -24,7 +24,6 @@ struct executor {
   pthread_t *threads;
   int nthreads;
   int stop;
-};
 
 static size_t find_piece(const struct xop *x, size_t task) {
   size_t lo = 0, hi = x->npieces; /* piece_first_task[lo] <= task < [hi] */
@@ -52,9 +51,11 @@ static void run_task(struct xop *x, size_t task) {
   for (int i = 0; i < pc->nin; i++) in[i] = (const char *)pc->in[i] + off;
   for (int o = 0; o < pc->nout; o++) out[o] = (char *)pc->out[o] + off;
   if (pc->reduce)
-    ccs__reduce_host(x->dtype, x->redop, x->avg_divisor, in, pc->nin, out, pc->nout, n);
+    ccs__reduce_host(x->dtype, x->redop, x->avg_divisor, in, pc->nin, out, pc->nout, n,
+                     x->streaming);
   else
-    ccs__copy_host(in[0], out, pc->nout, n * x->elem_size);
+    ccs__copy_host(in[0], out, pc->nout, n * x->elem_size, x->streaming);
+  if (x->streaming) ccs__stream_fence();
   if (in != in_stack) free(in);
   if (out != out_stack) free(out);
 }
@@ -150,13 +151,8 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads) {
 
 void ccsd_executor_submit(struct executor *e, struct xop *x) {
   pthread_mutex_lock(&e->mu);
-  if (x->ntasks == 0) {
-    list_insert_tail(&e->done, &x->done_link);
-    uv_async_send(&e->async);
-  } else {
-    list_insert_tail(&e->queue, &x->link);
-    pthread_cond_broadcast(&e->cv);
-  }
+  list_insert_tail(&e->queue, &x->link);
+  pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
 }
 

@@ -21,6 +21,8 @@ static void usage(FILE *f) {
           "  --threads N          executor threads (default: online CPUs)\n"
           "  --init-timeout SEC   how long ccs_comm_init_rank waits for all ranks (default 60)\n"
           "  --chunk BYTES        bytes per executor task (default 262144)\n"
+          "  --stream-bytes BYTES ops writing this much or more use non-temporal stores\n"
+          "                       (default 67108864; 0 always, a huge value never)\n"
           "  --version            print the version and exit\n"
           "environment: CCS_DEBUG=WARN|INFO|TRACE\n");
 }
@@ -43,13 +45,14 @@ static void on_signal(uv_signal_t *h, int signum) {
 }
 
 static int parse_args(int argc, char **argv, struct ccsd_config *cfg) {
-  enum { O_SOCKET = 256, O_MODE, O_THREADS, O_INIT_TIMEOUT, O_CHUNK, O_VERSION, O_HELP };
+  enum { O_SOCKET = 256, O_MODE, O_THREADS, O_INIT_TIMEOUT, O_CHUNK, O_STREAM, O_VERSION, O_HELP };
   static const struct option opts[] = {
       {"socket", required_argument, 0, O_SOCKET},
       {"socket-mode", required_argument, 0, O_MODE},
       {"threads", required_argument, 0, O_THREADS},
       {"init-timeout", required_argument, 0, O_INIT_TIMEOUT},
       {"chunk", required_argument, 0, O_CHUNK},
+      {"stream-bytes", required_argument, 0, O_STREAM},
       {"version", no_argument, 0, O_VERSION},
       {"help", no_argument, 0, O_HELP},
       {0, 0, 0, 0}};
@@ -76,6 +79,10 @@ static int parse_args(int argc, char **argv, struct ccsd_config *cfg) {
     case O_CHUNK:
       if (parse_number(optarg, 4096, 1 << 30, &v)) goto bad;
       cfg->chunk_bytes = (size_t)v;
+      break;
+    case O_STREAM:
+      if (parse_number(optarg, 0, 1e18, &v)) goto bad;
+      cfg->stream_bytes = (size_t)v;
       break;
     case O_VERSION:
       printf("ccsd %d.%d.%d (protocol %u)\n", CCS_VERSION_MAJOR, CCS_VERSION_MINOR,
@@ -106,6 +113,7 @@ int main(int argc, char **argv) {
   d.cfg.threads = cpus > 0 ? (int)cpus : 1;
   d.cfg.init_timeout_s = 60;
   d.cfg.chunk_bytes = 256 << 10;
+  d.cfg.stream_bytes = 64 << 20;
   ccs__log_init(getenv("CCS_DEBUG"));
   if (parse_args(argc, argv, &d.cfg)) return 2;
 

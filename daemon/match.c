@@ -103,7 +103,10 @@ static void launch(struct comm *c, struct post **posts, int nposts, uint64_t seq
             ccs__coll_name(x->kind), (unsigned long long)seq, x->npieces, x->ntasks);
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);
-  ccsd_executor_submit(c->d->exec, x);
+  if (x->ntasks == 0) /* barrier, count 0: nothing for the executor to do */
+    ccsd_xop_done(x);
+  else
+    ccsd_executor_submit(c->d->exec, x);
 }
 
 void ccsd_xop_done(struct xop *x) {

@@ -16,9 +16,16 @@
  * float and round once on store. */
 void ccs__reduce_host(ccs_dtype_t dtype, ccs_redop_t op, size_t avg_divisor,
                       const void *const *inputs, int ninputs, void *const *outputs, int noutputs,
-                      size_t count);
+                      size_t count, int streaming);
 
 /* memcpy to each output; an output equal to the source is skipped. */
-void ccs__copy_host(const void *src, void *const *outputs, int noutputs, size_t bytes);
+void ccs__copy_host(const void *src, void *const *outputs, int noutputs, size_t bytes,
+                    int streaming);
+
+/* streaming: the outputs are larger than the caches and not read again
+ * soon, so they are written with non-temporal stores (no read for
+ * ownership: a third less memory traffic). Call ccs__stream_fence before
+ * another thread may read what was written. */
+void ccs__stream_fence(void);
 
 #endif

@@ -4,12 +4,45 @@
  * accumulator that stays in L1, then written once to every output. The inner
  * loops are plain C over fixed-size blocks so the compiler vectorises them.
  */
+#include <stdint.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "dtype.h"
 #include "kernels.h"
 
 enum { BLOCK = 2048 };
+
+/* memcpy with non-temporal stores where the target allows. */
+static void copy_streaming(void *dst, const void *src, size_t bytes) {
+#ifdef __SSE2__
+  char *d = dst;
+  const char *s = src;
+  size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+  if (head > bytes) head = bytes;
+  memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 64; bytes -= 64, d += 64, s += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+    _mm_stream_si128((__m128i *)d, a);
+    _mm_stream_si128((__m128i *)(d + 16), b);
+    _mm_stream_si128((__m128i *)(d + 32), c);
+    _mm_stream_si128((__m128i *)(d + 48), e);
+  }
+  memcpy(d, s, bytes);
+#else
+  memcpy(dst, src, bytes);
+#endif
+}
+
+void ccs__stream_fence(void) {
+#ifdef __SSE2__
+  _mm_sfence();
+#endif
+}
 
 /* Integer sums and products wrap (computed unsigned: no signed overflow). */
 #define WRAP_ADD(T, U) (T)((U)(a) + (U)(b))
@@ -21,7 +54,7 @@ enum { BLOCK = 2048 };
   static inline A add_##NAME(A a, A b) { return ADD; }                                        \
   static inline A mul_##NAME(A a, A b) { return MUL; }                                        \
   static void reduce_##NAME(ccs_redop_t op, size_t d, const void *const *in, int nin,         \
-                            void *const *out, int nout, size_t count) {                       \
+                            void *const *out, int nout, size_t count, int streaming) {        \
     A acc[BLOCK];                                                                             \
     for (size_t base = 0; base < count; base += BLOCK) {                                      \
       size_t n = count - base < BLOCK ? count - base : BLOCK;                                 \
@@ -57,6 +90,13 @@ enum { BLOCK = 2048 };
         for (size_t i = 0; i < n; i++) acc[i] = DIV;                                          \
       for (int o = 0; o < nout; o++) {                                                        \
         T *dst = (T *)out[o] + base;                                                          \
+        /* an output that is also an input (in place) is in cache: store normally */         \
+        int alias = 0;                                                                        \
+        for (int k = 0; k < nin; k++) alias |= out[o] == in[k];                               \
+        if (streaming && !alias && sizeof(T) == sizeof(A)) {                                  \
+          copy_streaming(dst, acc, n * sizeof(T)); /* A is T here */                          \
+          continue;                                                                           \
+        }                                                                                     \
         for (size_t i = 0; i < n; i++) dst[i] = STORE(acc[i]);                                \
       }                                                                                       \
     }                                                                                         \
@@ -83,7 +123,7 @@ FLOAT_REDUCE(e4m3, uint8_t, float, ccs__e4m3_to_float, ccs__float_to_e4m3)
 FLOAT_REDUCE(e5m2, uint8_t, float, ccs__e5m2_to_float, ccs__float_to_e5m2)
 
 typedef void (*reduce_fn)(ccs_redop_t, size_t, const void *const *, int, void *const *, int,
-                          size_t);
+                          size_t, int);
 static const reduce_fn reducers[CCS_DTYPE_COUNT] = {
     [CCS_INT8] = reduce_i8,          [CCS_UINT8] = reduce_u8,
     [CCS_INT32] = reduce_i32,        [CCS_UINT32] = reduce_u32,
@@ -95,12 +135,19 @@ static const reduce_fn reducers[CCS_DTYPE_COUNT] = {
 
 void ccs__reduce_host(ccs_dtype_t dtype, ccs_redop_t op, size_t avg_divisor,
                       const void *const *inputs, int ninputs, void *const *outputs, int noutputs,
-                      size_t count) {
+                      size_t count, int streaming) {
   if ((unsigned)dtype >= CCS_DTYPE_COUNT || ninputs < 1 || count == 0) return;
-  reducers[dtype](op, avg_divisor, inputs, ninputs, outputs, noutputs, count);
+  reducers[dtype](op, avg_divisor, inputs, ninputs, outputs, noutputs, count, streaming);
 }
 
-void ccs__copy_host(const void *src, void *const *outputs, int noutputs, size_t bytes) {
-  for (int o = 0; o < noutputs; o++)
-    if (outputs[o] != src && bytes) memmove(outputs[o], src, bytes);
+void ccs__copy_host(const void *src, void *const *outputs, int noutputs, size_t bytes,
+                    int streaming) {
+  for (int o = 0; o < noutputs; o++) {
+    if (outputs[o] == src || !bytes) continue;
+    const char *s = src;
+    char *d = outputs[o];
+    int overlap = d < s + bytes && s < d + bytes;
+    if (streaming && !overlap) copy_streaming(d, s, bytes);
+    else memmove(d, s, bytes);
+  }
 }

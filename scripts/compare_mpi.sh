@@ -14,7 +14,6 @@ if ! command -v mpicc >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
 mpicc -O2 -Iclient/tools -Iclient/include tests/bench/mpi_perf.c -o build/mpi-perf
-cc -O2 tests/bench/memcpy_bw.c -o build/memcpy-bw
 
 dir=$(mktemp -d /tmp/ccs-compare.XXXXXX)
 export CCS_SOCKET=$dir/ccsd.sock
@@ -27,18 +26,24 @@ mpirun_() {
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$@"
 }
-# ccs-perf rows -> "size busbw" (out of place)
-ccs_rows() { grep -v '^#' | awk '{print $1, $8}'; }
+# ccs-perf's JSON rows -> "size busbw", out of place (in place for broadcast,
+# which is what MPI_Bcast is: one buffer, no copy on the root)
+ccs_rows() {
+  local which=out_of_place
+  [ "$1" = broadcast ] && which=in_place
+  sed -n "s/.*\"size\": \([0-9]*\).*\"$which\": {[^}]*\"busbw\": \([0-9.]*\).*/\1 \2/p" "$dir/rows.json"
+}
 
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
-echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}'), float sum, out of place, $iters iterations, busbw in GB/s"
+echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl vader), float sum, out of place (broadcast: in place), $iters iterations, busbw in GB/s"
 for np in 2 4; do
   for coll in all_reduce all_gather reduce_scatter broadcast all_to_all; do
     for reg in 1 0; do
       [ "$reg" = 0 ] && [ "$coll" != all_reduce ] && continue
       mpi=$(mpirun_ "$np" build/mpi-perf "$coll" 16 67108864 4 "$iters" 2 | awk '{print $1, $2}')
-      ccs=$(build/client/ccs-perf "$coll" --np "$np" --registered "$reg" -b 16 -e 64M -f 4 \
-            -n "$iters" -w 2 -c 0 | ccs_rows)
+      build/client/ccs-perf "$coll" --np "$np" --registered "$reg" -b 16 -e 64M -f 4 \
+        -n "$iters" -w 2 -c 0 -J "$dir/rows.json" >/dev/null
+      ccs=$(ccs_rows "$coll")
       label=$([ "$reg" = 1 ] && echo registered || echo staged)
       echo
       echo "## $coll, $np ranks, ccs $label buffers"
@@ -63,5 +68,9 @@ for np in 2 4; do
 done
 
 echo
+echo "## where the time of a small op goes"
+build/tests/ccs-latency 2000
+
+echo
 echo "## memcpy bandwidth of this machine (one thread, GB/s)"
-build/memcpy-bw
+build/tests/memcpy-bw

@@ -38,7 +38,7 @@ static int64_t wrap(ccs_dtype_t t, int64_t v) {
 }
 
 static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real, int in_place,
-                  uint64_t seed) {
+                  int streaming, uint64_t seed) {
   size_t sz = ccs_dtype_size(t);
   void *in[8], *out[2];
   double *want = calloc(count + 1, sizeof(double));
@@ -68,7 +68,8 @@ static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real
     if (ref_is_float(t)) want[i] = op == CCS_AVG ? acc / nin : acc;
     else want[i] = (double)(op == CCS_AVG ? wrap(t, iacc) / nin : wrap(t, iacc));
   }
-  ccs__reduce_host(t, op, (size_t)nin, (const void *const *)in, nin, out, 2, count);
+  ccs__reduce_host(t, op, (size_t)nin, (const void *const *)in, nin, out, 2, count, streaming);
+  ccs__stream_fence();
   for (int o = 0; o < 2; o++)
     for (size_t i = 0; i < count; i++) {
       double got = ref_get(t, out[o], i);
@@ -109,16 +110,23 @@ static void test_every_dtype_and_op(void **state) {
         for (size_t b = 0; b < sizeof(counts) / sizeof(counts[0]); b++)
           for (int real = 0; real < 2; real++)
             check((ccs_dtype_t)t, (ccs_redop_t)op, nins[a], counts[b], real, (int)(b & 1),
-                  test_mix(seed, (uint64_t)(t * 1000 + op * 100 + (int)a * 10 + (int)b)));
+                  (int)(a & 1), test_mix(seed, (uint64_t)(t * 1000 + op * 100 + (int)a * 10 + (int)b)));
 }
 
 static void test_copy(void **state) {
-  char src[100], d1[100], d2[100];
-  for (int i = 0; i < 100; i++) src[i] = (char)i;
-  void *outs[3] = {d1, src, d2};
-  ccs__copy_host(src, outs, 3, sizeof(src));
-  assert_memory_equal(d1, src, 100);
-  assert_memory_equal(d2, src, 100);
+  char src[1000], d1[1003], d2[1000];
+  for (int i = 0; i < 1000; i++) src[i] = (char)i;
+  for (int streaming = 0; streaming < 2; streaming++)
+    for (size_t len = 0; len < 1000; len += 37) {
+      memset(d1, 0, sizeof(d1));
+      memset(d2, 0, sizeof(d2));
+      void *outs[3] = {d1 + 3, src, d2}; /* one misaligned, one the source itself */
+      ccs__copy_host(src, outs, 3, len, streaming);
+      ccs__stream_fence();
+      assert_memory_equal(d1 + 3, src, len);
+      assert_memory_equal(d2, src, len);
+      assert_int_equal(d1[3 + len], 0);
+    }
 }
 
 int main(void) {

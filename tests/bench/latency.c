@@ -1,0 +1,96 @@
+/* Where the time of a small collective goes: medians of many round trips.
+ *   latency [ITERS]   (CCS_SOCKET names the daemon)
+ * Rows: a bare Unix-socket round trip between two processes; a 1-rank
+ * barrier (client -> daemon loop -> client); a 1-rank 8 B all_reduce (adds
+ * the executor hand-off and back); 2- and 4-rank 8 B all_reduce (adds
+ * waiting for the other ranks' requests to arrive and be matched). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ccs.h"
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(double), cmp);
+  return v[n / 2];
+}
+
+static double socket_rtt(int iters) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) return -1;
+  pid_t pid = fork();
+  char b = 0;
+  if (pid == 0) {
+    close(sv[0]);
+    while (read(sv[1], &b, 1) == 1)
+      if (write(sv[1], &b, 1) != 1) break;
+    _exit(0);
+  }
+  close(sv[1]);
+  double *t = malloc(sizeof(double) * (size_t)iters);
+  for (int i = 0; i < iters; i++) {
+    double t0 = now_us();
+    if (write(sv[0], &b, 1) != 1 || read(sv[0], &b, 1) != 1) break;
+    t[i] = now_us() - t0;
+  }
+  close(sv[0]);
+  waitpid(pid, NULL, 0);
+  double m = median(t, iters);
+  free(t);
+  return m;
+}
+
+/* rank 0's median time of the op over iters, with n ranks forked */
+static double ccs_median(int n, int barrier, int iters) {
+  ccs_unique_id_t id;
+  if (ccs_get_unique_id(&id) != CCS_OK) return -1;
+  double *shared = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  pid_t pids[16];
+  for (int r = 0; r < n; r++) {
+    if ((pids[r] = fork()) != 0) continue;
+    ccs_comm_t *comm;
+    if (ccs_comm_init_rank(&comm, n, id, r) != CCS_OK) _exit(1);
+    double *t = malloc(sizeof(double) * (size_t)iters), x = 1, y;
+    for (int i = 0; i < iters + 20; i++) {
+      double t0 = now_us();
+      ccs_result_t rc = barrier ? ccs_barrier(comm) : ccs_all_reduce(&x, &y, 1, CCS_FLOAT64, CCS_SUM, comm, NULL);
+      if (rc != CCS_OK) _exit(1);
+      if (i >= 20) t[i - 20] = now_us() - t0;
+    }
+    if (r == 0) *shared = median(t, iters);
+    ccs_comm_destroy(comm);
+    _exit(0);
+  }
+  for (int r = 0; r < n; r++) waitpid(pids[r], NULL, 0);
+  double m = *shared;
+  munmap(shared, sizeof(double));
+  return m;
+}
+
+int main(int argc, char **argv) {
+  int iters = argc > 1 ? atoi(argv[1]) : 2000;
+  printf("# median round trip (us), %d iterations each\n", iters);
+  printf("%-44s %8.1f\n", "Unix socket ping-pong (2 processes)", socket_rtt(iters));
+  printf("%-44s %8.1f\n", "ccs_barrier, 1 rank (loop only)", ccs_median(1, 1, iters));
+  printf("%-44s %8.1f\n", "ccs_all_reduce 8 B, 1 rank (+ executor)", ccs_median(1, 0, iters));
+  printf("%-44s %8.1f\n", "ccs_barrier, 2 ranks", ccs_median(2, 1, iters));
+  printf("%-44s %8.1f\n", "ccs_all_reduce 8 B, 2 ranks", ccs_median(2, 0, iters));
+  printf("%-44s %8.1f\n", "ccs_all_reduce 8 B, 4 ranks", ccs_median(4, 0, iters));
+  return 0;
+}
