@@ -24,6 +24,7 @@ struct executor {
   pthread_t *threads;
   int nthreads;
   int stop;
+};
 
 static size_t find_piece(const struct xop *x, size_t task) {
   size_t lo = 0, hi = x->npieces; /* piece_first_task[lo] <= task < [hi] */
