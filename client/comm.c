@@ -39,6 +39,17 @@ CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_uniq
                    rank, nranks);
     return CCS_ERR_INVALID_ARGUMENT;
   }
+  /* CCS_TIMEOUT: seconds an op of this comm may wait for its ranks */
+  const char *timeout = getenv("CCS_TIMEOUT");
+  double timeout_s = 0;
+  if (timeout && *timeout) {
+    char *end;
+    timeout_s = strtod(timeout, &end);
+    if (*end || !(timeout_s >= 0.001 && timeout_s <= 4e6)) {
+      ccs__set_error("CCS_TIMEOUT=%s: seconds between 0.001 and 4e6 expected", timeout);
+      return CCS_ERR_INVALID_ARGUMENT;
+    }
+  }
   struct ccs_comm *cm = calloc(1, sizeof(*cm));
   if (!cm) {
     ccs__set_error("out of memory");
@@ -55,6 +66,7 @@ CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_uniq
   m.id.len = CCS_UNIQUE_ID_BYTES;
   m.nranks = (uint32_t)nranks;
   m.rank = (uint32_t)rank;
+  m.op_timeout_ms = (uint32_t)(timeout_s * 1000);
   req.body_case = CCS__REQUEST__BODY_COMM_INIT;
   req.comm_init = &m;
   Ccs__Reply *reply;

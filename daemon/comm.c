@@ -14,6 +14,7 @@ void ccsd_comm_ref(struct comm *c) { c->refs++; }
 
 static void on_timer_closed(uv_handle_t *h) {
   struct comm *c = h->data;
+  ccsd_tenant_release(c->tenant, TENANT_COMMS, 1);
   for (int r = 0; r < c->nranks; r++) free(c->members[r]);
   free(c->members);
   free(c);
@@ -25,7 +26,7 @@ void ccsd_comm_unref(struct comm *c) {
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO("comm %llu freed", (unsigned long long)c->id);
   list_remove(&c->link);
-  uv_close((uv_handle_t *)&c->init_timer, on_timer_closed);
+  uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }
 
 /* "0-2,5" for the ranks where missing[r] is set. */
@@ -54,7 +55,7 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   va_end(ap);
   LOG_WARN("comm %llu failed: %s: %s", (unsigned long long)c->id, ccs_result_name(error),
            c->error_text);
-  uv_timer_stop(&c->init_timer);
+  uv_timer_stop(&c->timer);
   if (was == COMM_JOINING) {
     for (int r = 0; r < c->nranks; r++) {
       struct member *m = c->members[r];
@@ -87,26 +88,34 @@ static struct comm *comm_find(struct daemon *d, const uint8_t *secret) {
   return NULL;
 }
 
-static struct comm *comm_new(struct daemon *d, const uint8_t *secret, int nranks, uid_t uid) {
+static struct comm *comm_new(struct session *s, const uint8_t *secret, int nranks,
+                             ccs_result_t *rc, char *err, size_t errlen) {
+  struct daemon *d = s->d;
+  struct tenant *t;
+  if ((*rc = ccsd_tenant_charge(d, s->uid, TENANT_COMMS, 1, &t, err, errlen)) != CCS_OK)
+    return NULL;
   struct comm *c = calloc(1, sizeof(*c));
-  if (!c) return NULL;
-  c->members = calloc((size_t)nranks, sizeof(*c->members));
-  if (!c->members) {
+  if (c) c->members = calloc((size_t)nranks, sizeof(*c->members));
+  if (!c || !c->members) {
     free(c);
+    ccsd_tenant_release(t, TENANT_COMMS, 1);
+    *rc = CCS_ERR_NO_MEMORY;
+    snprintf(err, errlen, "out of memory");
     return NULL;
   }
+  c->tenant = t;
   c->d = d;
   c->id = ++d->next_id;
   memcpy(c->secret, secret, CCS__SECRET_BYTES);
-  c->uid = uid;
+  c->uid = s->uid;
   c->nranks = nranks;
   c->state = COMM_JOINING;
   list_init(&c->slots);
   list_init(&c->p2p);
   list_init(&c->running);
-  uv_timer_init(d->loop, &c->init_timer);
-  c->init_timer.data = c;
-  uv_timer_start(&c->init_timer, on_init_timeout, (uint64_t)(d->cfg.init_timeout_s * 1000), 0);
+  uv_timer_init(d->loop, &c->timer);
+  c->timer.data = c;
+  uv_timer_start(&c->timer, on_init_timeout, (uint64_t)(d->cfg.init_timeout_s * 1000), 0);
   list_insert_tail(&d->comms, &c->link);
   return c;
 }
@@ -150,11 +159,13 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     return;
   }
   if (!c) {
-    c = comm_new(s->d, uid.secret, nranks, s->uid);
+    ccs_result_t rc;
+    c = comm_new(s, uid.secret, nranks, &rc, err, sizeof(err));
     if (!c) {
-      ccsd_session_reply(s, req_id, CCS_ERR_NO_MEMORY, "out of memory");
+      ccsd_session_reply(s, req_id, rc, err);
       return;
     }
+    c->op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : s->d->cfg.op_timeout_s;
     LOG_INFO("comm %llu created by pid %d: %d ranks", (unsigned long long)c->id, (int)s->pid,
              nranks);
   }
@@ -197,7 +208,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   if (c->joined < c->nranks) return;
 
   c->state = COMM_READY;
-  uv_timer_stop(&c->init_timer);
+  uv_timer_stop(&c->timer);
   LOG_INFO("comm %llu ready: %d ranks", (unsigned long long)c->id, c->nranks);
   for (int r = 0; r < c->nranks; r++) {
     struct member *each = c->members[r];

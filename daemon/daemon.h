@@ -27,13 +27,38 @@
 #define CCSD_MAX_PENDING_FDS 4
 #define CCSD_MAX_OUTPUT_BYTES (16u << 20)
 
+enum tenant_counter {
+  TENANT_SESSIONS,
+  TENANT_COMMS,
+  TENANT_REGISTERED_BYTES,
+  TENANT_OPS,
+  TENANT_COUNTERS
+};
+
+#define CCSD_MAX_ALLOW 64
+
 struct ccsd_config {
   const char *socket_path;
   unsigned socket_mode;
   int threads;
   double init_timeout_s;
+  double op_timeout_s;  /* default deadline of one op; per comm overridable */
+  double io_timeout_s;  /* a client stalled mid-frame or not reading replies */
   size_t chunk_bytes;
   size_t stream_bytes; /* ops writing at least this much stream their stores */
+  uint64_t quota[TENANT_COUNTERS]; /* per uid */
+  /* optional allow-lists on top of the socket's permissions (empty: all) */
+  uid_t allow_uids[CCSD_MAX_ALLOW];
+  gid_t allow_gids[CCSD_MAX_ALLOW];
+  int nallow_uids, nallow_gids;
+};
+
+/* One per uid with anything charged to it. */
+struct tenant {
+  struct list link;
+  uid_t uid;
+  uint64_t used[TENANT_COUNTERS];
+  uint64_t charges; /* outstanding charges; freed at zero */
 };
 
 struct executor;
@@ -46,6 +71,9 @@ struct daemon {
   uv_signal_t sig_term, sig_int;
   struct list sessions;
   struct list comms;
+  struct list tenants;
+  uv_timer_t housekeeping; /* io deadlines of sessions */
+  uint64_t started_ms;
   struct executor *exec;
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
@@ -53,10 +81,11 @@ struct daemon {
 
 struct membuf {
   struct list link; /* in session->buffers while registered */
-  uint64_t id;
+  uint64_t id;      /* unique in the daemon */
   void *base;
   size_t size;
   int refs;
+  struct tenant *tenant;
 };
 
 struct pending_fd {
@@ -76,6 +105,8 @@ struct session {
   gid_t gid;
   int said_hello;
   int closing;
+  struct tenant *tenant;
+  uint64_t connected_ms, last_rx_ms, last_tx_ms;
   struct ccs__frame_reader rd;
   uint64_t rx_total;      /* bytes received */
   uint64_t rx_frame_start; /* stream offset of the next frame */
@@ -84,7 +115,6 @@ struct session {
   struct list outq;
   size_t out_bytes;
   struct list buffers;
-  uint64_t next_buffer_id;
   struct list members;
   struct list submissions;
   uint64_t next_comm_handle;
@@ -120,12 +150,14 @@ struct comm {
   uint64_t id;
   uint8_t secret[CCS__SECRET_BYTES];
   uid_t uid;
+  struct tenant *tenant;
+  double op_timeout_s;
   int nranks, joined, departed;
   struct member **members;
   enum comm_state state;
   ccs_result_t error;
   char error_text[CCS__ERROR_TEXT_MAX];
-  uv_timer_t init_timer;
+  uv_timer_t timer;  /* the init deadline, then the deadline of the oldest op */
   struct list slots; /* pending collectives, by op number */
   struct list p2p;   /* unmatched sends and receives */
   struct list running; /* xops in the executor */
@@ -143,11 +175,14 @@ struct post {
   struct membuf *sendbuf, *recvbuf;
   uint64_t send_off, send_len, recv_off, recv_len;
   uint64_t seq;
+  uint64_t posted_ms;
+  struct tenant *tenant; /* charged one op in flight */
 };
 
 struct slot {
   struct list link;
   uint64_t seq;
+  uint64_t opened_ms; /* when its first rank posted */
   int nposted;
   struct post **posts;
 };
@@ -166,6 +201,7 @@ struct xop {
   struct list done_link; /* in the executor's completed list */
   struct list comm_link; /* in comm->running */
   struct comm *comm;
+  uid_t uid; /* the comm's tenant: the executor shares threads per tenant */
   struct post **posts;
   int nposts;
   uint32_t kind;
@@ -185,6 +221,14 @@ struct xop {
   void **ptrs; /* storage behind pieces' in/out */
 };
 
+/* tenant.c */
+ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter k,
+                                uint64_t amount, struct tenant **ret, char *err, size_t errlen);
+void ccsd_tenant_release(struct tenant *t, enum tenant_counter k, uint64_t amount);
+const char *ccsd_tenant_counter_name(enum tenant_counter k);
+
+static inline uint64_t ccsd_now_ms(const struct daemon *d) { return uv_now(d->loop); }
+
 /* server.c */
 int ccsd_server_start(struct daemon *d);
 void ccsd_server_stop(struct daemon *d);
@@ -195,6 +239,7 @@ void ccsd_session_close(struct session *s, const char *why);
 int ccsd_session_send(struct session *s, const Ccs__Reply *reply);
 int ccsd_session_reply(struct session *s, uint64_t req_id, ccs_result_t status, const char *error);
 int ccsd_session_take_fd(struct session *s, uint64_t frame_offset);
+void ccsd_session_check_io(struct session *s);
 
 /* dispatch.c */
 void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64_t frame_offset);
@@ -202,7 +247,8 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64
 /* memreg.c */
 ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
                                   size_t errlen);
-struct membuf *ccsd_membuf_find(struct session *s, uint64_t id);
+/* NULL and CCS_ERR_PERMISSION when another connection registered id */
+struct membuf *ccsd_membuf_find(struct session *s, uint64_t id, ccs_result_t *ret_rc);
 void ccsd_membuf_deregister(struct membuf *b);
 void ccsd_membuf_ref(struct membuf *b);
 void ccsd_membuf_unref(struct membuf *b);
@@ -224,6 +270,7 @@ void ccsd_comm_unref(struct comm *c);
 
 /* match.c */
 void ccsd_post_submit(struct post *p);
+void ccsd_comm_check_deadlines(struct comm *c);
 void ccsd_post_free(struct post *p);
 void ccsd_xop_done(struct xop *x);
 void ccsd_comm_fail_pending(struct comm *c);

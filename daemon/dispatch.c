@@ -76,9 +76,11 @@ static void on_mem_register(struct session *s, uint64_t id, uint64_t frame_offse
 }
 
 static void on_mem_deregister(struct session *s, uint64_t id, const Ccs__MemDeregister *m) {
-  struct membuf *b = ccsd_membuf_find(s, m->buffer);
+  ccs_result_t rc;
+  struct membuf *b = ccsd_membuf_find(s, m->buffer, &rc);
   if (!b) {
-    ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such buffer");
+    ccsd_session_reply(s, id, rc, rc == CCS_ERR_PERMISSION ? "buffer of another client"
+                                                           : "no such buffer");
     return;
   }
   ccsd_membuf_deregister(b);
@@ -111,40 +113,42 @@ static void on_comm_query(struct session *s, uint64_t id, uint64_t handle) {
 
 /* Resolves and checks one buffer reference. `need` is the byte length the
  * op requires; 0 means the buffer is not used and must be absent. */
-static int resolve_buf(struct session *s, const Ccs__BufRef *ref, uint64_t need,
-                       size_t align, const char *which, struct membuf **ret_buf,
-                       uint64_t *ret_off, char *err, size_t errlen) {
+static ccs_result_t resolve_buf(struct session *s, const Ccs__BufRef *ref, uint64_t need,
+                                size_t align, const char *which, struct membuf **ret_buf,
+                                uint64_t *ret_off, char *err, size_t errlen) {
   *ret_buf = NULL;
   *ret_off = 0;
-  if (need == 0) return 0; /* unused: ignore whatever came */
+  if (need == 0) return CCS_OK; /* unused: ignore whatever came */
   if (!ref) {
     snprintf(err, errlen, "%s buffer missing", which);
-    return -1;
+    return CCS_ERR_INVALID_ARGUMENT;
   }
-  struct membuf *b = ccsd_membuf_find(s, ref->buffer);
+  ccs_result_t rc;
+  struct membuf *b = ccsd_membuf_find(s, ref->buffer, &rc);
   uint64_t end;
   if (!b) {
-    snprintf(err, errlen, "%s buffer %llu is not registered on this connection", which,
-             (unsigned long long)ref->buffer);
-    return -1;
+    snprintf(err, errlen, "%s buffer %llu %s", which, (unsigned long long)ref->buffer,
+             rc == CCS_ERR_PERMISSION ? "belongs to another client"
+                                      : "is not registered on this connection");
+    return rc;
   }
   if (ref->length != need) {
     snprintf(err, errlen, "%s buffer spans %llu bytes, the op needs %llu", which,
              (unsigned long long)ref->length, (unsigned long long)need);
-    return -1;
+    return CCS_ERR_INVALID_ARGUMENT;
   }
   if (__builtin_add_overflow(ref->offset, ref->length, &end) || end > b->size) {
     snprintf(err, errlen, "%s range [%llu, +%llu) is outside its %zu-byte buffer", which,
              (unsigned long long)ref->offset, (unsigned long long)ref->length, b->size);
-    return -1;
+    return CCS_ERR_INVALID_ARGUMENT;
   }
   if (ref->offset % align) {
     snprintf(err, errlen, "%s buffer is not aligned to its %zu-byte elements", which, align);
-    return -1;
+    return CCS_ERR_INVALID_ARGUMENT;
   }
   *ret_buf = b;
   *ret_off = ref->offset;
-  return 0;
+  return CCS_OK;
 }
 
 /* Builds the post of one op; on failure fills err and returns NULL. */
@@ -187,11 +191,15 @@ static struct post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  if (resolve_buf(s, op->send, send_len, sz, "send", &p->sendbuf, &p->send_off, err, errlen) ||
-      resolve_buf(s, op->recv, recv_len, sz, "receive", &p->recvbuf, &p->recv_off, err, errlen)) {
+  if ((*rc = resolve_buf(s, op->send, send_len, sz, "send", &p->sendbuf, &p->send_off, err,
+                         errlen)) != CCS_OK ||
+      (*rc = resolve_buf(s, op->recv, recv_len, sz, "receive", &p->recvbuf, &p->recv_off, err,
+                         errlen)) != CCS_OK ||
+      (*rc = ccsd_tenant_charge(s->d, s->uid, TENANT_OPS, 1, &p->tenant, err, errlen)) != CCS_OK) {
     free(p);
     return NULL;
   }
+  p->posted_ms = ccsd_now_ms(s->d);
   p->member = m;
   p->kind = op->kind;
   p->dtype = op->dtype;
@@ -204,6 +212,38 @@ static struct post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t
   if (p->recvbuf) ccsd_membuf_ref(p->recvbuf);
   *rc = CCS_OK;
   return p;
+}
+
+static void on_stats(struct session *s, uint64_t id) {
+  struct daemon *d = s->d;
+  Ccs__StatsReply st = CCS__STATS_REPLY__INIT;
+  int all = s->uid == 0;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &d->tenants) {
+    struct tenant *t = LIST_ENTRY(it, struct tenant, link);
+    if (!all && t->uid != s->uid) continue;
+    st.tenants++;
+    st.sessions += t->used[TENANT_SESSIONS];
+    st.comms += t->used[TENANT_COMMS];
+    st.registered_bytes += t->used[TENANT_REGISTERED_BYTES];
+    st.ops_in_flight += t->used[TENANT_OPS];
+  }
+  LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
+    struct session *each = LIST_ENTRY(it, struct session, link);
+    if (!all && each->uid != s->uid) continue;
+    struct list *b, *btmp;
+    LIST_FOREACH_SAFE(b, btmp, &each->buffers) st.buffers++;
+  }
+  char version[32];
+  snprintf(version, sizeof(version), "%d.%d.%d", CCS_VERSION_MAJOR, CCS_VERSION_MINOR,
+           CCS_VERSION_PATCH);
+  st.daemon_version = version;
+  st.uptime_s = (double)(ccsd_now_ms(d) - d->started_ms) / 1000.0;
+  Ccs__Reply r = CCS__REPLY__INIT;
+  r.id = id;
+  r.body_case = CCS__REPLY__BODY_STATS;
+  r.stats = &st;
+  ccsd_session_send(s, &r);
 }
 
 /* All ops of a Submit are checked before any is posted: a call with a bad
@@ -274,6 +314,7 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64
   case CCS__REQUEST__BODY_MEM_REGISTER: on_mem_register(s, id, frame_offset); break;
   case CCS__REQUEST__BODY_MEM_DEREGISTER: on_mem_deregister(s, id, req->mem_deregister); break;
   case CCS__REQUEST__BODY_SUBMIT: on_submit(s, id, req->submit); break;
+  case CCS__REQUEST__BODY_STATS: on_stats(s, id); break;
   default:
     ccsd_session_reply(s, id, CCS_ERR_PROTOCOL, "unknown request");
     ccsd_session_close(s, "unknown request");

@@ -1,11 +1,14 @@
 /* Executor threads: run the pieces of matched ops, split into tasks of
  * about chunk_bytes, and hand finished ops back to the loop thread.
  *
- * Ops queue in arrival order; every thread takes the next task of the
- * first op that has one, so a large op is spread over all threads and small
- * ops behind it still start as soon as its last tasks are claimed. Tasks
- * past an op's phase_split wait until every task before it has finished
- * (a snapshot that later pieces read). */
+ * Each tenant (uid) has a queue of ops in arrival order, and the tenants
+ * take turns task by task: a tenant flooding the daemon with large ops
+ * gets its share of the threads, not all of them, and another tenant's
+ * small op starts after at most one task per busy tenant. Within a
+ * tenant, every thread takes the next task of the first op that has one,
+ * so a large op is spread over all threads. Tasks past an op's
+ * phase_split wait until every task before it has finished (a snapshot
+ * that later pieces read). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -14,11 +17,17 @@
 #include "kernels.h"
 #include "log.h"
 
+struct tenant_queue {
+  struct list link; /* in executor->turns */
+  uid_t uid;
+  struct list ops;
+};
+
 struct executor {
   struct daemon *d;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  struct list queue;
+  struct list turns; /* tenant queues with work, the next turn first */
   struct list done;
   uv_async_t async;
   pthread_t *threads;
@@ -67,26 +76,38 @@ static int claimable(const struct xop *x) {
          atomic_load(&x->done_tasks) >= x->phase_split;
 }
 
+/* The next task under e->mu: the first claimable op of the first tenant
+ * that has one; that tenant's turn then passes to the back. */
+static struct xop *claim(struct executor *e, size_t *ret_task) {
+  struct list *q, *qtmp;
+  LIST_FOREACH_SAFE(q, qtmp, &e->turns) {
+    struct tenant_queue *tq = LIST_ENTRY(q, struct tenant_queue, link);
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, &tq->ops) {
+      struct xop *x = LIST_ENTRY(it, struct xop, link);
+      if (!claimable(x)) continue;
+      *ret_task = x->next_task++;
+      if (x->next_task == x->ntasks) list_remove(&x->link);
+      list_remove(&tq->link);
+      if (list_empty(&tq->ops)) free(tq);
+      else list_insert_tail(&e->turns, &tq->link);
+      return x;
+    }
+  }
+  return NULL;
+}
+
 static void *worker(void *arg) {
   struct executor *e = arg;
   pthread_mutex_lock(&e->mu);
   for (;;) {
-    struct xop *x = NULL;
-    struct list *it, *tmp;
-    LIST_FOREACH_SAFE(it, tmp, &e->queue) {
-      struct xop *c = LIST_ENTRY(it, struct xop, link);
-      if (claimable(c)) {
-        x = c;
-        break;
-      }
-    }
+    size_t task;
+    struct xop *x = claim(e, &task);
     if (!x) {
       if (e->stop) break;
       pthread_cond_wait(&e->cv, &e->mu);
       continue;
     }
-    size_t task = x->next_task++;
-    if (x->next_task == x->ntasks) list_remove(&x->link);
     pthread_mutex_unlock(&e->mu);
 
     run_task(x, task);
@@ -133,7 +154,7 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads) {
   e->d = d;
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
-  list_init(&e->queue);
+  list_init(&e->turns);
   list_init(&e->done);
   uv_async_init(d->loop, &e->async, on_async);
   e->async.data = e;
@@ -152,7 +173,27 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads) {
 
 void ccsd_executor_submit(struct executor *e, struct xop *x) {
   pthread_mutex_lock(&e->mu);
-  list_insert_tail(&e->queue, &x->link);
+  struct tenant_queue *tq = NULL;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &e->turns) {
+    struct tenant_queue *each = LIST_ENTRY(it, struct tenant_queue, link);
+    if (each->uid == x->uid) tq = each;
+  }
+  if (!tq && (tq = calloc(1, sizeof(*tq))) != NULL) {
+    tq->uid = x->uid;
+    list_init(&tq->ops);
+    list_insert_tail(&e->turns, &tq->link);
+  }
+  if (!tq) { /* no memory for a queue: finish it as cancelled */
+    atomic_store(&x->cancelled, 1);
+    x->next_task = x->ntasks;
+    atomic_store(&x->done_tasks, x->ntasks);
+    list_insert_tail(&e->done, &x->done_link);
+    uv_async_send(&e->async);
+    pthread_mutex_unlock(&e->mu);
+    return;
+  }
+  list_insert_tail(&tq->ops, &x->link);
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
 }
@@ -169,10 +210,11 @@ void ccsd_executor_stop(struct executor *e) {
   pthread_mutex_lock(&e->mu);
   e->stop = 1;
   /* Ops not started are finished as cancelled: their ranks are gone. */
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &e->queue) {
-    struct xop *x = LIST_ENTRY(it, struct xop, link);
-    atomic_store(&x->cancelled, 1);
+  struct list *q, *qtmp, *it, *tmp;
+  LIST_FOREACH_SAFE(q, qtmp, &e->turns) {
+    LIST_FOREACH_SAFE(it, tmp, &LIST_ENTRY(q, struct tenant_queue, link)->ops) {
+      atomic_store(&LIST_ENTRY(it, struct xop, link)->cancelled, 1);
+    }
   }
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);

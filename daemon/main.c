@@ -23,6 +23,12 @@ static void usage(FILE *f) {
           "  --chunk BYTES        bytes per executor task (default 262144)\n"
           "  --stream-bytes BYTES ops writing this much or more use non-temporal stores\n"
           "                       (default 67108864; 0 always, a huge value never)\n"
+          "  --op-timeout SEC     deadline of one op; CCS_TIMEOUT of a job overrides (default 600)\n"
+          "  --io-timeout SEC     close clients stalled mid-frame or not reading (default 10)\n"
+          "  --quota-connections N, --quota-comms N, --quota-registered-bytes N,\n"
+          "  --quota-ops N        per-uid limits (defaults 1024, 1024, physical memory, 65536)\n"
+          "  --allow-uid UID, --allow-gid GID  only these may connect (repeatable; default:\n"
+          "                       whoever the socket's mode and group let in)\n"
           "  --version            print the version and exit\n"
           "environment: CCS_DEBUG=WARN|INFO|TRACE\n");
 }
@@ -44,8 +50,18 @@ static void on_signal(uv_signal_t *h, int signum) {
   uv_stop(d->loop);
 }
 
+static void on_housekeeping(uv_timer_t *t) {
+  struct daemon *d = t->data;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
+    ccsd_session_check_io(LIST_ENTRY(it, struct session, link));
+  }
+}
+
 static int parse_args(int argc, char **argv, struct ccsd_config *cfg) {
-  enum { O_SOCKET = 256, O_MODE, O_THREADS, O_INIT_TIMEOUT, O_CHUNK, O_STREAM, O_VERSION, O_HELP };
+  enum { O_SOCKET = 256, O_MODE, O_THREADS, O_INIT_TIMEOUT, O_CHUNK, O_STREAM, O_OP_TIMEOUT,
+         O_IO_TIMEOUT, O_Q_CONN, O_Q_COMMS, O_Q_BYTES, O_Q_OPS, O_ALLOW_UID, O_ALLOW_GID,
+         O_VERSION, O_HELP };
   static const struct option opts[] = {
       {"socket", required_argument, 0, O_SOCKET},
       {"socket-mode", required_argument, 0, O_MODE},
@@ -53,6 +69,14 @@ static int parse_args(int argc, char **argv, struct ccsd_config *cfg) {
       {"init-timeout", required_argument, 0, O_INIT_TIMEOUT},
       {"chunk", required_argument, 0, O_CHUNK},
       {"stream-bytes", required_argument, 0, O_STREAM},
+      {"op-timeout", required_argument, 0, O_OP_TIMEOUT},
+      {"io-timeout", required_argument, 0, O_IO_TIMEOUT},
+      {"quota-connections", required_argument, 0, O_Q_CONN},
+      {"quota-comms", required_argument, 0, O_Q_COMMS},
+      {"quota-registered-bytes", required_argument, 0, O_Q_BYTES},
+      {"quota-ops", required_argument, 0, O_Q_OPS},
+      {"allow-uid", required_argument, 0, O_ALLOW_UID},
+      {"allow-gid", required_argument, 0, O_ALLOW_GID},
       {"version", no_argument, 0, O_VERSION},
       {"help", no_argument, 0, O_HELP},
       {0, 0, 0, 0}};
@@ -84,6 +108,29 @@ static int parse_args(int argc, char **argv, struct ccsd_config *cfg) {
       if (parse_number(optarg, 0, 1e18, &v)) goto bad;
       cfg->stream_bytes = (size_t)v;
       break;
+    case O_OP_TIMEOUT:
+      if (parse_number(optarg, 0.001, 1e7, &v)) goto bad;
+      cfg->op_timeout_s = v;
+      break;
+    case O_IO_TIMEOUT:
+      if (parse_number(optarg, 0.01, 1e7, &v)) goto bad;
+      cfg->io_timeout_s = v;
+      break;
+    case O_Q_CONN:
+    case O_Q_COMMS:
+    case O_Q_BYTES:
+    case O_Q_OPS:
+      if (parse_number(optarg, 0, 1.8e19, &v)) goto bad;
+      cfg->quota[c - O_Q_CONN] = (uint64_t)v;
+      break;
+    case O_ALLOW_UID:
+      if (parse_number(optarg, 0, 4294967294.0, &v) || cfg->nallow_uids == CCSD_MAX_ALLOW) goto bad;
+      cfg->allow_uids[cfg->nallow_uids++] = (uid_t)v;
+      break;
+    case O_ALLOW_GID:
+      if (parse_number(optarg, 0, 4294967294.0, &v) || cfg->nallow_gids == CCSD_MAX_ALLOW) goto bad;
+      cfg->allow_gids[cfg->nallow_gids++] = (gid_t)v;
+      break;
     case O_VERSION:
       printf("ccsd %d.%d.%d (protocol %u)\n", CCS_VERSION_MAJOR, CCS_VERSION_MINOR,
              CCS_VERSION_PATCH, CCS__PROTOCOL_VERSION);
@@ -114,6 +161,14 @@ int main(int argc, char **argv) {
   d.cfg.init_timeout_s = 60;
   d.cfg.chunk_bytes = 256 << 10;
   d.cfg.stream_bytes = 64 << 20;
+  d.cfg.op_timeout_s = 600; /* PyTorch's default for NCCL */
+  d.cfg.io_timeout_s = 10;
+  /* per uid; connections as systemd's varlink allows per uid */
+  d.cfg.quota[TENANT_SESSIONS] = 1024;
+  d.cfg.quota[TENANT_COMMS] = 1024;
+  d.cfg.quota[TENANT_REGISTERED_BYTES] =
+      (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+  d.cfg.quota[TENANT_OPS] = 65536;
   ccs__log_init(getenv("CCS_DEBUG"));
   if (parse_args(argc, argv, &d.cfg)) return 2;
 
@@ -122,6 +177,8 @@ int main(int argc, char **argv) {
   d.listen_fd = -1;
   list_init(&d.sessions);
   list_init(&d.comms);
+  list_init(&d.tenants);
+  d.started_ms = uv_now(d.loop);
   d.exec = ccsd_executor_new(&d, d.cfg.threads);
   if (!d.exec) {
     LOG_ERROR("cannot start %d executor threads", d.cfg.threads);
@@ -132,6 +189,10 @@ int main(int argc, char **argv) {
     uv_run(d.loop, UV_RUN_DEFAULT);
     return 1;
   }
+  uv_timer_init(d.loop, &d.housekeeping);
+  d.housekeeping.data = &d;
+  uint64_t every = (uint64_t)(d.cfg.io_timeout_s * 250);
+  uv_timer_start(&d.housekeeping, on_housekeeping, every ? every : 1, every ? every : 1);
   uv_signal_init(d.loop, &d.sig_term);
   uv_signal_init(d.loop, &d.sig_int);
   d.sig_term.data = d.sig_int.data = &d;
@@ -143,6 +204,7 @@ int main(int argc, char **argv) {
   uv_run(d.loop, UV_RUN_DEFAULT);
 
   /* Close what the loop still holds, then let the close callbacks run. */
+  uv_close((uv_handle_t *)&d.housekeeping, NULL);
   uv_close((uv_handle_t *)&d.sig_term, NULL);
   uv_close((uv_handle_t *)&d.sig_int, NULL);
   ccsd_server_stop(&d);

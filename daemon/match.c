@@ -14,6 +14,7 @@
 void ccsd_post_free(struct post *p) {
   ccsd_membuf_unref(p->sendbuf);
   ccsd_membuf_unref(p->recvbuf);
+  ccsd_tenant_release(p->tenant, TENANT_OPS, 1);
   free(p);
 }
 
@@ -89,6 +90,7 @@ static void launch(struct comm *c, struct post **posts, int nposts, uint64_t seq
   if (x && x->posts) {
     memcpy(x->posts, posts, sizeof(*x->posts) * (size_t)nposts);
     x->comm = c;
+    x->uid = c->uid;
     x->nposts = nposts;
     x->kind = posts[0]->kind;
     x->seq = seq;
@@ -107,6 +109,63 @@ static void launch(struct comm *c, struct post **posts, int nposts, uint64_t seq
     ccsd_xop_done(x);
   else
     ccsd_executor_submit(c->d->exec, x);
+}
+
+/* "0-2,5 (pids 11, 12, 13, 16)" of the ranks whose post in sl is (not) there */
+static void rank_list(char *buf, size_t len, const struct comm *c, const struct slot *sl,
+                      int posted, int with_pids) {
+  size_t n = 0;
+  int listed = 0;
+  buf[0] = 0;
+  for (int r = 0; r < c->nranks && n + 40 < len; r++) {
+    if ((sl->posts[r] != NULL) != posted) continue;
+    if (listed++ == 8) {
+      n += (size_t)snprintf(buf + n, len - n, ", ...");
+      break;
+    }
+    const struct member *m = c->members[r];
+    if (with_pids)
+      n += (size_t)snprintf(buf + n, len - n, "%srank %d (pid %d)", n ? ", " : "", r, (int)m->pid);
+    else
+      n += (size_t)snprintf(buf + n, len - n, "%s%d", n ? "," : "", r);
+  }
+}
+
+static void on_op_timer(uv_timer_t *t) { ccsd_comm_check_deadlines(t->data); }
+
+/* Fails the comm when its oldest pending op is past the deadline, naming
+ * who has not called it; otherwise arms the timer for the next deadline. */
+void ccsd_comm_check_deadlines(struct comm *c) {
+  if (c->state != COMM_READY) return;
+  uint64_t now = ccsd_now_ms(c->d), limit = (uint64_t)(c->op_timeout_s * 1000);
+  const struct slot *sl = list_empty(&c->slots) ? NULL : LIST_ENTRY(c->slots.next, struct slot, link);
+  const struct post *p = list_empty(&c->p2p) ? NULL : LIST_ENTRY(c->p2p.next, struct post, link);
+  if (sl && now - sl->opened_ms >= limit) {
+    const struct post *any = NULL;
+    for (int r = 0; r < c->nranks && !any; r++) any = sl->posts[r];
+    char missing[512], waiting[256];
+    rank_list(missing, sizeof(missing), c, sl, 0, 1);
+    rank_list(waiting, sizeof(waiting), c, sl, 1, 0);
+    ccsd_comm_fail(c, CCS_ERR_TIMEOUT, "%s %s not called %s #%llu; rank(s) %s waited %.1f s",
+                   missing, c->nranks - sl->nposted > 1 ? "have" : "has",
+                   ccs__coll_name(any->kind), (unsigned long long)sl->seq, waiting,
+                   (double)(now - sl->opened_ms) / 1000.0);
+    return;
+  }
+  if (p && now - p->posted_ms >= limit) {
+    const struct member *peer = c->members[p->root];
+    int send = p->kind == CCS__SEND;
+    ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
+                   "rank %d (pid %d) has not posted the %s matching rank %d's %s; rank %d "
+                   "waited %.1f s",
+                   p->root, (int)peer->pid, send ? "recv" : "send", p->member->rank,
+                   send ? "send" : "recv", p->member->rank, (double)(now - p->posted_ms) / 1000.0);
+    return;
+  }
+  uint64_t next = UINT64_MAX;
+  if (sl) next = sl->opened_ms + limit;
+  if (p && p->posted_ms + limit < next) next = p->posted_ms + limit;
+  if (next != UINT64_MAX) uv_timer_start(&c->timer, on_op_timer, next - now, 0);
 }
 
 void ccsd_xop_done(struct xop *x) {
@@ -142,6 +201,7 @@ static void submit_p2p(struct comm *c, struct post *p) {
     return;
   }
   list_insert_tail(&c->p2p, &p->link);
+  if (!uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
 }
 
 void ccsd_post_submit(struct post *p) {
@@ -183,7 +243,9 @@ void ccsd_post_submit(struct post *p) {
       return;
     }
     sl->seq = seq;
+    sl->opened_ms = ccsd_now_ms(c->d);
     list_insert_tail(&c->slots, &sl->link); /* ranks submit in order: seq ascends */
+    if (!uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
   }
   p->seq = seq;
   sl->posts[p->member->rank] = p;

@@ -34,20 +34,29 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
     return CCS_ERR_INVALID_ARGUMENT;
   }
   size_t size = (size_t)st.st_size;
+  struct tenant *t;
+  ccs_result_t rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen);
+  if (rc != CCS_OK) {
+    close(fd);
+    return rc;
+  }
   void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int saved = errno;
   close(fd); /* the mapping keeps the memory */
   if (base == MAP_FAILED) {
+    ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
     snprintf(err, errlen, "cannot map %zu bytes: %s", size, strerror(saved));
     return saved == ENOMEM ? CCS_ERR_NO_MEMORY : CCS_ERR_SYSTEM;
   }
   struct membuf *b = calloc(1, sizeof(*b));
   if (!b) {
     munmap(base, size);
+    ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
     snprintf(err, errlen, "out of memory");
     return CCS_ERR_NO_MEMORY;
   }
-  b->id = ++s->next_buffer_id;
+  b->id = ++s->d->next_id;
+  b->tenant = t;
   b->base = base;
   b->size = size;
   b->refs = 1;
@@ -58,11 +67,25 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
   return CCS_OK;
 }
 
-struct membuf *ccsd_membuf_find(struct session *s, uint64_t id) {
+static struct membuf *find_in(struct session *s, uint64_t id) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &s->buffers) {
     struct membuf *b = LIST_ENTRY(it, struct membuf, link);
     if (b->id == id) return b;
+  }
+  return NULL;
+}
+
+struct membuf *ccsd_membuf_find(struct session *s, uint64_t id, ccs_result_t *ret_rc) {
+  struct membuf *b = find_in(s, id);
+  if (b) return b;
+  /* Ids are unique in the daemon, so naming another client's buffer is
+   * told apart from naming none (only on this error path: the scan is
+   * over every session). */
+  *ret_rc = CCS_ERR_INVALID_ARGUMENT;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &s->d->sessions) {
+    if (find_in(LIST_ENTRY(it, struct session, link), id)) *ret_rc = CCS_ERR_PERMISSION;
   }
   return NULL;
 }
@@ -72,6 +95,7 @@ void ccsd_membuf_ref(struct membuf *b) { b->refs++; }
 void ccsd_membuf_unref(struct membuf *b) {
   if (!b || --b->refs > 0) return;
   munmap(b->base, b->size);
+  ccsd_tenant_release(b->tenant, TENANT_REGISTERED_BYTES, b->size);
   free(b);
 }
 

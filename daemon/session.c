@@ -20,6 +20,29 @@ struct outbuf {
 static void update_poll(struct session *s);
 static void on_poll(uv_poll_t *h, int status, int events);
 
+static int allowed(const struct daemon *d, const struct ucred *cred) {
+  const struct ccsd_config *cfg = &d->cfg;
+  if (cfg->nallow_uids == 0 && cfg->nallow_gids == 0) return 1;
+  for (int i = 0; i < cfg->nallow_uids; i++)
+    if (cfg->allow_uids[i] == cred->uid) return 1;
+  for (int i = 0; i < cfg->nallow_gids; i++)
+    if (cfg->allow_gids[i] == cred->gid) return 1;
+  return 0;
+}
+
+static void refuse(int fd, ccs_result_t rc, const char *why) {
+  Ccs__Reply r = CCS__REPLY__INIT;
+  r.status = rc;
+  r.error = (char *)why;
+  size_t len;
+  uint8_t *frame = ccs__frame_pack(&r.base, &len);
+  if (frame && send(fd, frame, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+    /* the client is gone already: nothing to tell */
+  }
+  free(frame);
+  close(fd);
+}
+
 void ccsd_session_new(struct daemon *d, int fd) {
   struct ucred cred;
   socklen_t len = sizeof(cred);
@@ -27,11 +50,22 @@ void ccsd_session_new(struct daemon *d, int fd) {
     close(fd);
     return;
   }
-  struct session *s = calloc(1, sizeof(*s));
+  char err[256];
+  struct tenant *t = NULL;
+  ccs_result_t rc = allowed(d, &cred) ? ccsd_tenant_charge(d, cred.uid, TENANT_SESSIONS, 1, &t,
+                                                           err, sizeof(err))
+                                      : CCS_ERR_PERMISSION;
+  if (rc == CCS_ERR_PERMISSION) snprintf(err, sizeof(err), "uid %d gid %d is not allowed to use this daemon", (int)cred.uid, (int)cred.gid);
+  struct session *s = rc == CCS_OK ? calloc(1, sizeof(*s)) : NULL;
   if (!s) {
-    close(fd);
+    /* One unsolicited reply saying why, best effort, then the close. */
+    if (rc == CCS_OK) ccsd_tenant_release(t, TENANT_SESSIONS, 1), rc = CCS_ERR_NO_MEMORY;
+    LOG_WARN("refused client pid %d uid %d: %s", (int)cred.pid, (int)cred.uid, err);
+    refuse(fd, rc, err);
     return;
   }
+  s->tenant = t;
+  s->connected_ms = s->last_rx_ms = s->last_tx_ms = ccsd_now_ms(d);
   s->d = d;
   s->id = ++d->next_id;
   s->fd = fd;
@@ -63,6 +97,7 @@ static void update_poll(struct session *s) {
 static void on_closed(uv_handle_t *h) {
   struct session *s = h->data;
   close(s->fd);
+  ccsd_tenant_release(s->tenant, TENANT_SESSIONS, 1);
   free(s);
 }
 
@@ -100,6 +135,7 @@ static int flush(struct session *s) {
     }
     o->off += (size_t)n;
     s->out_bytes -= (size_t)n;
+    s->last_tx_ms = ccsd_now_ms(s->d);
     if (o->off < o->len) break;
     list_remove(&o->link);
     free(o);
@@ -128,6 +164,7 @@ int ccsd_session_send(struct session *s, const Ccs__Reply *reply) {
   free(frame);
   o->len = len;
   o->off = 0;
+  if (list_empty(&s->outq)) s->last_tx_ms = ccsd_now_ms(s->d); /* the wait starts now */
   list_insert_tail(&s->outq, &o->link);
   s->out_bytes += len;
   if (flush(s)) {
@@ -221,6 +258,7 @@ static void on_readable(struct session *s) {
       return;
     }
     s->rx_total += (uint64_t)n;
+    s->last_rx_ms = ccsd_now_ms(s->d);
     ccs__frame_reader_commit(&s->rd, (size_t)n);
     const uint8_t *payload;
     size_t len;
@@ -242,6 +280,19 @@ static void on_readable(struct session *s) {
       return;
     }
   }
+}
+
+/* Slow clients: stalled mid-frame, silent before their hello, or not
+ * reading replies, for longer than the io timeout, are closed. Called
+ * from the daemon's housekeeping timer. */
+void ccsd_session_check_io(struct session *s) {
+  uint64_t now = ccsd_now_ms(s->d), limit = (uint64_t)(s->d->cfg.io_timeout_s * 1000);
+  if (ccs__frame_reader_pending(&s->rd) && now - s->last_rx_ms >= limit)
+    ccsd_session_close(s, "stalled in the middle of a frame");
+  else if (!s->said_hello && now - s->connected_ms >= limit)
+    ccsd_session_close(s, "sent no hello");
+  else if (!list_empty(&s->outq) && now - s->last_tx_ms >= limit)
+    ccsd_session_close(s, "not reading its replies");
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {

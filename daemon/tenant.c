@@ -1,0 +1,60 @@
+/* Tenants (one per uid) and their quotas. Every object a client can grow —
+ * connections, communicators, registered bytes, ops in flight — is charged
+ * to its tenant when made and released when freed; past the quota the
+ * request fails with CCS_ERR_QUOTA and nothing else changes. A tenant
+ * lives while anything is charged to it. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon.h"
+
+static const char *const counter_names[TENANT_COUNTERS] = {
+    [TENANT_SESSIONS] = "connections",
+    [TENANT_COMMS] = "communicators",
+    [TENANT_REGISTERED_BYTES] = "registered bytes",
+    [TENANT_OPS] = "ops in flight",
+};
+
+const char *ccsd_tenant_counter_name(enum tenant_counter k) { return counter_names[k]; }
+
+static struct tenant *tenant_find(struct daemon *d, uid_t uid) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &d->tenants) {
+    struct tenant *t = LIST_ENTRY(it, struct tenant, link);
+    if (t->uid == uid) return t;
+  }
+  return NULL;
+}
+
+ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter k,
+                                uint64_t amount, struct tenant **ret, char *err, size_t errlen) {
+  struct tenant *t = tenant_find(d, uid);
+  uint64_t used = t ? t->used[k] : 0, quota = d->cfg.quota[k];
+  if (amount > quota || used > quota - amount) {
+    snprintf(err, errlen, "uid %d is over its quota of %llu %s (%llu in use, %llu more asked)",
+             (int)uid, (unsigned long long)quota, counter_names[k], (unsigned long long)used,
+             (unsigned long long)amount);
+    return CCS_ERR_QUOTA;
+  }
+  if (!t) {
+    t = calloc(1, sizeof(*t));
+    if (!t) {
+      snprintf(err, errlen, "out of memory");
+      return CCS_ERR_NO_MEMORY;
+    }
+    t->uid = uid;
+    list_insert_tail(&d->tenants, &t->link);
+  }
+  t->used[k] += amount;
+  t->charges++;
+  *ret = t;
+  return CCS_OK;
+}
+
+void ccsd_tenant_release(struct tenant *t, enum tenant_counter k, uint64_t amount) {
+  if (!t) return;
+  t->used[k] -= amount;
+  if (--t->charges > 0) return;
+  list_remove(&t->link);
+  free(t);
+}
