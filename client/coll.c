@@ -183,10 +183,13 @@ static ccs_result_t submit(struct op *ops, size_t n) {
     for (size_t i = 0; i < n; i++) {
       ccs_comm_t *cm = ops[i].comm;
       snprintf(cm->last_error, sizeof(cm->last_error), "%s", ccs__error());
-      /* Bad arguments leave the comm usable; anything else is fatal to it. */
-      if (rc != CCS_ERR_INVALID_ARGUMENT && rc != CCS_ERR_INVALID_USAGE &&
-          rc != CCS_ERR_MISMATCH && cm->async_error == CCS_OK)
-        cm->async_error = rc;
+      /* A call refused as a whole (bad arguments, a quota, a mismatch the
+       * ranks all saw) leaves the comm usable; a lost rank, a timeout, an
+       * abort or a lost daemon is fatal to it, as in NCCL. */
+      int fatal = rc == CCS_ERR_PEER_LOST || rc == CCS_ERR_TIMEOUT || rc == CCS_ERR_ABORTED ||
+                  rc == CCS_ERR_DAEMON_UNAVAILABLE || rc == CCS_ERR_PROTOCOL ||
+                  rc == CCS_ERR_TRANSPORT || rc == CCS_ERR_SYSTEM || rc == CCS_ERR_CUDA;
+      if (fatal && cm->async_error == CCS_OK) cm->async_error = rc;
     }
   }
 out:

@@ -143,14 +143,19 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }
-  int nranks = (int)m->nranks, rank = (int)m->rank;
-  struct comm *c = comm_find(s->d, uid.secret);
-  if (c && c->uid != s->uid) {
-    /* Same answer whether or not such a comm exists: no existence leak. */
+  if (!ccsd_unique_id_valid(s->d, &uid)) {
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
+                       "unique id not issued by this daemon (or from before it restarted)");
+    return;
+  }
+  if ((uid_t)uid.owner_uid != s->uid) {
+    /* Same answer whether or not the comm exists yet: no existence leak. */
     ccsd_session_reply(s, req_id, CCS_ERR_PERMISSION,
                        "this unique id belongs to another user's communicator");
     return;
   }
+  int nranks = (int)m->nranks, rank = (int)m->rank;
+  struct comm *c = comm_find(s->d, uid.secret);
   if (c && c->state != COMM_JOINING) {
     snprintf(err, sizeof(err), "communicator is %s: %s",
              c->state == COMM_READY ? "complete (every rank already joined)" : "failed",

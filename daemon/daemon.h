@@ -74,6 +74,7 @@ struct daemon {
   struct list tenants;
   uv_timer_t housekeeping; /* io deadlines of sessions */
   uint64_t started_ms;
+  uint8_t id_key[16]; /* signs the unique ids this daemon issues */
   struct executor *exec;
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
@@ -257,6 +258,10 @@ void ccsd_membuf_unref(struct membuf *b);
 struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts);
 void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, const char *error);
 void ccsd_submission_orphan_all(struct session *s);
+
+/* unique ids: issued signed, checked on init */
+void ccsd_unique_id_sign(const struct daemon *d, struct ccs__unique_id *id);
+int ccsd_unique_id_valid(const struct daemon *d, const struct ccs__unique_id *id);
 
 /* comm.c */
 void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m);

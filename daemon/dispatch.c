@@ -1,5 +1,6 @@
 /* Frame -> request -> action -> reply. Protobuf types stop here: requests
  * are validated field by field and copied into our own structs. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "siphash.h"
 
 static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
   if (m->protocol != CCS__PROTOCOL_VERSION) {
@@ -33,13 +35,32 @@ static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
   ccsd_session_send(s, &r);
 }
 
+static uint64_t unique_id_mac(const struct daemon *d, const struct ccs__unique_id *id) {
+  return ccsd_siphash24(d->id_key, id, offsetof(struct ccs__unique_id, mac));
+}
+
+void ccsd_unique_id_sign(const struct daemon *d, struct ccs__unique_id *id) {
+  id->mac = unique_id_mac(d, id);
+}
+
+int ccsd_unique_id_valid(const struct daemon *d, const struct ccs__unique_id *id) {
+  return id->mac == unique_id_mac(d, id);
+}
+
+/* The id names the requesting uid, signed: the comm made from it belongs
+ * to that tenant whichever rank joins first. */
 static void on_get_unique_id(struct session *s, uint64_t id) {
-  struct ccs__unique_id uid = {.magic = CCS__UNIQUE_ID_MAGIC, .protocol = CCS__PROTOCOL_VERSION};
+  struct ccs__unique_id uid;
+  memset(&uid, 0, sizeof(uid)); /* padding is signed too */
+  uid.magic = CCS__UNIQUE_ID_MAGIC;
+  uid.protocol = CCS__PROTOCOL_VERSION;
+  uid.owner_uid = (uint32_t)s->uid;
   uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
   if (getrandom(uid.secret, sizeof(uid.secret), 0) != (ssize_t)sizeof(uid.secret)) {
     ccsd_session_reply(s, id, CCS_ERR_SYSTEM, "getrandom failed");
     return;
   }
+  ccsd_unique_id_sign(s->d, &uid);
   memcpy(bytes, &uid, sizeof(uid));
   Ccs__Reply r = CCS__REPLY__INIT;
   Ccs__UniqueIdReply u = CCS__UNIQUE_ID_REPLY__INIT;

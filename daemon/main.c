@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -179,6 +180,10 @@ int main(int argc, char **argv) {
   list_init(&d.comms);
   list_init(&d.tenants);
   d.started_ms = uv_now(d.loop);
+  if (getrandom(d.id_key, sizeof(d.id_key), 0) != (ssize_t)sizeof(d.id_key)) {
+    LOG_ERROR("getrandom: %s", strerror(errno));
+    return 1;
+  }
   d.exec = ccsd_executor_new(&d, d.cfg.threads);
   if (!d.exec) {
     LOG_ERROR("cannot start %d executor threads", d.cfg.threads);

@@ -85,9 +85,14 @@ void ccsd_session_new(struct daemon *d, int fd) {
            (int)s->pid, (int)s->uid, (int)s->gid);
 }
 
+/* Past this much unsent reply data a client is not read from until it
+ * catches up: a client that never reads cannot make the daemon buffer. */
+#define OUTPUT_BACKPRESSURE (1u << 20)
+
 static void update_poll(struct session *s) {
   if (s->closing) return;
-  int events = UV_READABLE | (list_empty(&s->outq) ? 0 : UV_WRITABLE);
+  int events = (s->out_bytes < OUTPUT_BACKPRESSURE ? UV_READABLE : 0) |
+               (list_empty(&s->outq) ? 0 : UV_WRITABLE);
   if (events != s->poll_events) {
     s->poll_events = events;
     uv_poll_start(&s->poll, events, on_poll);

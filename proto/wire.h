@@ -46,6 +46,8 @@ struct ccs__unique_id {
   uint32_t magic;
   uint32_t protocol;
   uint8_t secret[CCS__SECRET_BYTES];
+  uint32_t owner_uid; /* the uid it was issued to: its comm's tenant */
+  uint64_t mac;       /* the issuing daemon's MAC over the fields above */
 };
 _Static_assert(sizeof(struct ccs__unique_id) <= CCS_UNIQUE_ID_BYTES, "unique id too large");
 

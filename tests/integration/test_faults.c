@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "raw.h"
 #include "wire.h"
 
 struct shared {
@@ -196,82 +197,9 @@ static void test_init_timeout(void **state) {
 }
 
 /* --- raw protocol abuse --- */
-static int raw_connect(void) {
-  struct sockaddr_un a = {.sun_family = AF_UNIX};
-  snprintf(a.sun_path, sizeof(a.sun_path), "%s", daemon_.socket);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  assert_true(fd >= 0);
-  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-  return fd;
-}
+static int raw(void) { return raw_connect(daemon_.socket); }
 
-static void raw_send(int fd, const void *buf, size_t len, int pass_fd) {
-  struct iovec iov = {(void *)buf, len};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  union {
-    char b[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } ctl;
-  if (pass_fd >= 0) {
-    msg.msg_control = ctl.b;
-    msg.msg_controllen = sizeof(ctl.b);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-  }
-  assert_int_equal(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)len);
-}
-
-static void raw_request(int fd, Ccs__Request *req, int pass_fd) {
-  size_t len;
-  uint8_t *f = ccs__frame_pack(&req->base, &len);
-  raw_send(fd, f, len, pass_fd);
-  free(f);
-}
-
-/* Next reply, or NULL at EOF; fails the test after 10 s. */
-static Ccs__Reply *raw_reply(int fd) {
-  uint8_t hdr[4];
-  size_t got = 0;
-  while (got < 4) {
-    struct pollfd p = {fd, POLLIN, 0};
-    assert_int_equal(poll(&p, 1, 10000), 1);
-    ssize_t n = read(fd, hdr + got, 4 - got);
-    if (n <= 0) return NULL;
-    got += (size_t)n;
-  }
-  uint32_t len = hdr[0] | hdr[1] << 8 | hdr[2] << 16 | (uint32_t)hdr[3] << 24;
-  assert_true(len < CCS__FRAME_MAX);
-  uint8_t *body = malloc(len + 1);
-  for (got = 0; got < len;) {
-    ssize_t n = read(fd, body + got, len - got);
-    assert_true(n > 0);
-    got += (size_t)n;
-  }
-  Ccs__Reply *r = ccs__reply_unpack(body, len);
-  free(body);
-  assert_non_null(r);
-  return r;
-}
-
-static void expect_reply(int fd, ccs_result_t status) {
-  Ccs__Reply *r = raw_reply(fd);
-  assert_non_null(r);
-  if (r->status != (int)status)
-    fail_msg("got %s (%s), want %s", ccs_result_name((ccs_result_t)r->status), r->error,
-             ccs_result_name(status));
-  ccs__reply__free_unpacked(r, NULL);
-}
-
-static void expect_closed(int fd) {
-  Ccs__Reply *r = raw_reply(fd);
-  assert_null(r);
-  close(fd);
-}
-
-static void raw_hello(int fd, uint32_t protocol) {
+static void raw_hello_version(int fd, uint32_t protocol) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__Hello h = CCS__HELLO__INIT;
   h.protocol = protocol;
@@ -283,47 +211,46 @@ static void raw_hello(int fd, uint32_t protocol) {
 
 static void test_garbage_and_oversized_frames(void **state) {
   /* garbage bytes */
-  int fd = raw_connect();
+  int fd = raw();
   uint8_t junk[64];
   for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (uint8_t)(i * 37 + 11);
   junk[0] = 60, junk[1] = junk[2] = junk[3] = 0; /* a plausible length, junk inside */
-  raw_send(fd, junk, sizeof(junk), -1);
-  expect_reply(fd, CCS_ERR_PROTOCOL);
-  expect_closed(fd);
+  raw_send(fd, junk, sizeof(junk), NULL, 0);
+  raw_expect(fd, CCS_ERR_PROTOCOL);
+  raw_expect_closed(fd);
   /* a length over the cap, nothing allocated for it */
-  fd = raw_connect();
+  fd = raw();
   uint8_t huge[4] = {0xff, 0xff, 0xff, 0x7f};
-  raw_send(fd, huge, 4, -1);
-  expect_reply(fd, CCS_ERR_PROTOCOL);
-  expect_closed(fd);
+  raw_send(fd, huge, 4, NULL, 0);
+  raw_expect(fd, CCS_ERR_PROTOCOL);
+  raw_expect_closed(fd);
   /* a request before the hello */
-  fd = raw_connect();
+  fd = raw();
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
   req.id = 5;
   req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
   req.get_unique_id = &g;
   raw_request(fd, &req, -1);
-  expect_reply(fd, CCS_ERR_PROTOCOL);
-  expect_closed(fd);
+  raw_expect(fd, CCS_ERR_PROTOCOL);
+  raw_expect_closed(fd);
   /* another protocol version */
-  fd = raw_connect();
-  raw_hello(fd, 999);
-  expect_reply(fd, CCS_ERR_VERSION);
-  expect_closed(fd);
+  fd = raw();
+  raw_hello_version(fd, 999);
+  raw_expect(fd, CCS_ERR_VERSION);
+  raw_expect_closed(fd);
   /* a half frame, then the client vanishes */
-  fd = raw_connect();
-  raw_send(fd, huge, 2, -1);
+  fd = raw();
+  raw_send(fd, huge, 2, NULL, 0);
   close(fd);
   /* a file descriptor riding on a frame that takes none */
-  fd = raw_connect();
-  raw_hello(fd, CCS__PROTOCOL_VERSION);
-  expect_reply(fd, CCS_OK);
+  fd = raw();
+  raw_hello(fd);
   req.id = 6;
   raw_request(fd, &req, STDIN_FILENO);
-  expect_reply(fd, CCS_OK); /* the request itself is answered... */
-  expect_reply(fd, CCS_ERR_PROTOCOL); /* ...then the stray fd ends the session */
-  expect_closed(fd);
+  raw_expect(fd, CCS_OK); /* the request itself is answered... */
+  raw_expect(fd, CCS_ERR_PROTOCOL); /* ...then the stray fd ends the session */
+  raw_expect_closed(fd);
   assert_daemon_serves(2);
 }
 
@@ -342,9 +269,8 @@ static void register_fd(int fd, int memfd, ccs_result_t want, uint64_t *ret_id) 
 }
 
 static void test_buffer_checks(void **state) {
-  int fd = raw_connect();
-  raw_hello(fd, CCS__PROTOCOL_VERSION);
-  expect_reply(fd, CCS_OK);
+  int fd = raw();
+  raw_hello(fd);
   /* an unsealed memfd could shrink under the daemon: refused */
   int unsealed = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   assert_int_equal(ftruncate(unsealed, 4096), 0);
@@ -406,7 +332,7 @@ static void test_buffer_checks(void **state) {
     q.body_case = CCS__REQUEST__BODY_SUBMIT;
     q.submit = &sub;
     raw_request(fd, &q, -1);
-    expect_reply(fd, cases[i].want);
+    raw_expect(fd, cases[i].want);
   }
   close(fd);
   assert_daemon_serves(2);

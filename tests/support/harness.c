@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <dirent.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -68,6 +70,7 @@ int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
   memset(d, 0, sizeof(*d));
   snprintf(d->dir, sizeof(d->dir), "/tmp/ccs-test-XXXXXX");
   if (!mkdtemp(d->dir)) return -1;
+  chmod(d->dir, 0755); /* tests run clients as other uids too */
   snprintf(d->socket, sizeof(d->socket), "%s/ccsd.sock", d->dir);
   const char *argv[32] = {CCSD_PATH, "--socket", d->socket};
   int argc = 3;
@@ -177,4 +180,15 @@ int test_run_ranks(int nranks, rank_fn fn, void *arg, double timeout_s, int *sta
     if (code != 0) failed++;
   }
   return failed;
+}
+
+int test_daemon_fds(const struct test_daemon *d) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)d->pid);
+  DIR *dir = opendir(path);
+  if (!dir) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dir));) n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
 }

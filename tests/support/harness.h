@@ -24,6 +24,8 @@ int test_daemon_stop(struct test_daemon *d);
 /* Kills the daemon hard (SIGKILL) without cleanup of the socket. */
 void test_daemon_kill(struct test_daemon *d);
 int test_daemon_alive(const struct test_daemon *d);
+/* Open file descriptors of the daemon (from /proc). */
+int test_daemon_fds(const struct test_daemon *d);
 
 typedef int (*rank_fn)(int rank, int nranks, void *arg);
 /* Forks nranks processes running fn; each exits with fn's result. Waits

@@ -1,0 +1,118 @@
+#include "raw.h"
+
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+int raw_connect(const char *socket_path) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s", socket_path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+  return fd;
+}
+
+void raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds) {
+  struct iovec iov = {(void *)buf, len};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  char *ctl = NULL;
+  if (nfds > 0) {
+    size_t space = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    ctl = calloc(1, space);
+    msg.msg_control = ctl;
+    msg.msg_controllen = space;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+  }
+  assert_int_equal(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)len);
+  free(ctl);
+}
+
+void raw_request(int fd, Ccs__Request *req, int pass_fd) {
+  size_t len;
+  uint8_t *f = ccs__frame_pack(&req->base, &len);
+  assert_non_null(f);
+  raw_send(fd, f, len, &pass_fd, pass_fd >= 0 ? 1 : 0);
+  free(f);
+}
+
+static int read_full(int fd, uint8_t *buf, size_t len) {
+  for (size_t got = 0; got < len;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 10000), 1);
+    ssize_t n = read(fd, buf + got, len - got);
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+Ccs__Reply *raw_reply(int fd) {
+  uint8_t hdr[4];
+  if (read_full(fd, hdr, 4)) return NULL;
+  uint32_t len = hdr[0] | hdr[1] << 8 | hdr[2] << 16 | (uint32_t)hdr[3] << 24;
+  assert_true(len < CCS__FRAME_MAX);
+  uint8_t *body = malloc(len + 1);
+  assert_int_equal(read_full(fd, body, len), 0);
+  Ccs__Reply *r = ccs__reply_unpack(body, len);
+  free(body);
+  assert_non_null(r);
+  return r;
+}
+
+void raw_expect(int fd, ccs_result_t status) {
+  Ccs__Reply *r = raw_reply(fd);
+  assert_non_null(r);
+  if (r->status != (int)status)
+    fail_msg("got %s (%s), want %s", ccs_result_name((ccs_result_t)r->status), r->error,
+             ccs_result_name(status));
+  ccs__reply__free_unpacked(r, NULL);
+}
+
+void raw_expect_closed(int fd) {
+  assert_null(raw_reply(fd));
+  close(fd);
+}
+
+void raw_hello(int fd) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__Hello h = CCS__HELLO__INIT;
+  h.protocol = CCS__PROTOCOL_VERSION;
+  req.id = 1;
+  req.body_case = CCS__REQUEST__BODY_HELLO;
+  req.hello = &h;
+  raw_request(fd, &req, -1);
+  raw_expect(fd, CCS_OK);
+}
+
+Ccs__StatsReply *raw_stats(const char *socket_path) {
+  int fd = raw_connect(socket_path);
+  raw_hello(fd);
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__Stats st = CCS__STATS__INIT;
+  req.id = 2;
+  req.body_case = CCS__REQUEST__BODY_STATS;
+  req.stats = &st;
+  raw_request(fd, &req, -1);
+  Ccs__Reply *r = raw_reply(fd);
+  close(fd);
+  assert_non_null(r);
+  assert_int_equal(r->body_case, CCS__REPLY__BODY_STATS);
+  Ccs__StatsReply *copy = malloc(sizeof(*copy));
+  *copy = *r->stats;
+  copy->daemon_version = NULL;
+  ccs__reply__free_unpacked(r, NULL);
+  return copy;
+}

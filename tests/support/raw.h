@@ -1,0 +1,22 @@
+/* A client that speaks the wire protocol by hand, for tests that send what
+ * libccs never would. Every call fails the running cmocka test on error. */
+#ifndef CCS_TEST_RAW_H
+#define CCS_TEST_RAW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+int raw_connect(const char *socket_path);
+void raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds);
+void raw_request(int fd, Ccs__Request *req, int pass_fd);
+/* The next reply, or NULL at end of stream; fails after 10 s. */
+Ccs__Reply *raw_reply(int fd);
+void raw_expect(int fd, ccs_result_t status);
+void raw_expect_closed(int fd);
+void raw_hello(int fd);
+/* Counters of the daemon (whole daemon when run as root). */
+Ccs__StatsReply *raw_stats(const char *socket_path);
+
+#endif
