@@ -230,6 +230,11 @@ const char *ccsd_tenant_counter_name(enum tenant_counter k);
 
 static inline uint64_t ccsd_now_ms(const struct daemon *d) { return uv_now(d->loop); }
 
+/* lifecycle.c */
+void ccsd_config_defaults(struct ccsd_config *cfg);
+int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop); /* d->cfg is set */
+void ccsd_daemon_close(struct daemon *d);
+
 /* server.c */
 int ccsd_server_start(struct daemon *d);
 void ccsd_server_stop(struct daemon *d);

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -49,14 +48,6 @@ static void on_signal(uv_signal_t *h, int signum) {
   d->stopping = 1;
   ccsd_server_stop(d);
   uv_stop(d->loop);
-}
-
-static void on_housekeeping(uv_timer_t *t) {
-  struct daemon *d = t->data;
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
-    ccsd_session_check_io(LIST_ENTRY(it, struct session, link));
-  }
 }
 
 static int parse_args(int argc, char **argv, struct ccsd_config *cfg) {
@@ -153,51 +144,18 @@ bad:
 
 int main(int argc, char **argv) {
   struct daemon d;
-  memset(&d, 0, sizeof(d));
   const char *env_socket = getenv("CCS_SOCKET");
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  ccsd_config_defaults(&d.cfg);
   d.cfg.socket_path = env_socket && *env_socket ? env_socket : DEFAULT_SOCKET;
-  d.cfg.socket_mode = 0660;
-  d.cfg.threads = cpus > 0 ? (int)cpus : 1;
-  d.cfg.init_timeout_s = 60;
-  d.cfg.chunk_bytes = 256 << 10;
-  d.cfg.stream_bytes = 64 << 20;
-  d.cfg.op_timeout_s = 600; /* PyTorch's default for NCCL */
-  d.cfg.io_timeout_s = 10;
-  /* per uid; connections as systemd's varlink allows per uid */
-  d.cfg.quota[TENANT_SESSIONS] = 1024;
-  d.cfg.quota[TENANT_COMMS] = 1024;
-  d.cfg.quota[TENANT_REGISTERED_BYTES] =
-      (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-  d.cfg.quota[TENANT_OPS] = 65536;
   ccs__log_init(getenv("CCS_DEBUG"));
   if (parse_args(argc, argv, &d.cfg)) return 2;
 
   signal(SIGPIPE, SIG_IGN);
-  d.loop = uv_default_loop();
-  d.listen_fd = -1;
-  list_init(&d.sessions);
-  list_init(&d.comms);
-  list_init(&d.tenants);
-  d.started_ms = uv_now(d.loop);
-  if (getrandom(d.id_key, sizeof(d.id_key), 0) != (ssize_t)sizeof(d.id_key)) {
-    LOG_ERROR("getrandom: %s", strerror(errno));
-    return 1;
-  }
-  d.exec = ccsd_executor_new(&d, d.cfg.threads);
-  if (!d.exec) {
-    LOG_ERROR("cannot start %d executor threads", d.cfg.threads);
-    return 1;
-  }
+  if (ccsd_daemon_init(&d, uv_default_loop())) return 1;
   if (ccsd_server_start(&d)) {
-    ccsd_executor_stop(d.exec);
-    uv_run(d.loop, UV_RUN_DEFAULT);
+    ccsd_daemon_close(&d);
     return 1;
   }
-  uv_timer_init(d.loop, &d.housekeeping);
-  d.housekeeping.data = &d;
-  uint64_t every = (uint64_t)(d.cfg.io_timeout_s * 250);
-  uv_timer_start(&d.housekeeping, on_housekeeping, every ? every : 1, every ? every : 1);
   uv_signal_init(d.loop, &d.sig_term);
   uv_signal_init(d.loop, &d.sig_int);
   d.sig_term.data = d.sig_int.data = &d;
@@ -208,14 +166,9 @@ int main(int argc, char **argv) {
 
   uv_run(d.loop, UV_RUN_DEFAULT);
 
-  /* Close what the loop still holds, then let the close callbacks run. */
-  uv_close((uv_handle_t *)&d.housekeeping, NULL);
   uv_close((uv_handle_t *)&d.sig_term, NULL);
   uv_close((uv_handle_t *)&d.sig_int, NULL);
-  ccsd_server_stop(&d);
-  ccsd_executor_stop(d.exec);
-  uv_run(d.loop, UV_RUN_DEFAULT);
-  uv_loop_close(d.loop);
+  ccsd_daemon_close(&d);
   LOG_INFO("stopped");
   return 0;
 }

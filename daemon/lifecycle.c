@@ -1,0 +1,72 @@
+/* The daemon's state without its front door: defaults, start (executor,
+ * housekeeping) and an orderly close. main.c adds the listening socket
+ * and signals; the session fuzzer drives the same state through a
+ * socketpair. */
+#include <errno.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+void ccsd_config_defaults(struct ccsd_config *cfg) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->socket_mode = 0660;
+  cfg->threads = cpus > 0 ? (int)cpus : 1;
+  cfg->init_timeout_s = 60;
+  cfg->op_timeout_s = 600; /* PyTorch's default for NCCL */
+  cfg->io_timeout_s = 10;
+  cfg->chunk_bytes = 256 << 10;
+  cfg->stream_bytes = 64 << 20;
+  /* per uid; connections as systemd's varlink allows per uid */
+  cfg->quota[TENANT_SESSIONS] = 1024;
+  cfg->quota[TENANT_COMMS] = 1024;
+  cfg->quota[TENANT_REGISTERED_BYTES] =
+      (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+  cfg->quota[TENANT_OPS] = 65536;
+}
+
+static void on_housekeeping(uv_timer_t *t) {
+  struct daemon *d = t->data;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
+    ccsd_session_check_io(LIST_ENTRY(it, struct session, link));
+  }
+}
+
+int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
+  struct ccsd_config cfg = d->cfg;
+  memset(d, 0, sizeof(*d));
+  d->cfg = cfg;
+  d->loop = loop;
+  d->listen_fd = -1;
+  list_init(&d->sessions);
+  list_init(&d->comms);
+  list_init(&d->tenants);
+  d->started_ms = uv_now(loop);
+  if (getrandom(d->id_key, sizeof(d->id_key), 0) != (ssize_t)sizeof(d->id_key)) {
+    LOG_ERROR("getrandom: %s", strerror(errno));
+    return -1;
+  }
+  d->exec = ccsd_executor_new(d, d->cfg.threads);
+  if (!d->exec) {
+    LOG_ERROR("cannot start %d executor threads", d->cfg.threads);
+    return -1;
+  }
+  uv_timer_init(loop, &d->housekeeping);
+  d->housekeeping.data = d;
+  uint64_t every = (uint64_t)(d->cfg.io_timeout_s * 250); /* a quarter of the io timeout */
+  uv_timer_start(&d->housekeeping, on_housekeeping, every ? every : 1, every ? every : 1);
+  return 0;
+}
+
+void ccsd_daemon_close(struct daemon *d) {
+  d->stopping = 1;
+  uv_close((uv_handle_t *)&d->housekeeping, NULL);
+  ccsd_server_stop(d);
+  ccsd_executor_stop(d->exec);
+  uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
+  uv_loop_close(d->loop);
+}
