@@ -10,3 +10,13 @@ scripts/setup.sh build
 
 scripts/setup.sh build-asan -DCCS_SANITIZE=ON
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs")
+
+# ThreadSanitizer on the daemon (the multi-threaded party): the integration
+# and fault tests again, against a TSan-built ccsd that exits on any race.
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCCS_TSAN=ON -DCCS_TESTS=OFF >/dev/null
+cmake --build build-tsan -j "$jobs" --target ccsd
+(cd build && CCSD_PATH="$PWD/../build-tsan/daemon/ccsd" TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
+   ctest --output-on-failure -j "$jobs" -L "integration|fault")
+
+# The fuzzers, briefly, where clang can build them (the corpus replays above).
+if command -v clang >/dev/null; then scripts/fuzz.sh 30; fi

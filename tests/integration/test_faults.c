@@ -31,11 +31,17 @@ struct shared {
 };
 static struct shared *sh;
 static struct test_daemon daemon_;
+static struct test_daemon_state clean;
+
+static void new_id(void) { assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK); }
 
 static int setup(void **state) {
   sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   const char *args[] = {"--init-timeout", "2", NULL};
-  return sh == MAP_FAILED || test_daemon_start(&daemon_, args);
+  if (sh == MAP_FAILED || test_daemon_start(&daemon_, args)) return -1;
+  new_id(); /* this process's connection is part of the baseline */
+  test_daemon_state(&daemon_, &clean);
+  return 0;
 }
 
 static int teardown(void **state) {
@@ -44,7 +50,6 @@ static int teardown(void **state) {
   return rc;
 }
 
-static void new_id(void) { assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK); }
 
 /* A fresh comm of n ranks doing one all_reduce: the daemon still serves. */
 static int healthy_rank(int rank, int n, void *arg) {
@@ -56,10 +61,11 @@ static int healthy_rank(int rank, int n, void *arg) {
   return rc != CCS_OK || sum != n * (n + 1) / 2;
 }
 
+/* Every row ends here: still serving, and holding nothing more than before. */
 static void assert_daemon_serves(int n) {
   new_id();
   assert_int_equal(test_run_ranks(n, healthy_rank, NULL, 60, NULL), 0);
-  assert_true(test_daemon_alive(&daemon_));
+  test_daemon_assert_clean(&daemon_, &clean);
 }
 
 /* --- a rank dies while the others wait in a collective --- */

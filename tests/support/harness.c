@@ -72,7 +72,10 @@ int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
   if (!mkdtemp(d->dir)) return -1;
   chmod(d->dir, 0755); /* tests run clients as other uids too */
   snprintf(d->socket, sizeof(d->socket), "%s/ccsd.sock", d->dir);
-  const char *argv[32] = {CCSD_PATH, "--socket", d->socket};
+  /* CCSD_PATH in the environment runs another build of the daemon (the
+   * ThreadSanitizer one) under the same tests */
+  const char *ccsd = getenv("CCSD_PATH") && *getenv("CCSD_PATH") ? getenv("CCSD_PATH") : CCSD_PATH;
+  const char *argv[32] = {ccsd, "--socket", d->socket};
   int argc = 3;
   for (int i = 0; extra_args && extra_args[i] && argc < 30; i++) argv[argc++] = extra_args[i];
   argv[argc] = NULL;
@@ -80,7 +83,7 @@ int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
   if (pid < 0) return -1;
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    execv(CCSD_PATH, (char *const *)argv);
+    execv(ccsd, (char *const *)argv);
     _exit(127);
   }
   d->pid = pid;

@@ -12,6 +12,8 @@
 
 #include <cmocka.h>
 
+#include "harness.h"
+
 int raw_connect(const char *socket_path) {
   struct sockaddr_un a = {.sun_family = AF_UNIX};
   snprintf(a.sun_path, sizeof(a.sun_path), "%s", socket_path);
@@ -115,4 +117,37 @@ Ccs__StatsReply *raw_stats(const char *socket_path) {
   copy->daemon_version = NULL;
   ccs__reply__free_unpacked(r, NULL);
   return copy;
+}
+
+void test_daemon_state(const struct test_daemon *d, struct test_daemon_state *ret) {
+  Ccs__StatsReply *st = raw_stats(d->socket);
+  usleep(30000); /* the stats connection's own close */
+  memset(ret, 0, sizeof(*ret)); /* compared with memcmp: padding too */
+  ret->fds = test_daemon_fds(d);
+  ret->sessions = st->sessions;
+  ret->comms = st->comms;
+  ret->buffers = st->buffers;
+  ret->registered_bytes = st->registered_bytes;
+  ret->ops_in_flight = st->ops_in_flight;
+  free(st);
+}
+
+void test_daemon_assert_clean(const struct test_daemon *d, const struct test_daemon_state *before) {
+  double deadline = test_now() + 10;
+  struct test_daemon_state now;
+  for (;;) {
+    test_daemon_state(d, &now);
+    if (!memcmp(&now, before, sizeof(now))) break;
+    if (test_now() > deadline)
+      fail_msg("daemon grew: fds %d -> %d, sessions %llu -> %llu, comms %llu -> %llu, "
+               "buffers %llu -> %llu, registered %llu -> %llu, ops %llu -> %llu",
+               before->fds, now.fds, (unsigned long long)before->sessions,
+               (unsigned long long)now.sessions, (unsigned long long)before->comms,
+               (unsigned long long)now.comms, (unsigned long long)before->buffers,
+               (unsigned long long)now.buffers, (unsigned long long)before->registered_bytes,
+               (unsigned long long)now.registered_bytes,
+               (unsigned long long)before->ops_in_flight, (unsigned long long)now.ops_in_flight);
+    usleep(50000);
+  }
+  assert_true(test_daemon_alive(d));
 }

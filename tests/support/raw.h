@@ -19,4 +19,15 @@ void raw_hello(int fd);
 /* Counters of the daemon (whole daemon when run as root). */
 Ccs__StatsReply *raw_stats(const char *socket_path);
 
+/* What a daemon holds: its fds and its counters. */
+struct test_daemon_state {
+  int fds;
+  uint64_t sessions, comms, buffers, registered_bytes, ops_in_flight;
+};
+struct test_daemon;
+void test_daemon_state(const struct test_daemon *d, struct test_daemon_state *ret);
+/* Waits up to 10 s (closes are asynchronous) for the daemon to hold what
+ * `before` says, and to be alive; fails the test naming what grew. */
+void test_daemon_assert_clean(const struct test_daemon *d, const struct test_daemon_state *before);
+
 #endif

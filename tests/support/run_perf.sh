@@ -3,7 +3,7 @@
 # reduction at tiny sizes, checked; fails unless #wrong is 0 everywhere.
 #   run_perf.sh CCSD CCS_PERF COLLECTIVE
 set -euo pipefail
-ccsd=$1 perf=$2 coll=$3
+ccsd=${CCSD_PATH:-$1} perf=$2 coll=$3
 dir=$(mktemp -d /tmp/ccs-perf-test.XXXXXX)
 export CCS_SOCKET=$dir/ccsd.sock
 "$ccsd" --socket "$CCS_SOCKET" &
