@@ -242,7 +242,13 @@ void ccsd_member_leave(struct member *m, const char *why, int graceful) {
   list_remove(&m->session_link);
   m->session = NULL;
   c->departed++;
-  int waited_on = c->state == COMM_JOINING || !list_empty(&c->slots) || !list_empty(&c->p2p);
+  /* collectives need every rank; a send or receive only its two */
+  int waited_on = c->state == COMM_JOINING || !list_empty(&c->slots);
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &c->p2p) {
+    const struct post *p = LIST_ENTRY(it, struct post, link);
+    waited_on |= p->member == m || p->root == m->rank;
+  }
   if (c->state != COMM_FAILED && c->departed < c->nranks && (!graceful || waited_on))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) %s", m->rank, (int)m->pid, why);
   if (m->init) { /* its own init reply cannot be delivered any more */

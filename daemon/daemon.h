@@ -17,6 +17,7 @@
 #define CCSD_DAEMON_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 #include <uv.h>
 
@@ -37,8 +38,11 @@ enum tenant_counter {
 
 #define CCSD_MAX_ALLOW 64
 
+#define CCSD_DEFAULT_SOCKET "/run/ccs/ccsd.sock"
+#define CCSD_DEFAULT_CONFIG "/etc/ccs/ccsd.conf"
+
 struct ccsd_config {
-  const char *socket_path;
+  char socket_path[108];
   unsigned socket_mode;
   int threads;
   double init_timeout_s;
@@ -46,11 +50,14 @@ struct ccsd_config {
   double io_timeout_s;  /* a client stalled mid-frame or not reading replies */
   size_t chunk_bytes;
   size_t stream_bytes; /* ops writing at least this much stream their stores */
+  size_t inline_bytes; /* ops moving at most this much run on the loop thread */
   uint64_t quota[TENANT_COUNTERS]; /* per uid */
   /* optional allow-lists on top of the socket's permissions (empty: all) */
-  uid_t allow_uids[CCSD_MAX_ALLOW];
-  gid_t allow_gids[CCSD_MAX_ALLOW];
+  uint32_t allow_uids[CCSD_MAX_ALLOW]; /* uid_t and gid_t */
+  uint32_t allow_gids[CCSD_MAX_ALLOW];
   int nallow_uids, nallow_gids;
+  int log_level;
+  char metrics_listen[64]; /* HOST:PORT, or empty */
 };
 
 /* One per uid with anything charged to it. */
@@ -210,7 +217,8 @@ struct xop {
   ccs_dtype_t dtype;
   ccs_redop_t redop;
   size_t avg_divisor, elem_size, chunk_elems;
-  int streaming; /* outputs past the caches: non-temporal stores */
+  size_t work_bytes; /* read and written, all pieces */
+  int streaming;     /* outputs past the caches: non-temporal stores */
   struct xpiece *pieces;
   size_t npieces;
   size_t *piece_first_task; /* npieces + 1 prefix sums */
@@ -230,8 +238,19 @@ const char *ccsd_tenant_counter_name(enum tenant_counter k);
 
 static inline uint64_t ccsd_now_ms(const struct daemon *d) { return uv_now(d->loop); }
 
-/* lifecycle.c */
+/* config.c */
 void ccsd_config_defaults(struct ccsd_config *cfg);
+void ccsd_config_resolve(struct ccsd_config *cfg); /* 0 = as the machine has */
+int ccsd_config_set(struct ccsd_config *cfg, const char *key, const char *value, char *err,
+                    size_t errlen);
+int ccsd_config_load_file(struct ccsd_config *cfg, const char *path, int must_exist, char *err,
+                          size_t errlen);
+int ccsd_config_load_env(struct ccsd_config *cfg, char *err, size_t errlen);
+void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len);
+void ccsd_config_example(FILE *out);
+int ccsd_config_is_key(const char *name);
+
+/* lifecycle.c */
 int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop); /* d->cfg is set */
 void ccsd_daemon_close(struct daemon *d);
 
@@ -294,6 +313,7 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads);
  * the executor once the loop has closed its handle. */
 void ccsd_executor_stop(struct executor *e);
 void ccsd_executor_submit(struct executor *e, struct xop *x);
+void ccsd_executor_run_inline(struct xop *x); /* on the calling thread */
 void ccsd_xop_free(struct xop *x);
 
 #endif

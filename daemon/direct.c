@@ -172,7 +172,10 @@ ccs_result_t ccsd_plan_direct(struct xop *x, char *err, size_t errlen) {
     }
 
   size_t tasks = 0, written = 0;
-  for (size_t i = 0; i < npieces; i++) written += x->pieces[i].count * sz * (size_t)x->pieces[i].nout;
+  for (size_t i = 0; i < npieces; i++) {
+    written += x->pieces[i].count * sz * (size_t)x->pieces[i].nout;
+    x->work_bytes += x->pieces[i].count * sz * (size_t)(x->pieces[i].nin + x->pieces[i].nout);
+  }
   x->streaming = written >= x->comm->d->cfg.stream_bytes;
   for (size_t i = 0; i < npieces; i++) {
     if (i == split && split) x->phase_split = tasks;

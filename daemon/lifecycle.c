@@ -10,24 +10,6 @@
 #include "daemon.h"
 #include "log.h"
 
-void ccsd_config_defaults(struct ccsd_config *cfg) {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  memset(cfg, 0, sizeof(*cfg));
-  cfg->socket_mode = 0660;
-  cfg->threads = cpus > 0 ? (int)cpus : 1;
-  cfg->init_timeout_s = 60;
-  cfg->op_timeout_s = 600; /* PyTorch's default for NCCL */
-  cfg->io_timeout_s = 10;
-  cfg->chunk_bytes = 256 << 10;
-  cfg->stream_bytes = 64 << 20;
-  /* per uid; connections as systemd's varlink allows per uid */
-  cfg->quota[TENANT_SESSIONS] = 1024;
-  cfg->quota[TENANT_COMMS] = 1024;
-  cfg->quota[TENANT_REGISTERED_BYTES] =
-      (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-  cfg->quota[TENANT_OPS] = 65536;
-}
-
 static void on_housekeeping(uv_timer_t *t) {
   struct daemon *d = t->data;
   struct list *it, *tmp;
@@ -38,6 +20,7 @@ static void on_housekeeping(uv_timer_t *t) {
 
 int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   struct ccsd_config cfg = d->cfg;
+  ccsd_config_resolve(&cfg);
   memset(d, 0, sizeof(*d));
   d->cfg = cfg;
   d->loop = loop;

@@ -4,19 +4,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 int ccs__log_level = CCS_LOG_WARN;
 static int under_journald;
 
-void ccs__log_init(const char *level) {
+void ccs__log_init(int level) {
   under_journald = getenv("JOURNAL_STREAM") != NULL;
-  if (!level) return;
-  static const char *const names[] = {"ERROR", "WARN", "INFO", "TRACE"};
-  for (int i = 0; i < 4; i++)
-    if (!strcasecmp(level, names[i])) ccs__log_level = i;
+  ccs__log_level = level;
 }
 
 void ccs__log(int level, const char *fmt, ...) {

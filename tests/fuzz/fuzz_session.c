@@ -20,7 +20,7 @@ static void daemon_once(void) {
   ready = 1;
   ccsd_config_defaults(&d.cfg);
   d.cfg.threads = 1;
-  d.cfg.socket_path = "/nonexistent"; /* never listened on */
+  /* never listened on: sessions come from socketpairs */
   uv_loop_init(&loop);
   if (ccsd_daemon_init(&d, &loop)) abort();
 }

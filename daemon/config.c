@@ -1,0 +1,274 @@
+/* Configuration: one table of keys, four sources, later ones winning:
+ * built-in defaults < the file (/etc/ccs/ccsd.conf or --config) < CCS_*
+ * environment variables < --key=value on the command line. Unknown keys
+ * and bad values are errors naming where they came from. */
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_ADDRESS };
+
+struct key {
+  const char *name;
+  enum key_type type;
+  size_t offset;
+  double min, max;
+  const char *help;
+};
+
+#define AT(field) offsetof(struct ccsd_config, field)
+static const struct key keys[] = {
+    {"socket", K_PATH, AT(socket_path), 0, 0, "Unix socket the clients connect to"},
+    {"socket_mode", K_MODE, AT(socket_mode), 0, 0777, "its permissions (with its group: who may connect)"},
+    {"threads", K_COUNT, AT(threads), 0, 256, "executor threads; 0: one per CPU"},
+    {"chunk_bytes", K_BYTES, AT(chunk_bytes), 4096, 1 << 30, "bytes per executor task"},
+    {"stream_bytes", K_BYTES, AT(stream_bytes), 0, 1e18, "ops writing this much use non-temporal stores"},
+    {"inline_bytes", K_BYTES, AT(inline_bytes), 0, 1 << 24, "ops moving at most this much run on the control loop, not the executor threads"},
+    {"init_timeout", K_SECONDS, AT(init_timeout_s), 0.001, 1e7, "seconds ccs_comm_init_rank waits for all ranks"},
+    {"op_timeout", K_SECONDS, AT(op_timeout_s), 0.001, 1e7, "seconds an op waits for its ranks (CCS_TIMEOUT of a job overrides)"},
+    {"io_timeout", K_SECONDS, AT(io_timeout_s), 0.01, 1e7, "seconds before a client stalled mid-frame or not reading is closed"},
+    {"quota_connections", K_COUNT, AT(quota[TENANT_SESSIONS]), 0, 1.8e19, "connections per uid"},
+    {"quota_comms", K_COUNT, AT(quota[TENANT_COMMS]), 0, 1.8e19, "communicators per uid"},
+    {"quota_registered_bytes", K_BYTES, AT(quota[TENANT_REGISTERED_BYTES]), 0, 1.8e19, "registered bytes per uid; 0: physical memory"},
+    {"quota_ops", K_COUNT, AT(quota[TENANT_OPS]), 0, 1.8e19, "ops in flight per uid"},
+    {"allow_uids", K_IDS, AT(allow_uids), 0, 4294967294.0, "comma-separated uids allowed to connect; empty: any the socket lets in"},
+    {"allow_gids", K_IDS, AT(allow_gids), 0, 4294967294.0, "comma-separated gids allowed to connect"},
+    {"log_level", K_LEVEL, AT(log_level), 0, 3, "ERROR, WARN, INFO or TRACE (CCS_DEBUG too)"},
+    {"metrics_listen", K_ADDRESS, AT(metrics_listen), 0, 0, "HOST:PORT serving Prometheus metrics over HTTP; empty: off"},
+};
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+static const char *const levels[] = {"ERROR", "WARN", "INFO", "TRACE"};
+
+void ccsd_config_defaults(struct ccsd_config *cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", CCSD_DEFAULT_SOCKET);
+  cfg->socket_mode = 0660;
+  cfg->threads = 0;
+  cfg->init_timeout_s = 60;
+  cfg->op_timeout_s = 600; /* PyTorch's default for NCCL */
+  cfg->io_timeout_s = 10;
+  cfg->chunk_bytes = 256 << 10;
+  cfg->stream_bytes = 64 << 20;
+  cfg->inline_bytes = 64 << 10;
+  /* per uid; connections as systemd's varlink allows per uid */
+  cfg->quota[TENANT_SESSIONS] = 1024;
+  cfg->quota[TENANT_COMMS] = 1024;
+  cfg->quota[TENANT_REGISTERED_BYTES] = 0;
+  cfg->quota[TENANT_OPS] = 65536;
+  cfg->log_level = CCS_LOG_WARN;
+}
+
+/* What "0" means for the keys where it means "as the machine has". */
+void ccsd_config_resolve(struct ccsd_config *cfg) {
+  if (cfg->threads == 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    cfg->threads = cpus > 0 ? (int)cpus : 1;
+  }
+  if (cfg->quota[TENANT_REGISTERED_BYTES] == 0)
+    cfg->quota[TENANT_REGISTERED_BYTES] =
+        (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static int parse_double(const char *v, double min, double max, double *ret) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || !isfinite(x)) return -1;
+  double scale = 1;
+  if (*end && !end[1]) switch (*end) {
+    case 'K': case 'k': scale = 1024.0, end++; break;
+    case 'M': case 'm': scale = 1048576.0, end++; break;
+    case 'G': case 'g': scale = 1073741824.0, end++; break;
+    default: break;
+    }
+  x *= scale;
+  if (*end || x < min || x > max) return -1;
+  *ret = x;
+  return 0;
+}
+
+static int set_ids(void *field, int *count, const char *v, const struct key *k) {
+  uint32_t ids[CCSD_MAX_ALLOW];
+  int n = 0;
+  char copy[1024];
+  snprintf(copy, sizeof(copy), "%s", v);
+  for (char *save, *tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+    double x;
+    if (n == CCSD_MAX_ALLOW || parse_double(tok, k->min, k->max, &x) || x != floor(x)) return -1;
+    ids[n++] = (uint32_t)x;
+  }
+  memcpy(field, ids, sizeof(uint32_t) * (size_t)n);
+  *count = n;
+  return 0;
+}
+
+int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value, char *err,
+                    size_t errlen) {
+  const struct key *k = NULL;
+  for (size_t i = 0; i < NKEYS; i++)
+    if (!strcmp(keys[i].name, name)) k = &keys[i];
+  if (!k) {
+    snprintf(err, errlen, "unknown key '%s'", name);
+    return -1;
+  }
+  void *field = (char *)cfg + k->offset;
+  double x;
+  int bad = 0;
+  switch (k->type) {
+  case K_PATH:
+    bad = !*value || strlen(value) >= sizeof(cfg->socket_path) - 1;
+    if (!bad) snprintf(field, sizeof(cfg->socket_path), "%s", value);
+    break;
+  case K_MODE: {
+    char *end;
+    unsigned long m = strtoul(value, &end, 8);
+    bad = !*value || *end || m > 0777;
+    if (!bad) *(unsigned *)field = (unsigned)m;
+    break;
+  }
+  case K_COUNT:
+  case K_BYTES:
+    bad = parse_double(value, k->min, k->max, &x) || x != floor(x);
+    if (!bad) {
+      if (k->offset == AT(threads)) *(int *)field = (int)x;
+      else if (k->offset >= AT(quota) && k->offset < AT(quota) + sizeof(cfg->quota))
+        *(uint64_t *)field = (uint64_t)x;
+      else *(size_t *)field = (size_t)x;
+    }
+    break;
+  case K_SECONDS:
+    bad = parse_double(value, k->min, k->max, &x);
+    if (!bad) *(double *)field = x;
+    break;
+  case K_IDS:
+    bad = set_ids(field, k->offset == AT(allow_uids) ? &cfg->nallow_uids : &cfg->nallow_gids,
+                  value, k);
+    break;
+  case K_LEVEL:
+    bad = 1;
+    for (int i = 0; i < 4; i++)
+      if (!strcasecmp(value, levels[i])) *(int *)field = i, bad = 0;
+    break;
+  case K_ADDRESS: {
+    const char *colon = strrchr(value, ':');
+    bad = *value && (!colon || colon == value || parse_double(colon + 1, 1, 65535, &x) ||
+                     strlen(value) >= sizeof(cfg->metrics_listen));
+    if (!bad) snprintf(field, sizeof(cfg->metrics_listen), "%s", value);
+    break;
+  }
+  }
+  if (bad) {
+    snprintf(err, errlen, "bad value '%s' for %s (%s)", value, name, k->help);
+    return -1;
+  }
+  return 0;
+}
+
+struct file_state {
+  struct ccsd_config *cfg;
+  char err[512];
+};
+
+static int on_ini_pair(void *user, const char *section, const char *name, const char *value) {
+  struct file_state *st = user;
+  if (section && *section && strcmp(section, "ccsd")) {
+    snprintf(st->err, sizeof(st->err), "unknown section [%s]", section);
+    return 0;
+  }
+  return ccsd_config_set(st->cfg, name, value, st->err, sizeof(st->err)) == 0;
+}
+
+int ccsd_config_load_file(struct ccsd_config *cfg, const char *path, int must_exist, char *err,
+                          size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    if (!must_exist && errno == ENOENT) return 0;
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  struct file_state st = {cfg, ""};
+  int line = ini_parse_file(f, on_ini_pair, &st);
+  fclose(f);
+  if (line == 0) return 0;
+  if (line < 0) snprintf(err, errlen, "%s: cannot read", path);
+  else snprintf(err, errlen, "%s:%d: %s", path, line, st.err[0] ? st.err : "syntax error");
+  return -1;
+}
+
+int ccsd_config_load_env(struct ccsd_config *cfg, char *err, size_t errlen) {
+  for (size_t i = 0; i < NKEYS; i++) {
+    char var[64] = "CCS_";
+    for (size_t j = 0; keys[i].name[j] && j + 5 < sizeof(var); j++)
+      var[4 + j] = (char)toupper((unsigned char)keys[i].name[j]);
+    const char *v = getenv(var);
+    if (keys[i].type == K_LEVEL && !v) v = getenv("CCS_DEBUG"); /* as NCCL_DEBUG */
+    if (!v) continue;
+    char why[480];
+    if (ccsd_config_set(cfg, keys[i].name, v, why, sizeof(why))) {
+      snprintf(err, errlen, "environment %s: %s", var, why);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* "key = value" lines, as the file takes them back. */
+void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
+  size_t n = 0;
+  for (size_t i = 0; i < NKEYS && n < len; i++) {
+    const struct key *k = &keys[i];
+    const void *f = (const char *)cfg + k->offset;
+    char v[512] = "";
+    switch (k->type) {
+    case K_PATH: case K_ADDRESS: snprintf(v, sizeof(v), "%s", (const char *)f); break;
+    case K_MODE: snprintf(v, sizeof(v), "%04o", *(const unsigned *)f); break;
+    case K_COUNT: case K_BYTES:
+      if (k->offset == AT(threads)) snprintf(v, sizeof(v), "%d", *(const int *)f);
+      else if (k->offset >= AT(quota) && k->offset < AT(quota) + sizeof(cfg->quota))
+        snprintf(v, sizeof(v), "%llu", (unsigned long long)*(const uint64_t *)f);
+      else snprintf(v, sizeof(v), "%zu", *(const size_t *)f);
+      break;
+    case K_SECONDS: snprintf(v, sizeof(v), "%g", *(const double *)f); break;
+    case K_IDS: {
+      int count = k->offset == AT(allow_uids) ? cfg->nallow_uids : cfg->nallow_gids;
+      size_t m = 0;
+      for (int j = 0; j < count && m + 12 < sizeof(v); j++)
+        m += (size_t)snprintf(v + m, sizeof(v) - m, "%s%u", j ? "," : "", ((const uint32_t *)f)[j]);
+      break;
+    }
+    case K_LEVEL: snprintf(v, sizeof(v), "%s", levels[*(const int *)f]); break;
+    }
+    n += (size_t)snprintf(buf + n, len - n, "%s = %s\n", k->name, v);
+  }
+}
+
+/* The documented example file: every key, its default, what it does. */
+void ccsd_config_example(FILE *out) {
+  struct ccsd_config def;
+  ccsd_config_defaults(&def);
+  char values[8192];
+  ccsd_config_format(&def, values, sizeof(values));
+  fprintf(out, "# ccsd configuration (%s). Every key with its default.\n"
+               "# CCS_<KEY> in the environment and --key=value on the command line override it.\n"
+               "[ccsd]\n", CCSD_DEFAULT_CONFIG);
+  char *save, *line = strtok_r(values, "\n", &save);
+  for (size_t i = 0; i < NKEYS && line; i++, line = strtok_r(NULL, "\n", &save))
+    fprintf(out, "\n# %s\n%s\n", keys[i].help, line);
+}
+
+int ccsd_config_is_key(const char *name) {
+  for (size_t i = 0; i < NKEYS; i++)
+    if (!strcmp(keys[i].name, name)) return 1;
+  return 0;
+}
