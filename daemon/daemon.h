@@ -70,6 +70,33 @@ struct tenant {
 
 struct executor;
 
+/* textbuf.c: start zeroed; buf is malloc'ed (or NULL) */
+struct textbuf {
+  char *buf;
+  size_t len, cap;
+  int failed;
+};
+void textbuf_printf(struct textbuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void textbuf_json_string(struct textbuf *t, const char *s);
+
+/* metrics.c */
+#define CCSD_LATENCY_BUCKETS 8
+struct op_counter {
+  uid_t uid;
+  uint32_t kind;
+  ccs_result_t status;
+  uint64_t ops, bytes;
+};
+struct latency {
+  uint64_t buckets[CCSD_LATENCY_BUCKETS], count;
+  double sum;
+};
+struct ccsd_metrics {
+  struct op_counter *counters;
+  size_t ncounters, cap;
+  struct latency latency[CCS__COLL_KIND_COUNT];
+};
+
 struct daemon {
   uv_loop_t *loop;
   struct ccsd_config cfg;
@@ -82,7 +109,15 @@ struct daemon {
   uv_timer_t housekeeping; /* io deadlines of sessions */
   uint64_t started_ms;
   uint8_t id_key[16]; /* signs the unique ids this daemon issues */
+  int socket_activated; /* the listening socket is systemd's: not ours to unlink */
+  uv_timer_t watchdog;
+  int watchdog_on;
+  uint64_t watchdog_seen;
   struct executor *exec;
+  struct ccsd_metrics metrics;
+  uv_tcp_t metrics_server; /* optional HTTP listener (metrics_listen) */
+  int metrics_on;
+  struct list http_conns;
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
 };
@@ -184,6 +219,7 @@ struct post {
   uint64_t send_off, send_len, recv_off, recv_len;
   uint64_t seq;
   uint64_t posted_ms;
+  uint64_t posted_ns; /* uv_hrtime, for the latency histogram */
   struct tenant *tenant; /* charged one op in flight */
 };
 
@@ -254,6 +290,21 @@ int ccsd_config_is_key(const char *name);
 int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop); /* d->cfg is set */
 void ccsd_daemon_close(struct daemon *d);
 
+void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, ccs_result_t status,
+                         uint64_t bytes, double seconds);
+char *ccsd_metrics_render(struct daemon *d, int all, uid_t uid, size_t *ret_len);
+void ccsd_metrics_free(struct daemon *d);
+int ccsd_metrics_http_start(struct daemon *d);
+void ccsd_metrics_http_stop(struct daemon *d);
+
+/* admin.c: ccsctl's commands */
+void ccsd_admin(struct session *s, uint64_t req_id, const Ccs__Admin *m);
+
+/* notify.c: systemd, when built with it */
+int ccsd_systemd_listen_fd(void);
+void ccsd_systemd_ready(struct daemon *d);
+void ccsd_systemd_stopping(struct daemon *d);
+
 /* server.c */
 int ccsd_server_start(struct daemon *d);
 void ccsd_server_stop(struct daemon *d);
@@ -314,6 +365,9 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads);
 void ccsd_executor_stop(struct executor *e);
 void ccsd_executor_submit(struct executor *e, struct xop *x);
 void ccsd_executor_run_inline(struct xop *x); /* on the calling thread */
+/* 1 when tasks finished since *seen (updated) or nothing is waiting */
+int ccsd_executor_healthy(struct executor *e, uint64_t *seen);
+double ccsd_executor_busy_seconds(struct executor *e);
 void ccsd_xop_free(struct xop *x);
 
 #endif

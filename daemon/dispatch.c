@@ -221,6 +221,7 @@ static struct post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t
     return NULL;
   }
   p->posted_ms = ccsd_now_ms(s->d);
+  p->posted_ns = uv_hrtime();
   p->member = m;
   p->kind = op->kind;
   p->dtype = op->dtype;
@@ -336,6 +337,7 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64
   case CCS__REQUEST__BODY_MEM_DEREGISTER: on_mem_deregister(s, id, req->mem_deregister); break;
   case CCS__REQUEST__BODY_SUBMIT: on_submit(s, id, req->submit); break;
   case CCS__REQUEST__BODY_STATS: on_stats(s, id); break;
+  case CCS__REQUEST__BODY_ADMIN: ccsd_admin(s, id, req->admin); break;
   default:
     ccsd_session_reply(s, id, CCS_ERR_PROTOCOL, "unknown request");
     ccsd_session_close(s, "unknown request");

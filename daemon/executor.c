@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "daemon.h"
 #include "kernels.h"
@@ -33,7 +34,18 @@ struct executor {
   pthread_t *threads;
   int nthreads;
   int stop;
+  int running;                  /* tasks claimed, not finished (under mu) */
+  _Atomic uint64_t tasks_done;  /* ever: what the watchdog watches */
+  _Atomic uint64_t busy_ns;     /* time spent in tasks, for utilisation */
 };
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+double ccsd_executor_busy_seconds(struct executor *e) { return (double)atomic_load(&e->busy_ns) / 1e9; }
 
 static size_t find_piece(const struct xop *x, size_t task) {
   size_t lo = 0, hi = x->npieces; /* piece_first_task[lo] <= task < [hi] */
@@ -92,6 +104,7 @@ static struct xop *claim(struct executor *e, size_t *ret_task) {
       struct xop *x = LIST_ENTRY(it, struct xop, link);
       if (!claimable(x)) continue;
       *ret_task = x->next_task++;
+      e->running++;
       if (x->next_task == x->ntasks) list_remove(&x->link);
       list_remove(&tq->link);
       if (list_empty(&tq->ops)) free(tq);
@@ -115,13 +128,17 @@ static void *worker(void *arg) {
     }
     pthread_mutex_unlock(&e->mu);
 
+    uint64_t t0 = now_ns();
     run_task(x, task);
+    atomic_fetch_add(&e->busy_ns, now_ns() - t0);
 
     /* Once the last task is counted the loop thread may free x: read what
      * is needed before counting. */
     size_t split = x->phase_split, ntasks = x->ntasks;
     size_t done = atomic_fetch_add(&x->done_tasks, 1) + 1;
+    atomic_fetch_add(&e->tasks_done, 1);
     pthread_mutex_lock(&e->mu);
+    e->running--;
     if (done == split && done < ntasks) pthread_cond_broadcast(&e->cv);
     if (done == ntasks) {
       list_insert_tail(&e->done, &x->done_link);
@@ -130,6 +147,18 @@ static void *worker(void *arg) {
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;
+}
+
+int ccsd_executor_healthy(struct executor *e, uint64_t *seen) {
+  uint64_t done = atomic_load(&e->tasks_done);
+  if (done != *seen) {
+    *seen = done;
+    return 1;
+  }
+  pthread_mutex_lock(&e->mu);
+  int idle = list_empty(&e->turns) && e->running == 0;
+  pthread_mutex_unlock(&e->mu);
+  return idle;
 }
 
 static void drain_done(struct executor *e) {

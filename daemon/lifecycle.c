@@ -28,6 +28,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   list_init(&d->sessions);
   list_init(&d->comms);
   list_init(&d->tenants);
+  list_init(&d->http_conns);
   d->started_ms = uv_now(loop);
   if (getrandom(d->id_key, sizeof(d->id_key), 0) != (ssize_t)sizeof(d->id_key)) {
     LOG_ERROR("getrandom: %s", strerror(errno));
@@ -42,14 +43,17 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   d->housekeeping.data = d;
   uint64_t every = (uint64_t)(d->cfg.io_timeout_s * 250); /* a quarter of the io timeout */
   uv_timer_start(&d->housekeeping, on_housekeeping, every ? every : 1, every ? every : 1);
+  if (d->cfg.metrics_listen[0] && ccsd_metrics_http_start(d)) return -1;
   return 0;
 }
 
 void ccsd_daemon_close(struct daemon *d) {
   d->stopping = 1;
   uv_close((uv_handle_t *)&d->housekeeping, NULL);
+  ccsd_metrics_http_stop(d);
   ccsd_server_stop(d);
   ccsd_executor_stop(d->exec);
   uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
   uv_loop_close(d->loop);
+  ccsd_metrics_free(d);
 }

@@ -58,6 +58,10 @@ static int configure(int argc, char **argv, struct ccsd_config *cfg, int *check_
              CCS_VERSION_PATCH, CCS__PROTOCOL_VERSION);
       exit(0);
     }
+    if (!strcmp(a, "--print-example-config")) {
+      ccsd_config_example(stdout);
+      exit(0);
+    }
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       exit(0);
@@ -113,11 +117,13 @@ int main(int argc, char **argv) {
   d.sig_term.data = d.sig_int.data = &d;
   uv_signal_start(&d.sig_term, on_signal, SIGTERM);
   uv_signal_start(&d.sig_int, on_signal, SIGINT);
-  LOG_INFO("listening on %s with %d executor threads (host memory only)", d.cfg.socket_path,
-           d.cfg.threads);
+  LOG_INFO("listening on %s%s with %d executor threads (host memory only)", d.cfg.socket_path,
+           d.socket_activated ? " (socket from systemd)" : "", d.cfg.threads);
+  ccsd_systemd_ready(&d);
 
   uv_run(d.loop, UV_RUN_DEFAULT);
 
+  ccsd_systemd_stopping(&d);
   uv_close((uv_handle_t *)&d.sig_term, NULL);
   uv_close((uv_handle_t *)&d.sig_int, NULL);
   ccsd_daemon_close(&d);

@@ -19,6 +19,10 @@ void ccsd_post_free(struct post *p) {
 }
 
 static void post_finish(struct post *p, ccs_result_t status, const char *error) {
+  struct comm *c = p->member->comm;
+  ccsd_metrics_record(c->d, c->uid, p->kind, status,
+                      p->send_len > p->recv_len ? p->send_len : p->recv_len,
+                      (double)(uv_hrtime() - p->posted_ns) / 1e9);
   ccsd_submission_post_done(p->sub, status, error);
   ccsd_post_free(p);
 }

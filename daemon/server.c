@@ -50,7 +50,20 @@ static void make_parent_dir(const char *path) {
   if (mkdir(dir, 0755) && errno != EEXIST) LOG_WARN("mkdir %s: %s", dir, strerror(errno));
 }
 
+static void start_polling(struct daemon *d, int fd) {
+  d->listen_fd = fd;
+  uv_poll_init(d->loop, &d->listen_poll, fd);
+  d->listen_poll.data = d;
+  uv_poll_start(&d->listen_poll, UV_READABLE, on_listen_readable);
+}
+
 int ccsd_server_start(struct daemon *d) {
+  int activated = ccsd_systemd_listen_fd();
+  if (activated >= 0) { /* socket activation: systemd made it, with its mode and group */
+    d->socket_activated = 1;
+    start_polling(d, activated);
+    return 0;
+  }
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   if (strlen(d->cfg.socket_path) >= sizeof(addr.sun_path)) {
     LOG_ERROR("socket path too long: %s", d->cfg.socket_path);
@@ -72,10 +85,7 @@ int ccsd_server_start(struct daemon *d) {
   }
   if (chmod(addr.sun_path, d->cfg.socket_mode))
     LOG_WARN("chmod %s: %s", addr.sun_path, strerror(errno));
-  d->listen_fd = fd;
-  uv_poll_init(d->loop, &d->listen_poll, fd);
-  d->listen_poll.data = d;
-  uv_poll_start(&d->listen_poll, UV_READABLE, on_listen_readable);
+  start_polling(d, fd);
   return 0;
 }
 
@@ -87,7 +97,7 @@ static void on_listen_closed(uv_handle_t *h) {
 
 void ccsd_server_stop(struct daemon *d) {
   if (d->listen_fd >= 0 && !uv_is_closing((uv_handle_t *)&d->listen_poll)) {
-    unlink(d->cfg.socket_path);
+    if (!d->socket_activated) unlink(d->cfg.socket_path);
     uv_close((uv_handle_t *)&d->listen_poll, on_listen_closed);
   }
   struct list *it, *tmp;
