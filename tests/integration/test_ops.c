@@ -1,0 +1,117 @@
+/* ccsctl against a real daemon with real ranks: a deliberately stuck rank
+ * that `stuck` must name, `abort` releasing the blocked ranks, `status`,
+ * `comms`, `config`, and `metrics` parsed back (prometheus_client's
+ * parser) against the ops actually run. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+struct shared {
+  ccs_unique_id_t id;
+  int pids[2];
+  ccs_result_t blocked_rc;
+};
+static struct shared *sh;
+static struct test_daemon dmn;
+
+/* ccsctl's stdout into buf; its exit status */
+static int ccsctl(char *buf, size_t len, const char *args) {
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "%s --socket %s %s", CCSCTL_PATH, dmn.socket, args);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = fread(buf, 1, len - 1, p);
+  buf[n] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int rank_main(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  sh->pids[rank] = getpid();
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
+  int v = rank, out;
+  for (int i = 0; i < 10; i++) /* 10 all_reduce for the metrics */
+    if (ccs_all_reduce(&v, &out, 1, CCS_INT32, CCS_SUM, comm, NULL) != CCS_OK) return 2;
+  if (rank == 1) { /* stuck: never calls #11, until the operator aborts */
+    pause();
+    return 0;
+  }
+  sh->blocked_rc = ccs_all_reduce(&v, &out, 1, CCS_INT32, CCS_SUM, comm, NULL);
+  ccs_comm_destroy(comm);
+  return sh->blocked_rc == CCS_ERR_ABORTED ? 0 : 3;
+}
+
+static void test_ccsctl(void **state) {
+  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  const char *args[] = {"--op-timeout", "60", NULL};
+  assert_int_equal(test_daemon_start(&dmn, args), 0);
+  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  pid_t runner = fork();
+  if (runner == 0) _exit(test_run_ranks(2, rank_main, NULL, 60, NULL) > 1);
+  static char out[1 << 16];
+  /* wait for rank 0 to be blocked in op #11 */
+  double deadline = test_now() + 20;
+  do {
+    usleep(100000);
+    assert_int_equal(ccsctl(out, sizeof(out), "--json stuck 0.3"), 0);
+  } while (!strstr(out, "\"op\": 11") && test_now() < deadline);
+  char want[64];
+  snprintf(want, sizeof(want), "\"missing\": [{\"rank\": 1, \"pid\": %d}]", sh->pids[1]);
+  if (!strstr(out, want)) fail_msg("stuck did not name rank 1: %s", out);
+  assert_int_equal(ccsctl(out, sizeof(out), "stuck 0.3"), 0);
+  snprintf(want, sizeof(want), "not called by rank 1 (pid %d)", sh->pids[1]);
+  assert_non_null(strstr(out, want));
+  /* a younger threshold than the op's age lists nothing */
+  assert_int_equal(ccsctl(out, sizeof(out), "stuck 3600"), 0);
+  assert_non_null(strstr(out, "(none)"));
+  assert_int_equal(ccsctl(out, sizeof(out), "status"), 0);
+  assert_non_null(strstr(out, "ops in flight:"));
+  assert_non_null(strstr(out, "all_reduce #11"));
+  assert_int_equal(ccsctl(out, sizeof(out), "--json comms"), 0);
+  unsigned long long comm = 0;
+  const char *at = strstr(out, "\"comm\": ");
+  assert_non_null(at);
+  comm = strtoull(at + 8, NULL, 10);
+  assert_non_null(strstr(out, "\"state\": \"ready\""));
+  /* the operator aborts it: the blocked rank returns ABORTED */
+  char cmd[64];
+  snprintf(cmd, sizeof(cmd), "abort %llu", comm);
+  assert_int_equal(ccsctl(out, sizeof(out), cmd), 0);
+  kill(sh->pids[1], SIGTERM);
+  int st;
+  assert_int_equal(waitpid(runner, &st, 0), runner);
+  assert_int_equal(sh->blocked_rc, CCS_ERR_ABORTED);
+  /* no such comm; bad command lines */
+  assert_int_equal(ccsctl(out, sizeof(out), "abort 999999 2>/dev/null"), 1);
+  assert_int_equal(ccsctl(out, sizeof(out), "frobnicate 2>/dev/null"), 2);
+  assert_int_equal(ccsctl(out, sizeof(out), "--json config"), 0);
+  assert_non_null(strstr(out, "\"op_timeout\": \"60\""));
+  /* metrics: 10 all_reduce x 2 ranks; the aborted call of rank 0 */
+  char check[1024];
+  snprintf(check, sizeof(check),
+           "%s --socket %s metrics | /usr/bin/python3 %s/tests/support/check_metrics.py all_reduce=20 "
+           "all_reduce=1,CCS_ERR_ABORTED",
+           CCSCTL_PATH, dmn.socket, SOURCE_DIR);
+  assert_int_equal(system(check), 0);
+  assert_int_equal(test_daemon_stop(&dmn), 0);
+  /* unreachable daemon */
+  assert_int_equal(ccsctl(out, sizeof(out), "status 2>/dev/null"), 3);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_ccsctl)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

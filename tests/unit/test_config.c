@@ -1,0 +1,138 @@
+/* The configuration: every key from a file, bad values and unknown keys
+ * named with file and line, and the precedence of the environment. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemon.h"
+
+static char path[64];
+
+static void write_file(const char *text) {
+  snprintf(path, sizeof(path), "/tmp/ccs-config-test-%d.conf", (int)getpid());
+  FILE *f = fopen(path, "w");
+  fputs(text, f);
+  fclose(f);
+}
+
+static void test_every_key(void **state) {
+  write_file("# comment\n[ccsd]\nsocket = /tmp/x.sock\nsocket_mode = 0666\nthreads = 3\n"
+             "chunk_bytes = 1M\nstream_bytes = 0\ninline_bytes = 4096\ninit_timeout = 1.5\n"
+             "op_timeout = 30\nio_timeout = 2\nquota_connections = 7\nquota_comms = 8\n"
+             "quota_registered_bytes = 2G\nquota_ops = 9\nallow_uids = 0, 1000,1001\n"
+             "allow_gids = 5\nlog_level = info\nmetrics_listen = 127.0.0.1:9464\n");
+  struct ccsd_config c;
+  char err[512];
+  ccsd_config_defaults(&c);
+  assert_int_equal(ccsd_config_load_file(&c, path, 1, err, sizeof(err)), 0);
+  assert_string_equal(c.socket_path, "/tmp/x.sock");
+  assert_int_equal(c.socket_mode, 0666);
+  assert_int_equal(c.threads, 3);
+  assert_int_equal(c.chunk_bytes, 1 << 20);
+  assert_int_equal(c.stream_bytes, 0);
+  assert_int_equal(c.inline_bytes, 4096);
+  assert_true(c.init_timeout_s == 1.5 && c.op_timeout_s == 30 && c.io_timeout_s == 2);
+  assert_int_equal(c.quota[TENANT_SESSIONS], 7);
+  assert_int_equal(c.quota[TENANT_COMMS], 8);
+  assert_true(c.quota[TENANT_REGISTERED_BYTES] == 2ull << 30);
+  assert_int_equal(c.quota[TENANT_OPS], 9);
+  assert_int_equal(c.nallow_uids, 3);
+  assert_int_equal(c.allow_uids[2], 1001);
+  assert_int_equal(c.nallow_gids, 1);
+  assert_int_equal(c.log_level, 2);
+  assert_string_equal(c.metrics_listen, "127.0.0.1:9464");
+  /* what it prints reads back the same */
+  char text[8192];
+  ccsd_config_format(&c, text, sizeof(text));
+  write_file(text);
+  struct ccsd_config back;
+  ccsd_config_defaults(&back);
+  assert_int_equal(ccsd_config_load_file(&back, path, 1, err, sizeof(err)), 0);
+  assert_memory_equal(&c, &back, sizeof(c));
+  unlink(path);
+}
+
+static void expect_error(const char *text, const char *want) {
+  struct ccsd_config c;
+  char err[512] = "";
+  write_file(text);
+  ccsd_config_defaults(&c);
+  assert_int_equal(ccsd_config_load_file(&c, path, 1, err, sizeof(err)), -1);
+  if (!strstr(err, want)) fail_msg("error '%s' does not say '%s'", err, want);
+  unlink(path);
+}
+
+static void test_bad_values_and_unknown_keys(void **state) {
+  char where[96];
+  snprintf(where, sizeof(where), "-%d.conf:3: unknown key 'threadz'", (int)getpid());
+  expect_error("socket = /tmp/a\n\nthreadz = 2\n", where);
+  expect_error("threads = many\n", ":1: bad value 'many' for threads");
+  expect_error("threads = 300\n", "bad value '300' for threads");
+  expect_error("socket_mode = 0999\n", "for socket_mode");
+  expect_error("op_timeout = -1\n", "for op_timeout");
+  expect_error("op_timeout = nan\n", "for op_timeout");
+  expect_error("chunk_bytes = 12Q\n", "for chunk_bytes");
+  expect_error("log_level = LOUD\n", "for log_level");
+  expect_error("allow_uids = 1,x\n", "for allow_uids");
+  expect_error("metrics_listen = 9464\n", "for metrics_listen");
+  expect_error("[other]\nthreads = 1\n", "unknown section [other]");
+  expect_error("threads\n", ":1:");
+  struct ccsd_config c;
+  char err[256];
+  ccsd_config_defaults(&c);
+  assert_int_equal(ccsd_config_load_file(&c, "/nonexistent/ccsd.conf", 1, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "/nonexistent/ccsd.conf"));
+  assert_int_equal(ccsd_config_load_file(&c, "/nonexistent/ccsd.conf", 0, err, sizeof(err)), 0);
+}
+
+static void test_environment_over_file(void **state) {
+  write_file("op_timeout = 30\nthreads = 2\n");
+  struct ccsd_config c;
+  char err[256];
+  ccsd_config_defaults(&c);
+  setenv("CCS_OP_TIMEOUT", "45", 1);
+  setenv("CCS_DEBUG", "TRACE", 1);
+  assert_int_equal(ccsd_config_load_file(&c, path, 1, err, sizeof(err)), 0);
+  assert_int_equal(ccsd_config_load_env(&c, err, sizeof(err)), 0);
+  assert_true(c.op_timeout_s == 45);
+  assert_int_equal(c.threads, 2);
+  assert_int_equal(c.log_level, 3);
+  setenv("CCS_THREADS", "zero", 1);
+  assert_int_equal(ccsd_config_load_env(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "CCS_THREADS"));
+  unsetenv("CCS_THREADS");
+  unsetenv("CCS_OP_TIMEOUT");
+  unsetenv("CCS_DEBUG");
+  unlink(path);
+}
+
+static void test_example_file_is_valid(void **state) {
+  snprintf(path, sizeof(path), "/tmp/ccs-config-example-%d.conf", (int)getpid());
+  FILE *f = fopen(path, "w");
+  ccsd_config_example(f);
+  fclose(f);
+  struct ccsd_config c, def;
+  char err[256];
+  ccsd_config_defaults(&c);
+  ccsd_config_defaults(&def);
+  assert_int_equal(ccsd_config_load_file(&c, path, 1, err, sizeof(err)), 0);
+  assert_memory_equal(&c, &def, sizeof(c)); /* it documents the defaults */
+  unlink(path);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_key),
+      cmocka_unit_test(test_bad_values_and_unknown_keys),
+      cmocka_unit_test(test_environment_over_file),
+      cmocka_unit_test(test_example_file_is_valid),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
