@@ -24,7 +24,7 @@ void ccsd_comm_unref(struct comm *c) {
   if (--c->refs > 0) return;
   if (!list_empty(&c->slots) || !list_empty(&c->p2p))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
-  LOG_INFO("comm %llu freed", (unsigned long long)c->id);
+  LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
   list_remove(&c->link);
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }
@@ -171,7 +171,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
       return;
     }
     c->op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : s->d->cfg.op_timeout_s;
-    LOG_INFO("comm %llu created by pid %d: %d ranks", (unsigned long long)c->id, (int)s->pid,
+    LOG_INFO(CCS_LOG_INIT, "comm %llu created by pid %d: %d ranks", (unsigned long long)c->id, (int)s->pid,
              nranks);
   }
   if (c->nranks != nranks) {
@@ -208,13 +208,13 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   c->members[rank] = mb;
   c->joined++;
   ccsd_comm_ref(c);
-  LOG_TRACE("comm %llu: rank %d joined (pid %d), %d/%d", (unsigned long long)c->id, rank,
+  LOG_TRACE(CCS_LOG_INIT, "comm %llu: rank %d joined (pid %d), %d/%d", (unsigned long long)c->id, rank,
             (int)s->pid, c->joined, c->nranks);
   if (c->joined < c->nranks) return;
 
   c->state = COMM_READY;
   uv_timer_stop(&c->timer);
-  LOG_INFO("comm %llu ready: %d ranks", (unsigned long long)c->id, c->nranks);
+  LOG_INFO(CCS_LOG_INIT, "comm %llu ready: %d ranks", (unsigned long long)c->id, c->nranks);
   for (int r = 0; r < c->nranks; r++) {
     struct member *each = c->members[r];
     struct submission *pending = each->init;

@@ -16,7 +16,7 @@
 #include "daemon.h"
 #include "log.h"
 
-enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_ADDRESS };
+enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_SUBSYS, K_ADDRESS };
 
 struct key {
   const char *name;
@@ -44,6 +44,7 @@ static const struct key keys[] = {
     {"allow_uids", K_IDS, AT(allow_uids), 0, 4294967294.0, "comma-separated uids allowed to connect; empty: any the socket lets in"},
     {"allow_gids", K_IDS, AT(allow_gids), 0, 4294967294.0, "comma-separated gids allowed to connect"},
     {"log_level", K_LEVEL, AT(log_level), 0, 3, "ERROR, WARN, INFO or TRACE (CCS_DEBUG too)"},
+    {"log_subsys", K_SUBSYS, AT(log_subsys), 0, 0, "subsystems logged at INFO/TRACE: INIT,CLIENT,COLL,MEM,OPS or ALL (CCS_DEBUG_SUBSYS too)"},
     {"metrics_listen", K_ADDRESS, AT(metrics_listen), 0, 0, "HOST:PORT serving Prometheus metrics over HTTP; empty: off"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -67,6 +68,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->quota[TENANT_REGISTERED_BYTES] = 0;
   cfg->quota[TENANT_OPS] = 65536;
   cfg->log_level = CCS_LOG_WARN;
+  cfg->log_subsys = CCS_LOG_ALL;
 }
 
 /* What "0" means for the keys where it means "as the machine has". */
@@ -160,6 +162,12 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
     for (int i = 0; i < 4; i++)
       if (!strcasecmp(value, levels[i])) *(int *)field = i, bad = 0;
     break;
+  case K_SUBSYS: {
+    int mask = ccs__log_parse_subsys(value);
+    bad = mask < 0;
+    if (!bad) *(int *)field = mask;
+    break;
+  }
   case K_ADDRESS: {
     const char *colon = strrchr(value, ':');
     bad = *value && (!colon || colon == value || parse_double(colon + 1, 1, 65535, &x) ||
@@ -213,6 +221,7 @@ int ccsd_config_load_env(struct ccsd_config *cfg, char *err, size_t errlen) {
       var[4 + j] = (char)toupper((unsigned char)keys[i].name[j]);
     const char *v = getenv(var);
     if (keys[i].type == K_LEVEL && !v) v = getenv("CCS_DEBUG"); /* as NCCL_DEBUG */
+    if (keys[i].type == K_SUBSYS && !v) v = getenv("CCS_DEBUG_SUBSYS");
     if (!v) continue;
     char why[480];
     if (ccsd_config_set(cfg, keys[i].name, v, why, sizeof(why))) {
@@ -248,6 +257,16 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
       break;
     }
     case K_LEVEL: snprintf(v, sizeof(v), "%s", levels[*(const int *)f]); break;
+    case K_SUBSYS: {
+      static const char *const names[] = {"INIT", "CLIENT", "COLL", "MEM", "OPS"};
+      int mask = *(const int *)f;
+      size_t m = 0;
+      if (mask == CCS_LOG_ALL) snprintf(v, sizeof(v), "ALL");
+      else
+        for (int b = 0; b < 5; b++)
+          if (mask & (1 << b)) m += (size_t)snprintf(v + m, sizeof(v) - m, "%s%s", m ? "," : "", names[b]);
+      break;
+    }
     }
     n += (size_t)snprintf(buf + n, len - n, "%s = %s\n", k->name, v);
   }

@@ -57,6 +57,7 @@ struct ccsd_config {
   uint32_t allow_gids[CCSD_MAX_ALLOW];
   int nallow_uids, nallow_gids;
   int log_level;
+  int log_subsys;          /* mask of enum ccs__log_subsys */
   char metrics_listen[64]; /* HOST:PORT, or empty */
 };
 

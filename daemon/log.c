@@ -4,15 +4,37 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 int ccs__log_level = CCS_LOG_WARN;
+int ccs__log_subsys = CCS_LOG_ALL;
 static int under_journald;
 
-void ccs__log_init(int level) {
+void ccs__log_init(int level, int subsys) {
   under_journald = getenv("JOURNAL_STREAM") != NULL;
   ccs__log_level = level;
+  ccs__log_subsys = subsys;
+}
+
+int ccs__log_parse_subsys(const char *names) {
+  static const struct {
+    const char *name;
+    int bit;
+  } table[] = {{"INIT", CCS_LOG_INIT}, {"CLIENT", CCS_LOG_CLIENT}, {"COLL", CCS_LOG_COLL},
+               {"MEM", CCS_LOG_MEM},   {"OPS", CCS_LOG_OPS},       {"ALL", CCS_LOG_ALL}};
+  char copy[256];
+  snprintf(copy, sizeof(copy), "%s", names);
+  int mask = 0;
+  for (char *save, *tok = strtok_r(copy, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+    int bit = 0;
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+      if (!strcasecmp(tok, table[i].name)) bit = table[i].bit;
+    if (!bit) return -1;
+    mask |= bit;
+  }
+  return mask ? mask : -1;
 }
 
 void ccs__log(int level, const char *fmt, ...) {

@@ -21,7 +21,7 @@ static void usage(FILE *f) {
 
 static void on_signal(uv_signal_t *h, int signum) {
   struct daemon *d = h->data;
-  LOG_INFO("signal %d: stopping", signum);
+  LOG_INFO(CCS_LOG_INIT, "signal %d: stopping", signum);
   d->stopping = 1;
   ccsd_server_stop(d);
   uv_stop(d->loop);
@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
   struct daemon d;
   int check_only = 0;
   if (configure(argc, argv, &d.cfg, &check_only)) return 2;
-  ccs__log_init(d.cfg.log_level);
+  ccs__log_init(d.cfg.log_level, d.cfg.log_subsys);
   if (check_only) {
     char text[8192];
     ccsd_config_format(&d.cfg, text, sizeof(text));
@@ -117,7 +117,7 @@ int main(int argc, char **argv) {
   d.sig_term.data = d.sig_int.data = &d;
   uv_signal_start(&d.sig_term, on_signal, SIGTERM);
   uv_signal_start(&d.sig_int, on_signal, SIGINT);
-  LOG_INFO("listening on %s%s with %d executor threads (host memory only)", d.cfg.socket_path,
+  LOG_INFO(CCS_LOG_INIT, "listening on %s%s with %d executor threads (host memory only)", d.cfg.socket_path,
            d.socket_activated ? " (socket from systemd)" : "", d.cfg.threads);
   ccsd_systemd_ready(&d);
 
@@ -127,6 +127,6 @@ int main(int argc, char **argv) {
   uv_close((uv_handle_t *)&d.sig_term, NULL);
   uv_close((uv_handle_t *)&d.sig_int, NULL);
   ccsd_daemon_close(&d);
-  LOG_INFO("stopped");
+  LOG_INFO(CCS_LOG_INIT, "stopped");
   return 0;
 }

@@ -105,7 +105,7 @@ static void launch(struct comm *c, struct post **posts, int nposts, uint64_t seq
     ccsd_xop_free(x);
     return;
   }
-  LOG_TRACE("comm %llu: %s #%llu: %zu pieces, %zu tasks", (unsigned long long)c->id,
+  LOG_TRACE(CCS_LOG_COLL, "comm %llu: %s #%llu: %zu pieces, %zu tasks", (unsigned long long)c->id,
             ccs__coll_name(x->kind), (unsigned long long)seq, x->npieces, x->ntasks);
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);

@@ -61,7 +61,7 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
   b->size = size;
   b->refs = 1;
   list_insert_tail(&s->buffers, &b->link);
-  LOG_TRACE("client %llu registered buffer %llu of %zu bytes", (unsigned long long)s->id,
+  LOG_TRACE(CCS_LOG_MEM, "client %llu registered buffer %llu of %zu bytes", (unsigned long long)s->id,
             (unsigned long long)b->id, size);
   *ret = b;
   return CCS_OK;

@@ -115,7 +115,7 @@ int ccsd_metrics_http_start(struct daemon *d) {
     return -1;
   }
   d->metrics_on = 1;
-  LOG_INFO("metrics on http://%s/metrics", d->cfg.metrics_listen);
+  LOG_INFO(CCS_LOG_OPS, "metrics on http://%s/metrics", d->cfg.metrics_listen);
   return 0;
 }
 

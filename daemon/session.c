@@ -81,7 +81,7 @@ void ccsd_session_new(struct daemon *d, int fd) {
   uv_poll_init(d->loop, &s->poll, fd);
   s->poll.data = s;
   update_poll(s);
-  LOG_INFO("client %llu connected: pid %d uid %d gid %d", (unsigned long long)s->id,
+  LOG_INFO(CCS_LOG_CLIENT, "client %llu connected: pid %d uid %d gid %d", (unsigned long long)s->id,
            (int)s->pid, (int)s->uid, (int)s->gid);
 }
 
@@ -109,7 +109,7 @@ static void on_closed(uv_handle_t *h) {
 void ccsd_session_close(struct session *s, const char *why) {
   if (s->closing) return;
   s->closing = 1;
-  LOG_INFO("client %llu (pid %d) closed: %s", (unsigned long long)s->id, (int)s->pid, why);
+  LOG_INFO(CCS_LOG_CLIENT, "client %llu (pid %d) closed: %s", (unsigned long long)s->id, (int)s->pid, why);
   list_remove(&s->link);
   struct list *it, *tmp;
   /* Leaving fails the client's comms for the other ranks (peer lost). */

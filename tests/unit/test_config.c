@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "daemon.h"
+#include "log.h"
 
 static char path[64];
 
@@ -27,7 +28,7 @@ static void test_every_key(void **state) {
              "chunk_bytes = 1M\nstream_bytes = 0\ninline_bytes = 4096\ninit_timeout = 1.5\n"
              "op_timeout = 30\nio_timeout = 2\nquota_connections = 7\nquota_comms = 8\n"
              "quota_registered_bytes = 2G\nquota_ops = 9\nallow_uids = 0, 1000,1001\n"
-             "allow_gids = 5\nlog_level = info\nmetrics_listen = 127.0.0.1:9464\n");
+             "allow_gids = 5\nlog_level = info\nlog_subsys = INIT,coll\nmetrics_listen = 127.0.0.1:9464\n");
   struct ccsd_config c;
   char err[512];
   ccsd_config_defaults(&c);
@@ -47,6 +48,7 @@ static void test_every_key(void **state) {
   assert_int_equal(c.allow_uids[2], 1001);
   assert_int_equal(c.nallow_gids, 1);
   assert_int_equal(c.log_level, 2);
+  assert_int_equal(c.log_subsys, CCS_LOG_INIT | CCS_LOG_COLL);
   assert_string_equal(c.metrics_listen, "127.0.0.1:9464");
   /* what it prints reads back the same */
   char text[8192];
@@ -80,6 +82,7 @@ static void test_bad_values_and_unknown_keys(void **state) {
   expect_error("op_timeout = nan\n", "for op_timeout");
   expect_error("chunk_bytes = 12Q\n", "for chunk_bytes");
   expect_error("log_level = LOUD\n", "for log_level");
+  expect_error("log_subsys = INIT,NOISE\n", "for log_subsys");
   expect_error("allow_uids = 1,x\n", "for allow_uids");
   expect_error("metrics_listen = 9464\n", "for metrics_listen");
   expect_error("[other]\nthreads = 1\n", "unknown section [other]");
