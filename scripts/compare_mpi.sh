@@ -15,12 +15,9 @@ if ! command -v mpicc >/dev/null; then
 fi
 mpicc -O2 -Iclient/tools -Iclient/include tests/bench/mpi_perf.c -o build/mpi-perf
 
-dir=$(mktemp -d /tmp/ccs-compare.XXXXXX)
-export CCS_SOCKET=$dir/ccsd.sock
-build/daemon/ccsd --socket "$CCS_SOCKET" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 100); do [ -S "$CCS_SOCKET" ] && break; sleep 0.05; done
+. scripts/daemon.sh
+start_daemon
+dir=$(dirname "$CCS_SOCKET")
 
 mpirun_() {
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \

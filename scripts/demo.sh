@@ -5,12 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
 
-dir=$(mktemp -d /tmp/ccs-demo.XXXXXX)
-export CCS_SOCKET=$dir/ccsd.sock
-build/daemon/ccsd --socket "$CCS_SOCKET" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 100); do [ -S "$CCS_SOCKET" ] && break; sleep 0.05; done
+. scripts/daemon.sh
+start_daemon
 
 status=0
 for coll in all_reduce broadcast reduce all_gather reduce_scatter all_to_all gather scatter sendrecv; do

@@ -205,16 +205,6 @@ static void test_init_timeout(void **state) {
 /* --- raw protocol abuse --- */
 static int raw(void) { return raw_connect(daemon_.socket); }
 
-static void raw_hello_version(int fd, uint32_t protocol) {
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__Hello h = CCS__HELLO__INIT;
-  h.protocol = protocol;
-  req.id = 1;
-  req.body_case = CCS__REQUEST__BODY_HELLO;
-  req.hello = &h;
-  raw_request(fd, &req, -1);
-}
-
 static void test_garbage_and_oversized_frames(void **state) {
   /* garbage bytes */
   int fd = raw();
@@ -242,7 +232,7 @@ static void test_garbage_and_oversized_frames(void **state) {
   raw_expect_closed(fd);
   /* another protocol version */
   fd = raw();
-  raw_hello_version(fd, 999);
+  raw_send_hello(fd, 999);
   raw_expect(fd, CCS_ERR_VERSION);
   raw_expect_closed(fd);
   /* a half frame, then the client vanishes */

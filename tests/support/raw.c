@@ -88,14 +88,18 @@ void raw_expect_closed(int fd) {
   close(fd);
 }
 
-void raw_hello(int fd) {
+void raw_send_hello(int fd, uint32_t protocol) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__Hello h = CCS__HELLO__INIT;
-  h.protocol = CCS__PROTOCOL_VERSION;
+  h.protocol = protocol;
   req.id = 1;
   req.body_case = CCS__REQUEST__BODY_HELLO;
   req.hello = &h;
   raw_request(fd, &req, -1);
+}
+
+void raw_hello(int fd) {
+  raw_send_hello(fd, CCS__PROTOCOL_VERSION);
   raw_expect(fd, CCS_OK);
 }
 

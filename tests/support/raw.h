@@ -15,7 +15,8 @@ void raw_request(int fd, Ccs__Request *req, int pass_fd);
 Ccs__Reply *raw_reply(int fd);
 void raw_expect(int fd, ccs_result_t status);
 void raw_expect_closed(int fd);
-void raw_hello(int fd);
+void raw_send_hello(int fd, uint32_t protocol); /* no wait for the reply */
+void raw_hello(int fd);                          /* and expects CCS_OK */
 /* Counters of the daemon (whole daemon when run as root). */
 Ccs__StatsReply *raw_stats(const char *socket_path);
 
