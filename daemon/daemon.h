@@ -87,6 +87,7 @@ struct op_counter {
   uint32_t kind;
   ccs_result_t status;
   uint64_t ops, bytes;
+  double bus_bytes;
 };
 struct latency {
   uint64_t buckets[CCSD_LATENCY_BUCKETS], count;
@@ -291,8 +292,8 @@ int ccsd_config_is_key(const char *name);
 int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop); /* d->cfg is set */
 void ccsd_daemon_close(struct daemon *d);
 
-void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, ccs_result_t status,
-                         uint64_t bytes, double seconds);
+void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, int nranks,
+                         ccs_result_t status, uint64_t bytes, double seconds);
 char *ccsd_metrics_render(struct daemon *d, int all, uid_t uid, size_t *ret_len);
 void ccsd_metrics_free(struct daemon *d);
 int ccsd_metrics_http_start(struct daemon *d);

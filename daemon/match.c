@@ -20,7 +20,7 @@ void ccsd_post_free(struct post *p) {
 
 static void post_finish(struct post *p, ccs_result_t status, const char *error) {
   struct comm *c = p->member->comm;
-  ccsd_metrics_record(c->d, c->uid, p->kind, status,
+  ccsd_metrics_record(c->d, c->uid, p->kind, c->nranks, status,
                       p->send_len > p->recv_len ? p->send_len : p->recv_len,
                       (double)(uv_hrtime() - p->posted_ns) / 1e9);
   ccsd_submission_post_done(p->sub, status, error);

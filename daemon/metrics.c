@@ -10,8 +10,22 @@
 
 static const double bounds[CCSD_LATENCY_BUCKETS] = {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, 100};
 
-void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, ccs_result_t status,
-                         uint64_t bytes, double seconds) {
+/* nccl-tests' bus bandwidth factors (REFERENCE.md): bytes x factor summed
+ * is a counter whose rate is the bus bandwidth. */
+static double bus_factor(uint32_t kind, int n) {
+  switch (kind) {
+  case CCS__ALL_REDUCE: return 2.0 * (n - 1) / n;
+  case CCS__ALL_GATHER:
+  case CCS__REDUCE_SCATTER:
+  case CCS__ALL_TO_ALL:
+  case CCS__GATHER:
+  case CCS__SCATTER: return (double)(n - 1) / n;
+  default: return 1.0;
+  }
+}
+
+void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, int nranks,
+                         ccs_result_t status, uint64_t bytes, double seconds) {
   struct ccsd_metrics *m = &d->metrics;
   if (kind >= CCS__COLL_KIND_COUNT) return;
   struct op_counter *c = NULL;
@@ -34,6 +48,7 @@ void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, ccs_result_
   }
   c->ops++;
   c->bytes += bytes;
+  if (status == CCS_OK) c->bus_bytes += (double)bytes * bus_factor(kind, nranks);
   struct latency *h = &m->latency[kind];
   for (int b = 0; b < CCSD_LATENCY_BUCKETS; b++)
     if (seconds <= bounds[b]) h->buckets[b]++;
@@ -67,6 +82,15 @@ char *ccsd_metrics_render(struct daemon *d, int all, uid_t uid, size_t *ret_len)
     textbuf_printf(&o, "ccs_op_bytes_total{tenant=\"%u\",collective=\"%s\",status=\"%s\"} %llu\n",
         (unsigned)c->uid, ccs__coll_name(c->kind), ccs_result_name(c->status),
         (unsigned long long)c->bytes);
+  }
+  textbuf_printf(&o, "# HELP ccs_op_bus_bytes_total Bytes times the collective's bus factor "
+                     "(as nccl-tests): its rate is the bus bandwidth.\n"
+                     "# TYPE ccs_op_bus_bytes_total counter\n");
+  for (size_t i = 0; i < m->ncounters; i++) {
+    const struct op_counter *c = &m->counters[i];
+    if ((!all && c->uid != uid) || c->status != CCS_OK) continue;
+    textbuf_printf(&o, "ccs_op_bus_bytes_total{tenant=\"%u\",collective=\"%s\"} %.0f\n",
+                   (unsigned)c->uid, ccs__coll_name(c->kind), c->bus_bytes);
   }
   if (all) {
     textbuf_printf(&o, "# HELP ccs_op_seconds Time from a call's arrival to its completion.\n"

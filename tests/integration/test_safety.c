@@ -430,7 +430,7 @@ static void test_flood_does_not_starve(void **state) {
   assert_clean();
 }
 
-/* --- row: quota exhaustion (a daemon of its own with small quotas) --- */
+/* --- row: quota exhaustion, and an allow-list (daemons of their own) --- */
 static int quota_client(void *socket_path) {
   ccs_unique_id_t id;
   ccs_comm_t *c[3];
@@ -498,8 +498,23 @@ static void test_quotas(void **state) {
   waitpid(p, &st, 0);
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   for (int i = 0; i < 3; i++) close(fds[i]);
-  setenv("CCS_SOCKET", dmn.socket, 1);
   assert_int_equal(test_daemon_stop(&q), 0);
+  /* an allow-list on top of the socket's mode: only root may connect */
+  const char *allow[] = {"--socket-mode", "0666", "--allow-uids", "0", NULL};
+  assert_int_equal(test_daemon_start(&q, allow), 0);
+  p = fork();
+  if (p == 0) {
+    become_other_tenant();
+    ccs_unique_id_t id;
+    ccs_result_t rc = ccs_get_unique_id(&id);
+    _exit(!(rc == CCS_ERR_PERMISSION && strstr(ccs_comm_last_error(NULL), "not allowed")));
+  }
+  waitpid(p, &st, 0);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ccs_unique_id_t id;
+  assert_int_equal(ccs_get_unique_id(&id), CCS_OK);
+  assert_int_equal(test_daemon_stop(&q), 0);
+  setenv("CCS_SOCKET", dmn.socket, 1);
   assert_clean();
 }
 

@@ -26,6 +26,13 @@ for coll in {s.labels["collective"] for s in hist.samples}:
     count = [s.value for s in hist.samples
              if s.name == "ccs_op_seconds_count" and s.labels["collective"] == coll][0]
     failed |= any(a[1] > b[1] for a, b in zip(buckets, buckets[1:])) or buckets[-1][1] != count
+# all_reduce of n ranks: bus bytes = bytes x 2(n-1)/n; the test runs 2 ranks
+bus = families["ccs_op_bus_bytes"]
+ar_bytes = sum(s.value for s in families["ccs_op_bytes"].samples
+               if s.labels["collective"] == "all_reduce" and s.labels["status"] == "CCS_OK")
+ar_bus = sum(s.value for s in bus.samples if s.labels["collective"] == "all_reduce")
+print(f"all_reduce bytes {ar_bytes:g}, bus bytes {ar_bus:g}")
+failed |= ar_bus != ar_bytes
 for g in ("ccs_clients", "ccs_registered_bytes", "ccs_executor_threads", "ccs_uptime_seconds"):
     failed |= g not in families
 sys.exit(1 if failed else 0)
