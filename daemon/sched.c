@@ -1,0 +1,108 @@
+/* Building schedules: the step list, and which builder makes what. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo.h"
+#include "sched.h"
+
+static const char *const coll_names[SCHED_COLL_COUNT] = {
+    "all_reduce", "reduce_scatter", "reduce", "all_gather",
+    "gather",     "broadcast",      "scatter", "all_to_all"};
+static const char *const algo_names[SCHED_ALGO_COUNT] = {"direct", "ring", "tree", "rhd"};
+
+const char *sched_coll_name(enum sched_coll c) {
+  return (unsigned)c < SCHED_COLL_COUNT ? coll_names[c] : "unknown";
+}
+const char *sched_algo_name(enum sched_algo a) {
+  return (unsigned)a < SCHED_ALGO_COUNT ? algo_names[a] : "unknown";
+}
+
+void sched_init(struct schedule *s, uint32_t nblocks) {
+  memset(s, 0, sizeof(*s));
+  s->nblocks = nblocks;
+}
+
+void sched_free(struct schedule *s) {
+  if (!s) return;
+  free(s->steps);
+  memset(s, 0, sizeof(*s));
+}
+
+static struct sched_step *append(struct schedule *s) {
+  if (s->failed) return NULL;
+  if (s->nsteps == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 16;
+    struct sched_step *grown = realloc(s->steps, cap * sizeof(*grown));
+    if (!grown) {
+      s->failed = 1;
+      return NULL;
+    }
+    s->steps = grown;
+    s->cap = cap;
+  }
+  struct sched_step *st = &s->steps[s->nsteps++];
+  memset(st, 0, sizeof(*st));
+  return st;
+}
+
+void sched_add(struct schedule *s, uint8_t op, int32_t peer, uint32_t block) {
+  struct sched_step *st = append(s);
+  if (!st) return;
+  st->op = op;
+  st->peer = peer;
+  st->block = block;
+}
+
+void sched_add_send_input(struct schedule *s, int32_t peer, uint32_t block) {
+  struct sched_step *st = append(s);
+  if (!st) return;
+  st->op = SCHED_SEND;
+  st->buf = SCHED_INPUT;
+  st->peer = peer;
+  st->block = block;
+}
+
+void sched_add_copy(struct schedule *s, uint8_t src_buf, uint32_t src_block, uint32_t block) {
+  struct sched_step *st = append(s);
+  if (!st) return;
+  st->op = SCHED_COPY;
+  st->src_buf = src_buf;
+  st->src_block = src_block;
+  st->block = block;
+}
+
+int sched_build(enum sched_algo a, enum sched_coll c, int n, int me, int root, int pipeline,
+                struct schedule *ret) {
+  if (n < 1 || me < 0 || me >= n || root < 0 || root >= n || pipeline < 1) return -1;
+  int rc;
+  switch (a) {
+  case SCHED_DIRECT: rc = algo_direct(c, n, me, root, ret); break;
+  case SCHED_RING: rc = algo_ring(c, n, me, root, pipeline, ret); break;
+  case SCHED_TREE: rc = algo_tree(c, n, me, root, pipeline, ret); break;
+  case SCHED_RHD: rc = algo_rhd(c, n, me, ret); break;
+  default: rc = -1; break;
+  }
+  if (rc == 0 && ret->failed) rc = -2;
+  if (rc != 0) sched_free(ret);
+  return rc;
+}
+
+void sched_dump(const struct schedule *s, int me, char *buf, size_t len) {
+  static const char *const ops[] = {"?", "send", "recv", "recv+reduce", "copy", "finalize"};
+  size_t n = (size_t)snprintf(buf, len, "participant %d: %u blocks, %zu steps\n", me, s->nblocks,
+                              s->nsteps);
+  for (size_t i = 0; i < s->nsteps && n < len; i++) {
+    const struct sched_step *st = &s->steps[i];
+    const char *op = st->op <= SCHED_FINALIZE ? ops[st->op] : "?";
+    if (st->op == SCHED_COPY)
+      n += (size_t)snprintf(buf + n, len - n, "  %3zu %-12s %s[%u] -> work[%u]\n", i, op,
+                            st->src_buf ? "input" : "work", st->src_block, st->block);
+    else if (st->op == SCHED_FINALIZE)
+      n += (size_t)snprintf(buf + n, len - n, "  %3zu %-12s work[%u]\n", i, op, st->block);
+    else
+      n += (size_t)snprintf(buf + n, len - n, "  %3zu %-12s %s[%u] %s %d\n", i, op,
+                            st->buf ? "input" : "work", st->block,
+                            st->op == SCHED_SEND ? "to" : "from", st->peer);
+  }
+}

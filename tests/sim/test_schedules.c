@@ -1,0 +1,270 @@
+/* The algorithms' proof: every builder x every collective it implements x
+ * n = 1..17 participants (roots and pipeline depths varied) is checked
+ * symbolically (sched_check), then run on real data in one process over a
+ * loopback of message queues, with the real reduction kernels, and
+ * compared element by element with values computed independently. Sizes:
+ * 0, 1, odd, not divisible by n, and large. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "kernels.h"
+#include "reference.h"
+#include "sched.h"
+
+struct msg {
+  void *data;
+  size_t bytes;
+  struct msg *next;
+};
+
+struct party {
+  char *work, *input;
+  size_t pc;
+};
+
+/* dtype x op pairs whose results are exact whatever the order of the
+ * reduction and the rounding after each hop (integers wrap; small
+ * integers in floats), so any schedule must match the reference exactly. */
+static const struct {
+  ccs_dtype_t t;
+  ccs_redop_t op;
+} combos[] = {
+    {CCS_INT32, CCS_SUM},   {CCS_UINT8, CCS_SUM},    {CCS_INT8, CCS_PROD},
+    {CCS_FLOAT32, CCS_PROD}, {CCS_FLOAT32, CCS_AVG}, {CCS_INT32, CCS_AVG},
+    {CCS_FLOAT64, CCS_SUM}, {CCS_BFLOAT16, CCS_SUM}, {CCS_FLOAT16, CCS_SUM},
+    {CCS_FLOAT8_E4M3, CCS_MAX}, {CCS_FLOAT8_E5M2, CCS_MIN}, {CCS_INT64, CCS_MIN},
+    {CCS_UINT64, CCS_MAX},
+};
+#define NCOMBOS (sizeof(combos) / sizeof(combos[0]))
+
+static double input_value(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int p, size_t i) {
+  uint64_t h = test_mix(seed, ((uint64_t)p << 40) + i);
+  if (op == CCS_PROD) {
+    int v = (int)(h % 4);
+    return v == 0 ? 2 : v == 1 && ref_is_signed(t) ? -1 : 1;
+  }
+  int v = (int)(h % 9);
+  return ref_is_signed(t) ? v - 4 : v;
+}
+
+static int64_t wrap(ccs_dtype_t t, int64_t v) {
+  switch (t) {
+  case CCS_INT8: return (int8_t)v;
+  case CCS_UINT8: return (uint8_t)v;
+  case CCS_INT32: return (int32_t)v;
+  case CCS_UINT32: return (uint32_t)v;
+  default: return v;
+  }
+}
+
+static double reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int n, size_t i) {
+  double acc = 0;
+  int64_t iacc = 0;
+  for (int p = 0; p < n; p++) {
+    double v = input_value(t, op, seed, p, i);
+    int64_t iv = (int64_t)v;
+    if (p == 0) acc = v, iacc = iv;
+    else if (op == CCS_SUM || op == CCS_AVG) acc += v, iacc += iv;
+    else if (op == CCS_PROD) acc *= v, iacc *= iv;
+    else if (op == CCS_MAX) acc = v > acc ? v : acc, iacc = iv > iacc ? iv : iacc;
+    else acc = v < acc ? v : acc, iacc = iv < iacc ? iv : iacc;
+  }
+  if (ref_is_float(t)) return op == CCS_AVG ? acc / n : acc;
+  return (double)(op == CCS_AVG ? wrap(t, iacc) / n : wrap(t, iacc));
+}
+
+/* Runs the n schedules on real buffers; fills the parties' work buffers. */
+static void run(enum sched_coll c, int n, int root, const struct schedule *s, size_t count,
+                ccs_dtype_t t, ccs_redop_t op, uint64_t seed, struct party *pt, const char *what) {
+  size_t sz = ccs_dtype_size(t);
+  uint32_t nb = s[0].nblocks;
+  size_t elems = sched_coll_splits(c) ? count : count * nb;
+  struct msg **qh = calloc((size_t)n * n, sizeof(*qh)), **qt = calloc((size_t)n * n, sizeof(*qt));
+  for (int p = 0; p < n; p++) {
+    pt[p].work = calloc(elems + 1, sz);
+    pt[p].input = calloc(elems + 1, sz);
+    pt[p].pc = 0;
+    /* the starting state the schedule layer defines (sched.h) */
+    for (uint32_t b = 0; b < nb; b++) {
+      size_t begin, len;
+      sched_block_elems(c, count, nb, b, &begin, &len);
+      int owns = c == SCHED_ALL_REDUCE || c == SCHED_REDUCE_SCATTER || c == SCHED_REDUCE ||
+                 ((c == SCHED_ALL_GATHER || c == SCHED_GATHER) && b == (uint32_t)p) ||
+                 ((c == SCHED_BROADCAST || c == SCHED_SCATTER) && p == root);
+      for (size_t i = begin; i < begin + len; i++) {
+        /* element i of the whole op; all_gather-like: participant p's own */
+        double v = input_value(t, op, seed, c == SCHED_ALL_TO_ALL ? p * 1000 + (int)b : p, i);
+        if (c == SCHED_ALL_TO_ALL) ref_set(t, pt[p].input, i, v);
+        else if (owns) ref_set(t, pt[p].work, i, v);
+      }
+    }
+  }
+  for (int progress = 1; progress;) {
+    progress = 0;
+    for (int p = 0; p < n; p++) {
+      while (pt[p].pc < s[p].nsteps) {
+        const struct sched_step *st = &s[p].steps[pt[p].pc];
+        size_t begin, len;
+        sched_block_elems(c, count, nb, st->block, &begin, &len);
+        char *w = pt[p].work + begin * sz;
+        if (st->op == SCHED_SEND) {
+          struct msg *m = malloc(sizeof(*m));
+          m->bytes = len * sz;
+          m->data = malloc(m->bytes + 1);
+          memcpy(m->data, (st->buf == SCHED_INPUT ? pt[p].input : pt[p].work) + begin * sz, m->bytes);
+          m->next = NULL;
+          int k = p * n + st->peer;
+          if (qt[k]) qt[k]->next = m;
+          else qh[k] = m;
+          qt[k] = m;
+        } else if (st->op == SCHED_RECV || st->op == SCHED_RECV_REDUCE) {
+          int k = st->peer * n + p;
+          if (!qh[k]) break;
+          struct msg *m = qh[k];
+          qh[k] = m->next;
+          if (!qh[k]) qt[k] = NULL;
+          if (m->bytes != len * sz) fail_msg("%s: message of %zu bytes into a block of %zu", what, m->bytes, len * sz);
+          if (st->op == SCHED_RECV) {
+            memcpy(w, m->data, m->bytes);
+          } else {
+            const void *in[2] = {w, m->data};
+            void *out[1] = {w};
+            ccs__reduce_host(t, op, 0, in, 2, out, 1, len, 0);
+          }
+          free(m->data);
+          free(m);
+        } else if (st->op == SCHED_COPY) {
+          size_t sb, sl;
+          sched_block_elems(c, count, nb, st->src_block, &sb, &sl);
+          memcpy(w, (st->src_buf == SCHED_INPUT ? pt[p].input : pt[p].work) + sb * sz, sl * sz);
+        } else if (st->op == SCHED_FINALIZE && op == CCS_AVG) {
+          const void *in[1] = {w};
+          void *out[1] = {w};
+          ccs__reduce_host(t, op, (size_t)n, in, 1, out, 1, len, 0);
+        }
+        pt[p].pc++;
+        progress = 1;
+      }
+    }
+  }
+  for (int p = 0; p < n; p++)
+    if (pt[p].pc != s[p].nsteps) fail_msg("%s: participant %d stuck at step %zu", what, p, pt[p].pc);
+  free(qh);
+  free(qt);
+}
+
+static int check_results(enum sched_coll c, int n, int root, uint32_t nb, size_t count,
+                         ccs_dtype_t t, ccs_redop_t op, uint64_t seed, struct party *pt,
+                         const char *what) {
+  int wrong = 0;
+  for (int p = 0; p < n; p++)
+    for (uint32_t b = 0; b < nb; b++) {
+      size_t begin, len;
+      sched_block_elems(c, count, nb, b, &begin, &len);
+      int matters = 1;
+      double want = 0;
+      for (size_t i = begin; i < begin + len; i++) {
+        switch (c) {
+        case SCHED_ALL_REDUCE: want = reduced(t, op, seed, n, i); break;
+        case SCHED_REDUCE: matters = p == root; want = reduced(t, op, seed, n, i); break;
+        case SCHED_REDUCE_SCATTER: matters = b == (uint32_t)p; want = reduced(t, op, seed, n, i); break;
+        case SCHED_ALL_GATHER: want = input_value(t, op, seed, (int)b, i); break;
+        case SCHED_GATHER: matters = p == root; want = input_value(t, op, seed, (int)b, i); break;
+        case SCHED_BROADCAST: want = input_value(t, op, seed, root, i); break;
+        case SCHED_SCATTER: matters = b == (uint32_t)p; want = input_value(t, op, seed, root, i); break;
+        case SCHED_ALL_TO_ALL: /* block b: from participant b, its input block p */
+          want = input_value(t, op, seed, (int)b * 1000 + p, (size_t)p * count + (i - begin));
+          break;
+        default: break;
+        }
+        if (!matters) break;
+        uint64_t cell = 0;
+        ref_set(t, &cell, 0, want);
+        double got = ref_get(t, pt[p].work, i), exact = ref_get(t, &cell, 0);
+        if (got != exact && wrong++ < 3)
+          fprintf(stderr, "%s: participant %d element %zu: got %g want %g\n", what, p, i, got, exact);
+      }
+    }
+  return wrong;
+}
+
+static void test_every_algorithm(void **state) {
+  uint64_t seed = test_seed();
+  int proven = 0, unsupported = 0;
+  for (int a = 0; a < SCHED_ALGO_COUNT; a++)
+    for (int c = 0; c < SCHED_COLL_COUNT; c++)
+      for (int n = 1; n <= 17; n++) {
+        size_t sizes[5] = {0, 1, 7, (size_t)n + 3, 4099};
+        int root = (a + c + n) % n, pipeline = 1 + (n + c) % 3;
+        struct schedule s[17];
+        int rc = 0;
+        for (int p = 0; p < n && rc == 0; p++)
+          rc = sched_build((enum sched_algo)a, (enum sched_coll)c, n, p, root, pipeline, &s[p]);
+        if (rc == -1) { /* this algorithm does not build this collective (for this n) */
+          unsupported++;
+          continue;
+        }
+        assert_int_equal(rc, 0);
+        char what[128], err[256];
+        snprintf(what, sizeof(what), "%s %s n=%d root=%d pipeline=%d", sched_algo_name(a),
+                 sched_coll_name(c), n, root, pipeline);
+        if (sched_check((enum sched_coll)c, n, root, s, err, sizeof(err)))
+          fail_msg("%s: %s", what, err);
+        for (int k = 0; k < 5; k++) {
+          size_t combo = (size_t)(a * 7 + c * 5 + n * 3 + k) % NCOMBOS;
+          struct party pt[17];
+          run(c, n, root, s, sizes[k], combos[combo].t, combos[combo].op, seed + (uint64_t)k, pt, what);
+          int wrong = check_results(c, n, root, s[0].nblocks, sizes[k], combos[combo].t,
+                                    combos[combo].op, seed + (uint64_t)k, pt, what);
+          for (int p = 0; p < n; p++) {
+            free(pt[p].work);
+            free(pt[p].input);
+          }
+          if (wrong) fail_msg("%s count=%zu %s %s: %d wrong", what, sizes[k],
+                              ccs_dtype_name(combos[combo].t), ccs_redop_name(combos[combo].op), wrong);
+        }
+        for (int p = 0; p < n; p++) sched_free(&s[p]);
+        proven++;
+      }
+  fprintf(stderr, "# %d (algorithm, collective, n) schedules proven; %d not built\n", proven, unsupported);
+  assert_true(proven > 300);
+}
+
+/* The checker itself must catch broken schedules. */
+static void test_checker_catches_errors(void **state) {
+  char err[256];
+  struct schedule s[3];
+  for (int p = 0; p < 3; p++) assert_int_equal(sched_build(SCHED_RING, SCHED_ALL_REDUCE, 3, p, 0, 1, &s[p]), 0);
+  assert_int_equal(sched_check(SCHED_ALL_REDUCE, 3, 0, s, err, sizeof(err)), 0);
+  s[1].steps[1].block = (s[1].steps[1].block + 1) % 3; /* reduce into the wrong block */
+  assert_int_equal(sched_check(SCHED_ALL_REDUCE, 3, 0, s, err, sizeof(err)), -1);
+  s[1].steps[1].block = (s[1].steps[1].block + 2) % 3;
+  s[2].nsteps--; /* a send never received */
+  assert_int_equal(sched_check(SCHED_ALL_REDUCE, 3, 0, s, err, sizeof(err)), -1);
+  s[2].nsteps++;
+  s[0].steps[0].op = SCHED_RECV; /* everyone waits: deadlock */
+  s[0].steps[0].peer = 2;
+  assert_int_equal(sched_check(SCHED_ALL_REDUCE, 3, 0, s, err, sizeof(err)), -1);
+  for (int p = 0; p < 3; p++) sched_free(&s[p]);
+  char dump[4096];
+  assert_int_equal(sched_build(SCHED_RING, SCHED_ALL_REDUCE, 5, 2, 0, 1, &s[0]), 0);
+  sched_dump(&s[0], 2, dump, sizeof(dump));
+  assert_non_null(strstr(dump, "recv+reduce"));
+  sched_free(&s[0]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_algorithm),
+      cmocka_unit_test(test_checker_catches_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
