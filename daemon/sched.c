@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "algo/algo.h"
-#include "sched.h"
+#include "schedule.h"
 
 static const char *const coll_names[SCHED_COLL_COUNT] = {
     "all_reduce", "reduce_scatter", "reduce", "all_gather",

@@ -10,7 +10,8 @@ void textbuf_printf(struct textbuf *t, const char *fmt, ...) {
   if (t->failed) return;
   for (;;) {
     va_start(ap, fmt);
-    int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+    /* no arithmetic on a NULL buffer: the first call only measures */
+    int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->cap - t->len, fmt, ap);
     va_end(ap);
     if (n < 0) {
       t->failed = 1;

@@ -16,8 +16,15 @@ for target in fuzz_frame fuzz_session; do
   mkdir -p "$work/$target"
   cp tests/fuzz/corpus/* "$work/$target/"
   echo "# $target: $seconds s"
-  build-fuzz/tests/$target -max_total_time="$seconds" -max_len=65536 -print_final_stats=1 \
-    "$work/$target" 2>&1 | grep -E '^(stat::number_of_executed_runs|stat::new_units_added|#[0-9]+.*DONE)|ERROR|SUMMARY' || true
-  # libFuzzer exits non-zero on a crash; the grep above must not hide it
-  build-fuzz/tests/$target -runs=0 "$work/$target" >/dev/null 2>&1
+  status=0
+  (cd "$work" && "$OLDPWD/build-fuzz/tests/$target" -max_total_time="$seconds" -max_len=65536 \
+     -print_final_stats=1 "$work/$target" >"$work/$target.log" 2>&1) || status=$?
+  grep -E '^(stat::new_units_added|#[0-9]+.*DONE)|ERROR|SUMMARY' "$work/$target.log" || true
+  if [ "$status" -ne 0 ]; then
+    # the input that broke it, to reproduce: build-fuzz/tests/$target FILE
+    ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* 2>/dev/null | head -3
+    cp "$work"/crash-* "$work"/leak-* "$work"/timeout-* . 2>/dev/null || true
+    tail -40 "$work/$target.log"
+    exit 1
+  fi
 done

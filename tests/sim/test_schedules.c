@@ -17,7 +17,7 @@
 #include "harness.h"
 #include "kernels.h"
 #include "reference.h"
-#include "sched.h"
+#include "schedule.h"
 
 struct msg {
   void *data;
@@ -92,7 +92,7 @@ static void run(enum sched_coll c, int n, int root, const struct schedule *s, si
     pt[p].work = calloc(elems + 1, sz);
     pt[p].input = calloc(elems + 1, sz);
     pt[p].pc = 0;
-    /* the starting state the schedule layer defines (sched.h) */
+    /* the starting state the schedule layer defines (schedule.h) */
     for (uint32_t b = 0; b < nb; b++) {
       size_t begin, len;
       sched_block_elems(c, count, nb, b, &begin, &len);

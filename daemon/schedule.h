@@ -19,8 +19,8 @@
  *   scatter         all blocks at root      -> block p = root's block p (at p)
  *   all_to_all      input block q: for q    -> block q = q's input block p
  */
-#ifndef CCSD_SCHED_H
-#define CCSD_SCHED_H
+#ifndef CCSD_SCHEDULE_H
+#define CCSD_SCHEDULE_H
 
 #include <stddef.h>
 #include <stdint.h>
