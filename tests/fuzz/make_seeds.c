@@ -101,6 +101,24 @@ int main(int argc, char **argv) {
   emit(&r, 8);
   fclose(out);
 
+  static const char *const admin_cmds[] = {"status", "stuck", "comms", "abort", "config", "metrics"};
+  for (int i = 0; i < 6; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), "admin-%s", admin_cmds[i]);
+    open_seed(dir, name, 11);
+    hello();
+    Ccs__Admin a = CCS__ADMIN__INIT;
+    char *args[1] = {"7"};
+    a.command = (char *)admin_cmds[i];
+    a.json = i % 2;
+    a.n_args = i == 1 || i == 3;
+    a.args = args;
+    r.body_case = CCS__REQUEST__BODY_ADMIN;
+    r.admin = &a;
+    emit(&r, 10);
+    fclose(out);
+  }
+
   open_seed(dir, "oversized-length", 1);
   fwrite("\xff\xff\xff\x7f", 1, 4, out);
   fclose(out);
