@@ -15,8 +15,10 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "tuner.h"
 
-enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_SUBSYS, K_ADDRESS };
+enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_SUBSYS, K_ADDRESS,
+                K_RULES };
 
 struct key {
   const char *name;
@@ -45,6 +47,7 @@ static const struct key keys[] = {
     {"allow_gids", K_IDS, AT(allow_gids), 0, 4294967294.0, "comma-separated gids allowed to connect"},
     {"log_level", K_LEVEL, AT(log_level), 0, 3, "ERROR, WARN, INFO or TRACE (CCS_DEBUG too)"},
     {"log_subsys", K_SUBSYS, AT(log_subsys), 0, 0, "subsystems logged at INFO/TRACE: INIT,CLIENT,COLL,MEM,OPS or ALL (CCS_DEBUG_SUBSYS too)"},
+    {"algo", K_RULES, AT(algo), 0, 0, "algorithm rules, e.g. all_reduce:ring;all_reduce:tree:0-64K (CCS_ALGO); empty: the cost model decides"},
     {"metrics_listen", K_ADDRESS, AT(metrics_listen), 0, 0, "HOST:PORT serving Prometheus metrics over HTTP; empty: off"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -168,6 +171,17 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
     if (!bad) *(int *)field = mask;
     break;
   }
+  case K_RULES: {
+    struct algo_rules rules;
+    char why[256];
+    bad = strlen(value) >= sizeof(cfg->algo) || ccsd_algo_rules_parse(value, &rules, why, sizeof(why));
+    if (bad) {
+      snprintf(err, errlen, "bad value for %s: %s", name, why);
+      return -1;
+    }
+    snprintf(field, sizeof(cfg->algo), "%s", value);
+    break;
+  }
   case K_ADDRESS: {
     const char *colon = strrchr(value, ':');
     bad = *value && (!colon || colon == value || parse_double(colon + 1, 1, 65535, &x) ||
@@ -240,7 +254,7 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
     const void *f = (const char *)cfg + k->offset;
     char v[512] = "";
     switch (k->type) {
-    case K_PATH: case K_ADDRESS: snprintf(v, sizeof(v), "%s", (const char *)f); break;
+    case K_PATH: case K_ADDRESS: case K_RULES: snprintf(v, sizeof(v), "%s", (const char *)f); break;
     case K_MODE: snprintf(v, sizeof(v), "%04o", *(const unsigned *)f); break;
     case K_COUNT: case K_BYTES:
       if (k->offset == AT(threads)) snprintf(v, sizeof(v), "%d", *(const int *)f);

@@ -59,6 +59,7 @@ struct ccsd_config {
   int log_level;
   int log_subsys;          /* mask of enum ccs__log_subsys */
   char metrics_listen[64]; /* HOST:PORT, or empty */
+  char algo[512];          /* algorithm rules (tuner.h), or empty */
 };
 
 /* One per uid with anything charged to it. */

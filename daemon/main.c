@@ -10,6 +10,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "tuner.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -25,6 +26,65 @@ static void on_signal(uv_signal_t *h, int signum) {
   d->stopping = 1;
   ccsd_server_stop(d);
   uv_stop(d->loop);
+}
+
+/* ccsd --dump-schedule ring all_reduce 5: every participant's steps, and
+ * the checker's verdict. */
+static int dump_schedule(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: ccsd --dump-schedule ALGO COLLECTIVE N [ROOT]\n");
+    return 2;
+  }
+  int algo = -1, coll = -1, n = atoi(argv[2]), root = argc > 3 ? atoi(argv[3]) : 0;
+  for (int a = 0; a < SCHED_ALGO_COUNT; a++)
+    if (!strcmp(argv[0], sched_algo_name((enum sched_algo)a))) algo = a;
+  for (int c = 0; c < SCHED_COLL_COUNT; c++)
+    if (!strcmp(argv[1], sched_coll_name((enum sched_coll)c))) coll = c;
+  if (algo < 0 || coll < 0 || n < 1 || n > 64 || root < 0 || root >= n) {
+    fprintf(stderr, "ccsd: unknown algorithm or collective, or bad N/ROOT\n");
+    return 2;
+  }
+  struct schedule *s = calloc((size_t)n, sizeof(*s));
+  char *text = malloc(1 << 16), err[256];
+  int rc = 0;
+  for (int p = 0; p < n && rc == 0; p++) {
+    rc = sched_build((enum sched_algo)algo, (enum sched_coll)coll, n, p, root, 1, &s[p]);
+    if (rc == 0) {
+      sched_dump(&s[p], p, text, 1 << 16);
+      fputs(text, stdout);
+    }
+  }
+  if (rc) fprintf(stderr, "ccsd: %s does not build %s for %d participants\n", argv[0], argv[1], n);
+  else if (sched_check((enum sched_coll)coll, n, root, s, err, sizeof(err))) {
+    printf("checker: WRONG: %s\n", err);
+    rc = 1;
+  } else {
+    printf("checker: proven (every send received, no deadlock, every block as %s requires)\n", argv[1]);
+  }
+  for (int p = 0; p < n; p++) sched_free(&s[p]);
+  free(s);
+  free(text);
+  return rc ? 1 : 0;
+}
+
+/* ccsd --tune-table N: what the tuner picks between N daemons over TCP. */
+static int tune_table(int n, const struct ccsd_config *cfg) {
+  struct algo_rules rules = {.n = 0};
+  char err[256], why[256];
+  if (cfg->algo[0] && ccsd_algo_rules_parse(cfg->algo, &rules, err, sizeof(err))) {
+    fprintf(stderr, "ccsd: %s\n", err);
+    return 2;
+  }
+  printf("| collective | %d participants: 8 B | 64 KiB | 1 MiB | 16 MiB | 256 MiB |\n|---|---|---|---|---|---|\n", n);
+  static const uint64_t sizes[] = {8, 64 << 10, 1 << 20, 16 << 20, 256u << 20};
+  for (int c = 0; c < SCHED_COLL_COUNT; c++) {
+    printf("| %s |", sched_coll_name((enum sched_coll)c));
+    for (int i = 0; i < 5; i++)
+      printf(" %s |", sched_algo_name(ccsd_tune((enum sched_coll)c, n, sizes[i], &ccsd_link_tcp,
+                                                &rules, why, sizeof(why))));
+    printf("\n");
+  }
+  return 0;
 }
 
 /* Sources in order, later ones winning: file, environment, command line. */
@@ -57,6 +117,12 @@ static int configure(int argc, char **argv, struct ccsd_config *cfg, int *check_
       printf("ccsd %d.%d.%d (protocol %u)\n", CCS_VERSION_MAJOR, CCS_VERSION_MINOR,
              CCS_VERSION_PATCH, CCS__PROTOCOL_VERSION);
       exit(0);
+    }
+    if (!strcmp(a, "--dump-schedule")) { /* ALGO COLLECTIVE N [ROOT] */
+      exit(dump_schedule(argc - i - 1, argv + i + 1));
+    }
+    if (!strcmp(a, "--tune-table")) { /* N: the model's choices over sizes */
+      exit(tune_table(i + 1 < argc ? atoi(argv[i + 1]) : 4, cfg));
     }
     if (!strcmp(a, "--print-example-config")) {
       ccsd_config_example(stdout);

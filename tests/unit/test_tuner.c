@@ -1,0 +1,89 @@
+/* The tuner: the cost model's choices at a few sizes, and the override
+ * rules (parsing, precedence, ranges, algorithm-only rules). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tuner.h"
+
+static enum sched_algo pick(enum sched_coll c, int n, uint64_t bytes, const char *rules_text) {
+  struct algo_rules rules = {.n = 0};
+  char err[256], why[256];
+  if (rules_text) assert_int_equal(ccsd_algo_rules_parse(rules_text, &rules, err, sizeof(err)), 0);
+  return ccsd_tune(c, n, bytes, &ccsd_link_tcp, &rules, why, sizeof(why));
+}
+
+static void test_model_choices(void **state) {
+  /* latency-bound: few steps; bandwidth-bound: bandwidth-optimal */
+  assert_int_equal(pick(SCHED_ALL_REDUCE, 16, 8, NULL), SCHED_RHD);    /* log steps */
+  assert_int_equal(pick(SCHED_ALL_REDUCE, 4, 8, NULL), SCHED_DIRECT);  /* one shot */
+  assert_int_equal(pick(SCHED_ALL_REDUCE, 6, 256u << 20, NULL), SCHED_RING); /* n not 2^k */
+  assert_int_equal(pick(SCHED_BROADCAST, 8, 8, NULL), SCHED_TREE);
+  assert_int_equal(pick(SCHED_BROADCAST, 8, 256u << 20, NULL), SCHED_RING); /* pipelined chain */
+  assert_int_equal(pick(SCHED_ALL_GATHER, 5, 1 << 20, NULL), SCHED_RING);
+  assert_int_equal(pick(SCHED_ALL_TO_ALL, 8, 1 << 20, NULL), SCHED_DIRECT);
+  /* the model orders costs as the formulas say */
+  assert_true(ccsd_algo_cost(SCHED_RING, SCHED_ALL_REDUCE, 8, 1 << 30, &ccsd_link_tcp) <
+              ccsd_algo_cost(SCHED_TREE, SCHED_ALL_REDUCE, 8, 1 << 30, &ccsd_link_tcp));
+  assert_true(ccsd_algo_cost(SCHED_RHD, SCHED_ALL_REDUCE, 64, 8, &ccsd_link_tcp) <
+              ccsd_algo_cost(SCHED_RING, SCHED_ALL_REDUCE, 64, 8, &ccsd_link_tcp));
+  /* one participant: nothing to move */
+  assert_true(ccsd_algo_cost(SCHED_RING, SCHED_ALL_REDUCE, 1, 1 << 20, &ccsd_link_tcp) == 0);
+}
+
+static void test_rules(void **state) {
+  const char *r = "all_reduce:ring;all_reduce:tree:0-64K;broadcast:tree";
+  assert_int_equal(pick(SCHED_ALL_REDUCE, 16, 8, r), SCHED_TREE);       /* the later, narrower */
+  assert_int_equal(pick(SCHED_ALL_REDUCE, 16, 65536, r), SCHED_TREE);   /* inclusive */
+  assert_int_equal(pick(SCHED_ALL_REDUCE, 16, 65537, r), SCHED_RING);
+  assert_int_equal(pick(SCHED_BROADCAST, 8, 256u << 20, r), SCHED_TREE);
+  assert_int_equal(pick(SCHED_ALL_TO_ALL, 8, 1 << 20, r), SCHED_DIRECT); /* untouched */
+  /* an algorithm alone: where it builds; the others keep the model's */
+  assert_int_equal(pick(SCHED_ALL_GATHER, 16, 1 << 20, "ring"), SCHED_RING);
+  assert_int_equal(pick(SCHED_GATHER, 16, 1 << 20, "ring"), SCHED_TREE);
+  assert_int_equal(pick(SCHED_ALL_TO_ALL, 16, 1 << 20, "rhd"), SCHED_DIRECT);
+  /* rhd's reduce_scatter needs a power of two: with 6 the model decides */
+  assert_int_equal(pick(SCHED_REDUCE_SCATTER, 6, 1 << 20, "rhd"), SCHED_RING);
+  assert_int_equal(pick(SCHED_ALL_REDUCE, 8, 100 << 20, "ring;all_reduce:rhd:1M-max"), SCHED_RHD);
+  assert_int_equal(pick(SCHED_ALL_REDUCE, 8, 1000, "ring;all_reduce:rhd:1M-max"), SCHED_RING);
+}
+
+static void test_bad_rules(void **state) {
+  static const struct {
+    const char *text, *says;
+  } bad[] = {
+      {"all_reduce:spiral", "'spiral' is not an algorithm"},
+      {"spiral", "nor a collective"},
+      {"all_gather:tree", "tree does not implement all_gather"},
+      {"all_reduce:ring:64K", "is not LO-HI"},
+      {"all_reduce:ring:64K-1K", "bad size range"},
+      {"all_reduce:ring:0-1Q", "bad size range"},
+      {"all_reduce:ring:0-1K:extra", "unexpected 'extra'"},
+      {"all_reduce", "is not an algorithm"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    struct algo_rules rules;
+    char err[256] = "";
+    assert_int_equal(ccsd_algo_rules_parse(bad[i].text, &rules, err, sizeof(err)), -1);
+    if (!strstr(err, bad[i].says)) fail_msg("'%s': '%s' does not say '%s'", bad[i].text, err, bad[i].says);
+  }
+  struct algo_rules rules;
+  char err[256];
+  assert_int_equal(ccsd_algo_rules_parse("", &rules, err, sizeof(err)), 0);
+  assert_int_equal(rules.n, 0);
+  assert_int_equal(ccsd_algo_rules_parse(" ring ; broadcast:tree ;", &rules, err, sizeof(err)), 0);
+  assert_int_equal(rules.n, 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_model_choices),
+      cmocka_unit_test(test_rules),
+      cmocka_unit_test(test_bad_rules),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
