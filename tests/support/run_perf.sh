@@ -19,4 +19,17 @@ for np in 1 3; do
     grep -q '"collective"' "$dir/rows.json" || status=1
   done
 done
+# ranks started by someone else: CCS_RANK, CCS_NRANKS, CCS_UNIQUE_ID_FILE
+if [ "$coll" = all_reduce ]; then
+  pids=()
+  for r in 0 1 2; do
+    CCS_RANK=$r CCS_NRANKS=3 CCS_UNIQUE_ID_FILE=$dir/id "$perf" "$coll" -b 8 -e 4K -f 8 -n 2 -c 1 \
+      >"$dir/env.$r" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  grep -q '^# Out of bounds values : 0 OK$' "$dir/env.0" || { cat "$dir/env.0"; status=1; }
+  grep -q '3 ranks' "$dir/env.0" || status=1
+  [ ! -s "$dir/env.1" ] || { echo "only rank 0 prints"; status=1; }
+fi
 exit $status
