@@ -45,35 +45,11 @@ static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int rank, siz
   return ref_is_signed(t) ? v : v + 8;
 }
 
-static int64_t wrap(ccs_dtype_t t, int64_t v) {
-  switch (t) {
-  case CCS_INT8: return (int8_t)v;
-  case CCS_UINT8: return (uint8_t)v;
-  case CCS_INT32: return (int32_t)v;
-  case CCS_UINT32: return (uint32_t)v;
-  default: return v;
-  }
-}
-
-/* op over ranks of input(j, e_of_j) */
+/* op over ranks of input(j, e) */
 static double reduce_ref(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int n, size_t e) {
-  double acc = 0;
-  int64_t iacc = 0;
-  for (int j = 0; j < n; j++) {
-    double v = input(t, op, op_id, j, e);
-    int64_t iv = (int64_t)v;
-    if (j == 0) acc = v, iacc = iv;
-    else switch (op) {
-      case CCS_SUM:
-      case CCS_AVG: acc += v, iacc += iv; break;
-      case CCS_PROD: acc *= v, iacc *= iv; break;
-      case CCS_MAX: acc = v > acc ? v : acc, iacc = iv > iacc ? iv : iacc; break;
-      case CCS_MIN: acc = v < acc ? v : acc, iacc = iv < iacc ? iv : iacc; break;
-      default: break;
-      }
-  }
-  if (ref_is_float(t)) return op == CCS_AVG ? acc / n : acc;
-  return (double)(op == CCS_AVG ? wrap(t, iacc) / n : wrap(t, iacc));
+  double v[64];
+  for (int j = 0; j < n; j++) v[j] = input(t, op, op_id, j, e);
+  return ref_reduce(t, op, v, n);
 }
 
 static int check_elem(ccs_dtype_t t, const void *buf, size_t k, double want, const char *what,

@@ -55,30 +55,10 @@ static double input_value(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int p, s
   return ref_is_signed(t) ? v - 4 : v;
 }
 
-static int64_t wrap(ccs_dtype_t t, int64_t v) {
-  switch (t) {
-  case CCS_INT8: return (int8_t)v;
-  case CCS_UINT8: return (uint8_t)v;
-  case CCS_INT32: return (int32_t)v;
-  case CCS_UINT32: return (uint32_t)v;
-  default: return v;
-  }
-}
-
 static double reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int n, size_t i) {
-  double acc = 0;
-  int64_t iacc = 0;
-  for (int p = 0; p < n; p++) {
-    double v = input_value(t, op, seed, p, i);
-    int64_t iv = (int64_t)v;
-    if (p == 0) acc = v, iacc = iv;
-    else if (op == CCS_SUM || op == CCS_AVG) acc += v, iacc += iv;
-    else if (op == CCS_PROD) acc *= v, iacc *= iv;
-    else if (op == CCS_MAX) acc = v > acc ? v : acc, iacc = iv > iacc ? iv : iacc;
-    else acc = v < acc ? v : acc, iacc = iv < iacc ? iv : iacc;
-  }
-  if (ref_is_float(t)) return op == CCS_AVG ? acc / n : acc;
-  return (double)(op == CCS_AVG ? wrap(t, iacc) / n : wrap(t, iacc));
+  double v[64];
+  for (int p = 0; p < n; p++) v[p] = input_value(t, op, seed, p, i);
+  return ref_reduce(t, op, v, n);
 }
 
 /* Runs the n schedules on real buffers; fills the parties' work buffers. */

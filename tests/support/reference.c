@@ -179,3 +179,32 @@ int ref_close(ccs_dtype_t t, double got, double want) {
   }
   return fabs(got - want) <= tol;
 }
+
+int64_t ref_wrap(ccs_dtype_t t, int64_t v) {
+  switch (t) {
+  case CCS_INT8: return (int8_t)v;
+  case CCS_UINT8: return (uint8_t)v;
+  case CCS_INT32: return (int32_t)v;
+  case CCS_UINT32: return (uint32_t)v;
+  default: return v;
+  }
+}
+
+double ref_reduce(ccs_dtype_t t, ccs_redop_t op, const double *values, int n) {
+  double acc = values[0];
+  int64_t iacc = (int64_t)values[0];
+  for (int j = 1; j < n; j++) {
+    double v = values[j];
+    int64_t iv = (int64_t)v;
+    switch (op) {
+    case CCS_SUM:
+    case CCS_AVG: acc += v, iacc = (int64_t)((uint64_t)iacc + (uint64_t)iv); break;
+    case CCS_PROD: acc *= v, iacc = (int64_t)((uint64_t)iacc * (uint64_t)iv); break;
+    case CCS_MAX: acc = v > acc ? v : acc, iacc = iv > iacc ? iv : iacc; break;
+    case CCS_MIN: acc = v < acc ? v : acc, iacc = iv < iacc ? iv : iacc; break;
+    default: break;
+    }
+  }
+  if (ref_is_float(t)) return op == CCS_AVG ? acc / n : acc;
+  return (double)(op == CCS_AVG ? ref_wrap(t, iacc) / n : ref_wrap(t, iacc));
+}

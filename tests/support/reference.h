@@ -44,6 +44,14 @@ void ref_set(ccs_dtype_t t, void *buf, size_t i, double v); /* floats: rounded; 
 uint64_t ref_get_bits(ccs_dtype_t t, const void *buf, size_t i); /* raw, zero-extended */
 void ref_set_int(ccs_dtype_t t, void *buf, size_t i, int64_t v); /* wrapped to the width */
 
+/* Integers wrapped to the type's width (sums and products wrap). */
+int64_t ref_wrap(ccs_dtype_t t, int64_t v);
+
+/* values[0..n) reduced with op as the collective defines it, in exact
+ * arithmetic: integers wrap and average by truncating division, floats are
+ * exact (ref_set rounds them to the type). */
+double ref_reduce(ccs_dtype_t t, ccs_redop_t op, const double *values, int n);
+
 /* Does got match want within one rounding step of the type? (exact for
  * integers, NaN matches NaN) */
 int ref_close(ccs_dtype_t t, double got, double want);

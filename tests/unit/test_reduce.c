@@ -27,16 +27,6 @@ static double gen(ccs_dtype_t t, ccs_redop_t op, uint64_t h, int real) {
   return ref_is_signed(t) ? v : v + 8;
 }
 
-static int64_t wrap(ccs_dtype_t t, int64_t v) {
-  switch (t) {
-  case CCS_INT8: return (int8_t)v;
-  case CCS_UINT8: return (uint8_t)v;
-  case CCS_INT32: return (int32_t)v;
-  case CCS_UINT32: return (uint32_t)v;
-  default: return v;
-  }
-}
-
 static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real, int in_place,
                   int streaming, uint64_t seed) {
   size_t sz = ccs_dtype_size(t);
@@ -47,26 +37,13 @@ static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real
   out[0] = in_place ? in[0] : malloc(count * sz + 1);
   out[1] = malloc(count * sz + 1);
   for (size_t i = 0; i < count; i++) {
-    double acc = 0;
-    int64_t iacc = 0;
+    double v[8];
     for (int k = 0; k < nin; k++) {
-      double v = gen(t, op, test_mix(seed, i * 8 + (size_t)k), real);
-      ref_set(t, in[k], i, v);
-      v = ref_get(t, in[k], i); /* what the type holds */
-      int64_t iv = (int64_t)v;
-      sum_abs[i] += fabs(v);
-      if (k == 0) acc = v, iacc = iv;
-      else switch (op) {
-        case CCS_SUM:
-        case CCS_AVG: acc += v, iacc += iv; break;
-        case CCS_PROD: acc *= v, iacc *= iv; break;
-        case CCS_MAX: acc = v > acc ? v : acc, iacc = iv > iacc ? iv : iacc; break;
-        case CCS_MIN: acc = v < acc ? v : acc, iacc = iv < iacc ? iv : iacc; break;
-        default: break;
-        }
+      ref_set(t, in[k], i, gen(t, op, test_mix(seed, i * 8 + (size_t)k), real));
+      v[k] = ref_get(t, in[k], i); /* what the type holds */
+      sum_abs[i] += fabs(v[k]);
     }
-    if (ref_is_float(t)) want[i] = op == CCS_AVG ? acc / nin : acc;
-    else want[i] = (double)(op == CCS_AVG ? wrap(t, iacc) / nin : wrap(t, iacc));
+    want[i] = ref_reduce(t, op, v, nin);
   }
   ccs__reduce_host(t, op, (size_t)nin, (const void *const *)in, nin, out, 2, count, streaming);
   ccs__stream_fence();
@@ -87,7 +64,7 @@ static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real
         double tol = ldexp(fabs(w), -ref_mantissa_bits(t)) + nin * eps * scale;
         ok = ref_close(t, got, w) || fabs(got - w) <= tol;
       } else {
-        ok = got == (double)wrap(t, (int64_t)w);
+        ok = got == w;
       }
       if (!ok)
         fail_msg("%s %s nin=%d count=%zu real=%d in_place=%d out %d [%zu]: got %.9g want %.9g",
