@@ -74,6 +74,7 @@ void sched_add_copy(struct schedule *s, uint8_t src_buf, uint32_t src_block, uin
 
 int sched_build(enum sched_algo a, enum sched_coll c, int n, int me, int root, int pipeline,
                 struct schedule *ret) {
+  sched_init(ret, 0); /* a builder that declines leaves nothing to free */
   if (n < 1 || me < 0 || me >= n || root < 0 || root >= n || pipeline < 1) return -1;
   int rc;
   switch (a) {
