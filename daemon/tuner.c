@@ -35,7 +35,8 @@ double ccsd_algo_cost(enum sched_algo a, enum sched_coll c, int n, uint64_t byte
   case SCHED_TREE:
     switch (c) {
     case SCHED_BROADCAST: case SCHED_REDUCE: return (lg + k - 1) * al + lg * S / (k > lg ? 1 : lg / k);
-    case SCHED_ALL_REDUCE: return 2 * ((lg + k - 1) * al + lg * S / (k > lg ? 1 : lg / k));
+    case SCHED_ALL_REDUCE: /* double binary tree: half of the data up and down each tree */
+      return 2 * (lg + k - 1) * al + 2 * S;
     case SCHED_GATHER: case SCHED_SCATTER: return lg * al + f * S;
     default: return INFINITY;
     }
