@@ -43,7 +43,8 @@ double ccsd_algo_cost(enum sched_algo a, enum sched_coll c, int n, uint64_t byte
   case SCHED_RHD:
     switch (c) {
     case SCHED_ALL_REDUCE: return 2 * lg * al + 2 * f * S + (pow2 ? 0 : 2 * al + 2 * S);
-    case SCHED_REDUCE_SCATTER: case SCHED_ALL_GATHER: return pow2 ? lg * al + f * S : INFINITY;
+    case SCHED_REDUCE_SCATTER: case SCHED_ALL_GATHER: /* folding costs a step and a copy */
+      return pow2 ? lg * al + f * S : (lg + 2) * al + f * S + S;
     default: return INFINITY;
     }
   case SCHED_DIRECT: /* a sender injects its n-1 messages one after another */
