@@ -211,8 +211,6 @@ static Ccs__Reply *take_reply(struct ccs__conn *c, uint64_t id) {
   return NULL;
 }
 
-static char broken_text[CCS__ERROR_TEXT_MAX]; /* why the daemon hung up */
-
 ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
                             Ccs__Reply **ret) {
   pthread_mutex_lock(&c->send_mu);
@@ -243,7 +241,7 @@ ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
     struct ccs__reply_slot *slot = r ? malloc(sizeof(*slot)) : NULL;
     if (r && r->id == 0) {
       /* Unsolicited: the daemon's last word before it closes on us. */
-      snprintf(broken_text, sizeof(broken_text), "%s", r->error);
+      snprintf(c->broken_text, sizeof(c->broken_text), "%s", r->error);
       c->broken = r->status ? r->status : CCS_ERR_PROTOCOL;
       ccs__reply__free_unpacked(r, NULL);
       free(slot);
@@ -259,16 +257,15 @@ ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
     pthread_cond_broadcast(&c->cv);
   }
   ccs_result_t broken = c->broken;
-  pthread_mutex_unlock(&c->mu);
-
   if (!reply) {
-    if (broken == CCS_ERR_DAEMON_UNAVAILABLE || !broken_text[0])
+    if (broken == CCS_ERR_DAEMON_UNAVAILABLE || !c->broken_text[0])
       ccs__set_error("connection to ccsd lost (daemon stopped or restarted); create new "
                      "communicators once it is back");
     else
-      ccs__set_error("ccsd closed the connection: %s", broken_text);
-    return broken;
+      ccs__set_error("ccsd closed the connection: %s", c->broken_text);
   }
+  pthread_mutex_unlock(&c->mu);
+  if (!reply) return broken;
   ccs_result_t rc = (ccs_result_t)reply->status;
   if (rc != CCS_OK) {
     ccs__set_error("%s", reply->error && *reply->error ? reply->error : ccs_strerror(rc));

@@ -22,7 +22,8 @@ struct ccs__conn {
   int fd;
   pid_t pid; /* a forked child must not share its parent's connection */
   int refs;  /* the process's current-connection pointer, comms, calls */
-  int broken;
+  int broken;            /* a ccs_result_t once the connection is unusable */
+  char broken_text[256]; /* the daemon's last word, if it said one */
   uint64_t next_id;
   pthread_mutex_t send_mu;
   pthread_mutex_t mu;
