@@ -1,0 +1,44 @@
+/* Bytes between daemons: one small interface, one implementation per
+ * fabric (TCP everywhere; RDMA verbs where rdma-core and a device exist).
+ * Whoever drives it posts sends and receives, each matched by a tag in
+ * order per connection, and polls for completions; nothing blocks but
+ * connect and poll's own timeout. A message that arrives before its receive
+ * is posted is held until it is. */
+#ifndef CCS_TRANSPORT_H
+#define CCS_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct transport;
+struct tconn;
+
+struct tcompletion {
+  struct tconn *conn;
+  uint64_t tag;
+  void *user;    /* what the post was given */
+  int is_send;
+  int status;    /* 0, or a negative errno: the connection failed */
+  size_t bytes;
+};
+
+struct transport_ops {
+  const char *name;
+  struct transport *(*open)(char *err, size_t errlen);
+  /* "HOST:PORT" (port 0: any); the bound address comes back in bound */
+  int (*listen)(struct transport *t, const char *addr, char *bound, size_t boundlen, char *err,
+                size_t errlen);
+  int (*connect)(struct transport *t, const char *addr, double timeout_s, struct tconn **ret,
+                 char *err, size_t errlen);
+  int (*accept)(struct transport *t, struct tconn **ret); /* 1: one, 0: none yet, -1: error */
+  int (*post_send)(struct tconn *c, const void *buf, size_t len, uint64_t tag, void *user);
+  int (*post_recv)(struct tconn *c, void *buf, size_t len, uint64_t tag, void *user);
+  /* up to max completions, waiting at most timeout_ms for the first */
+  int (*poll)(struct transport *t, int timeout_ms, struct tcompletion *out, int max);
+  void (*close)(struct tconn *c); /* its pending posts complete with -ECANCELED */
+  void (*free)(struct transport *t);
+};
+
+extern const struct transport_ops ccs_transport_tcp;
+
+#endif
