@@ -217,7 +217,10 @@ ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
   uint64_t id = req->id = ++c->next_id;
   size_t len;
   uint8_t *frame = ccs__frame_pack(&req->base, &len);
-  int sent = frame && !c->broken && send_all(c, frame, len, pass_fd) == 0;
+  /* A failed send is not the end yet: a daemon that refused us (quota,
+   * allow-list) wrote why before closing, and the read below finds it, or
+   * the end of the stream. */
+  if (frame && !c->broken) (void)send_all(c, frame, len, pass_fd);
   pthread_mutex_unlock(&c->send_mu);
   free(frame);
   if (!frame) {
@@ -227,7 +230,6 @@ ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
 
   Ccs__Reply *reply = NULL;
   pthread_mutex_lock(&c->mu);
-  if (!sent && !c->broken) c->broken = CCS_ERR_DAEMON_UNAVAILABLE;
   while (!(reply = take_reply(c, id)) && !c->broken) {
     if (c->reading) {
       pthread_cond_wait(&c->cv, &c->mu);
