@@ -41,35 +41,25 @@ static struct sched_step *append(struct schedule *s) {
     s->steps = grown;
     s->cap = cap;
   }
-  struct sched_step *st = &s->steps[s->nsteps++];
-  memset(st, 0, sizeof(*st));
-  return st;
+  return &s->steps[s->nsteps++];
+}
+
+static void add(struct schedule *s, struct sched_step step) {
+  struct sched_step *st = append(s);
+  if (st) *st = step;
 }
 
 void sched_add(struct schedule *s, uint8_t op, int32_t peer, uint32_t block) {
-  struct sched_step *st = append(s);
-  if (!st) return;
-  st->op = op;
-  st->peer = peer;
-  st->block = block;
+  add(s, (struct sched_step){.op = op, .peer = peer, .block = block});
 }
 
 void sched_add_send_input(struct schedule *s, int32_t peer, uint32_t block) {
-  struct sched_step *st = append(s);
-  if (!st) return;
-  st->op = SCHED_SEND;
-  st->buf = SCHED_INPUT;
-  st->peer = peer;
-  st->block = block;
+  add(s, (struct sched_step){.op = SCHED_SEND, .buf = SCHED_INPUT, .peer = peer, .block = block});
 }
 
 void sched_add_copy(struct schedule *s, uint8_t src_buf, uint32_t src_block, uint32_t block) {
-  struct sched_step *st = append(s);
-  if (!st) return;
-  st->op = SCHED_COPY;
-  st->src_buf = src_buf;
-  st->src_block = src_block;
-  st->block = block;
+  add(s, (struct sched_step){.op = SCHED_COPY, .src_buf = src_buf, .src_block = src_block,
+                             .block = block});
 }
 
 int sched_build(enum sched_algo a, enum sched_coll c, int n, int me, int root, int pipeline,

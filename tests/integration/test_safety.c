@@ -48,6 +48,18 @@ static void become_other_tenant(void) {
 
 static void new_id(void) { assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK); }
 
+/* A unique id the other tenant got from the daemon as itself, in sh->id. */
+static void other_tenant_id(void) {
+  pid_t p = fork();
+  if (p == 0) {
+    become_other_tenant();
+    _exit(ccs_get_unique_id(&sh->id) != CCS_OK);
+  }
+  int st;
+  waitpid(p, &st, 0);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static void assert_clean(void) { test_daemon_assert_clean(&dmn, &clean); }
 
 /* Still serving: a fresh comm of n ranks, of each tenant, gets a correct sum. */
@@ -69,15 +81,8 @@ static int healthy_rank(int rank, int n, void *arg) {
 
 static void assert_serving(void) {
   for (int other = 0; other < 2; other++) {
-    if (other) { /* the other tenant gets its id from the daemon as itself */
-      pid_t p = fork();
-      if (p == 0) {
-        become_other_tenant();
-        _exit(ccs_get_unique_id(&sh->id) != CCS_OK);
-      }
-      int st;
-      waitpid(p, &st, 0);
-      assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (other) {
+      other_tenant_id();
     } else {
       new_id();
     }
@@ -416,13 +421,7 @@ static int both_jobs(int rank, int n, void *arg) {
 
 static void test_flood_does_not_starve(void **state) {
   struct two_jobs j;
-  pid_t p = fork();
-  if (p == 0) {
-    become_other_tenant();
-    _exit(ccs_get_unique_id(&sh->id) != CCS_OK);
-  }
-  int st;
-  waitpid(p, &st, 0);
+  other_tenant_id();
   j.flood_id = sh->id;
   new_id();
   j.measure_id = sh->id;
