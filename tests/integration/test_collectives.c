@@ -35,14 +35,7 @@ static int nranks_arg;
 static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int rank, size_t e) {
   static uint64_t key_of = UINT64_MAX, key;
   if (op_id != key_of) key = test_mix(sh->seed, op_id), key_of = op_id;
-  uint64_t h = test_mix(key, ((uint64_t)rank << 32) + e);
-  if (op == CCS_PROD) {
-    static const int s[] = {1, 2, -1, -2, 1, 3};
-    int v = s[h % 6];
-    return ref_is_signed(t) ? v : (v < 0 ? -v : v);
-  }
-  int v = (int)(h % 17) - 8;
-  return ref_is_signed(t) ? v : v + 8;
+  return ref_exact_value(t, op, test_mix(key, ((uint64_t)rank << 32) + e));
 }
 
 /* op over ranks of input(j, e) */

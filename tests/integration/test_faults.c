@@ -222,12 +222,7 @@ static void test_garbage_and_oversized_frames(void **state) {
   raw_expect_closed(fd);
   /* a request before the hello */
   fd = raw();
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
-  req.id = 5;
-  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
-  req.get_unique_id = &g;
-  raw_request(fd, &req, -1);
+  raw_send_get_unique_id(fd, 5);
   raw_expect(fd, CCS_ERR_PROTOCOL);
   raw_expect_closed(fd);
   /* another protocol version */
@@ -242,7 +237,11 @@ static void test_garbage_and_oversized_frames(void **state) {
   /* a file descriptor riding on a frame that takes none */
   fd = raw();
   raw_hello(fd);
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
   req.id = 6;
+  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
+  req.get_unique_id = &g;
   raw_request(fd, &req, STDIN_FILENO);
   raw_expect(fd, CCS_OK); /* the request itself is answered... */
   raw_expect(fd, CCS_ERR_PROTOCOL); /* ...then the stray fd ends the session */
@@ -250,51 +249,19 @@ static void test_garbage_and_oversized_frames(void **state) {
   assert_daemon_serves(2);
 }
 
-static void register_fd(int fd, int memfd, ccs_result_t want, uint64_t *ret_id) {
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
-  req.id = 7;
-  req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
-  req.mem_register = &m;
-  raw_request(fd, &req, memfd);
-  Ccs__Reply *r = raw_reply(fd);
-  assert_non_null(r);
-  if (r->status != (int)want) fail_msg("register: %s: %s", ccs_result_name((ccs_result_t)r->status), r->error);
-  if (ret_id && want == CCS_OK) *ret_id = r->mem_register->buffer;
-  ccs__reply__free_unpacked(r, NULL);
-}
-
 static void test_buffer_checks(void **state) {
   int fd = raw();
   raw_hello(fd);
   /* an unsealed memfd could shrink under the daemon: refused */
-  int unsealed = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  assert_int_equal(ftruncate(unsealed, 4096), 0);
-  register_fd(fd, unsealed, CCS_ERR_INVALID_ARGUMENT, NULL);
+  int unsealed = raw_memfd(4096, 0);
+  assert_int_equal(raw_register(fd, unsealed, NULL), CCS_ERR_INVALID_ARGUMENT);
   /* a sealed one is fine */
-  int sealed = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  assert_int_equal(ftruncate(sealed, 4096), 0);
-  assert_int_equal(fcntl(sealed, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  int sealed = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
   uint64_t buf = 0;
-  register_fd(fd, sealed, CCS_OK, &buf);
+  assert_int_equal(raw_register(fd, sealed, &buf), CCS_OK);
   close(unsealed);
   close(sealed);
-  /* a one-rank comm to submit ops on */
-  ccs_unique_id_t id;
-  assert_int_equal(ccs_get_unique_id(&id), CCS_OK);
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__CommInit ci = CCS__COMM_INIT__INIT;
-  ci.id.data = (uint8_t *)id.internal;
-  ci.id.len = sizeof(id.internal);
-  ci.nranks = 1;
-  req.id = 8;
-  req.body_case = CCS__REQUEST__BODY_COMM_INIT;
-  req.comm_init = &ci;
-  raw_request(fd, &req, -1);
-  Ccs__Reply *r = raw_reply(fd);
-  assert_int_equal(r->status, CCS_OK);
-  uint64_t comm = r->comm_init->comm;
-  ccs__reply__free_unpacked(r, NULL);
+  uint64_t comm = raw_comm_of_one(fd); /* to submit ops on */
 
   struct {
     uint64_t buffer, offset, length, count;

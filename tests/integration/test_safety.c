@@ -177,49 +177,6 @@ static int mixed_uid_rank(int rank, int n, void *arg) {
   return rc != CCS_ERR_TIMEOUT; /* the rank that never joined is named at the deadline */
 }
 
-static uint64_t raw_comm1(int fd) {
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
-  req.id = 3;
-  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
-  req.get_unique_id = &g;
-  raw_request(fd, &req, -1);
-  Ccs__Reply *r = raw_reply(fd);
-  assert_int_equal(r->status, CCS_OK);
-  Ccs__CommInit ci = CCS__COMM_INIT__INIT;
-  ci.id = r->unique_id->id;
-  ci.nranks = 1;
-  Ccs__Request init = CCS__REQUEST__INIT;
-  init.id = 4;
-  init.body_case = CCS__REQUEST__BODY_COMM_INIT;
-  init.comm_init = &ci;
-  raw_request(fd, &init, -1);
-  ccs__reply__free_unpacked(r, NULL);
-  r = raw_reply(fd);
-  assert_int_equal(r->status, CCS_OK);
-  uint64_t comm = r->comm_init->comm;
-  ccs__reply__free_unpacked(r, NULL);
-  return comm;
-}
-
-static uint64_t raw_register(int fd, size_t bytes) {
-  int mfd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  assert_int_equal(ftruncate(mfd, (off_t)bytes), 0);
-  assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
-  req.id = 5;
-  req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
-  req.mem_register = &m;
-  raw_request(fd, &req, mfd);
-  close(mfd);
-  Ccs__Reply *r = raw_reply(fd);
-  assert_int_equal(r->status, CCS_OK);
-  uint64_t id = r->mem_register->buffer;
-  ccs__reply__free_unpacked(r, NULL);
-  return id;
-}
-
 static ccs_result_t raw_all_reduce_on(int fd, uint64_t comm, uint64_t buffer) {
   Ccs__BufRef ref = CCS__BUF_REF__INIT;
   ref.buffer = buffer;
@@ -250,18 +207,21 @@ static void test_other_uid_isolated(void **state) {
   /* a buffer is private to the connection that registered it */
   int owner = raw_connect(dmn.socket);
   raw_hello(owner);
-  uint64_t buf = raw_register(owner, 4096);
-  assert_int_equal(raw_all_reduce_on(owner, raw_comm1(owner), buf), CCS_OK);
+  uint64_t buf = 0;
+  int mfd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+  assert_int_equal(raw_register(owner, mfd, &buf), CCS_OK);
+  close(mfd);
+  assert_int_equal(raw_all_reduce_on(owner, raw_comm_of_one(owner), buf), CCS_OK);
   int same_uid = raw_connect(dmn.socket);
   raw_hello(same_uid);
-  assert_int_equal(raw_all_reduce_on(same_uid, raw_comm1(same_uid), buf), CCS_ERR_PERMISSION);
+  assert_int_equal(raw_all_reduce_on(same_uid, raw_comm_of_one(same_uid), buf), CCS_ERR_PERMISSION);
   close(same_uid);
   pid_t p = fork();
   if (p == 0) {
     become_other_tenant();
     int fd = raw_connect(dmn.socket);
     raw_hello(fd);
-    _exit(raw_all_reduce_on(fd, raw_comm1(fd), buf) != CCS_ERR_PERMISSION);
+    _exit(raw_all_reduce_on(fd, raw_comm_of_one(fd), buf) != CCS_ERR_PERMISSION);
   }
   int st;
   waitpid(p, &st, 0);
@@ -277,17 +237,9 @@ static void test_unsealed_memfds(void **state) {
   raw_hello(fd);
   static const int seals[] = {0, F_SEAL_GROW, F_SEAL_SHRINK};
   for (int i = 0; i < 3; i++) {
-    int mfd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    assert_int_equal(ftruncate(mfd, 8192), 0);
-    if (seals[i]) assert_int_equal(fcntl(mfd, F_ADD_SEALS, seals[i]), 0);
-    Ccs__Request req = CCS__REQUEST__INIT;
-    Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
-    req.id = 7;
-    req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
-    req.mem_register = &m;
-    raw_request(fd, &req, mfd);
+    int mfd = raw_memfd(8192, seals[i]);
+    assert_int_equal(raw_register(fd, mfd, NULL), CCS_ERR_INVALID_ARGUMENT);
     close(mfd);
-    raw_expect(fd, CCS_ERR_INVALID_ARGUMENT);
   }
   close(fd);
   assert_clean();

@@ -1,6 +1,8 @@
 #include "raw.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -101,6 +103,58 @@ void raw_send_hello(int fd, uint32_t protocol) {
 void raw_hello(int fd) {
   raw_send_hello(fd, CCS__PROTOCOL_VERSION);
   raw_expect(fd, CCS_OK);
+}
+
+void raw_send_get_unique_id(int fd, uint64_t req_id) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
+  req.id = req_id;
+  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
+  req.get_unique_id = &g;
+  raw_request(fd, &req, -1);
+}
+
+int raw_memfd(size_t bytes, int seals) {
+  int mfd = memfd_create("raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  assert_true(mfd >= 0);
+  assert_int_equal(ftruncate(mfd, (off_t)bytes), 0);
+  if (seals) assert_int_equal(fcntl(mfd, F_ADD_SEALS, seals), 0);
+  return mfd;
+}
+
+ccs_result_t raw_register(int fd, int memfd, uint64_t *ret_id) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
+  req.id = 7;
+  req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
+  req.mem_register = &m;
+  raw_request(fd, &req, memfd);
+  Ccs__Reply *r = raw_reply(fd);
+  assert_non_null(r);
+  ccs_result_t rc = (ccs_result_t)r->status;
+  if (rc == CCS_OK && ret_id) *ret_id = r->mem_register->buffer;
+  ccs__reply__free_unpacked(r, NULL);
+  return rc;
+}
+
+uint64_t raw_comm_of_one(int fd) {
+  raw_send_get_unique_id(fd, 3);
+  Ccs__Reply *r = raw_reply(fd);
+  assert_int_equal(r->status, CCS_OK);
+  Ccs__CommInit ci = CCS__COMM_INIT__INIT;
+  ci.id = r->unique_id->id;
+  ci.nranks = 1;
+  Ccs__Request init = CCS__REQUEST__INIT;
+  init.id = 4;
+  init.body_case = CCS__REQUEST__BODY_COMM_INIT;
+  init.comm_init = &ci;
+  raw_request(fd, &init, -1);
+  ccs__reply__free_unpacked(r, NULL);
+  r = raw_reply(fd);
+  assert_int_equal(r->status, CCS_OK);
+  uint64_t comm = r->comm_init->comm;
+  ccs__reply__free_unpacked(r, NULL);
+  return comm;
 }
 
 Ccs__StatsReply *raw_stats(const char *socket_path) {

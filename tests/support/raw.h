@@ -17,6 +17,14 @@ void raw_expect(int fd, ccs_result_t status);
 void raw_expect_closed(int fd);
 void raw_send_hello(int fd, uint32_t protocol); /* no wait for the reply */
 void raw_hello(int fd);                          /* and expects CCS_OK */
+void raw_send_get_unique_id(int fd, uint64_t req_id); /* no wait for the reply */
+/* A memfd of bytes with these seals (0: none). */
+int raw_memfd(size_t bytes, int seals);
+/* Registers memfd on fd; the daemon's status, and the buffer id on success. */
+ccs_result_t raw_register(int fd, int memfd, uint64_t *ret_id);
+/* A one-rank communicator of this connection (after its hello). */
+uint64_t raw_comm_of_one(int fd);
+
 /* Counters of the daemon (whole daemon when run as root). */
 Ccs__StatsReply *raw_stats(const char *socket_path);
 

@@ -44,6 +44,10 @@ void ref_set(ccs_dtype_t t, void *buf, size_t i, double v); /* floats: rounded; 
 uint64_t ref_get_bits(ccs_dtype_t t, const void *buf, size_t i); /* raw, zero-extended */
 void ref_set_int(ccs_dtype_t t, void *buf, size_t i, int64_t v); /* wrapped to the width */
 
+/* A random small integer for hash h, exact in every type: for prod from
+ * {1, 2, -1, -2, 1, 3}, else from -8..8 (0..16 for unsigned types). */
+double ref_exact_value(ccs_dtype_t t, ccs_redop_t op, uint64_t h);
+
 /* Integers wrapped to the type's width (sums and products wrap). */
 int64_t ref_wrap(ccs_dtype_t t, int64_t v);
 

@@ -18,13 +18,7 @@
  * real-valued with tolerance. */
 static double gen(ccs_dtype_t t, ccs_redop_t op, uint64_t h, int real) {
   if (real && ref_is_float(t)) return ((double)(h % 2000001) - 1000000) / 250000.0; /* +-4 */
-  if (op == CCS_PROD) {
-    static const int s[] = {1, 2, -1, -2, 1, 3};
-    int v = s[h % 6];
-    return ref_is_signed(t) ? v : (v < 0 ? -v : v);
-  }
-  int v = (int)(h % 17) - 8;
-  return ref_is_signed(t) ? v : v + 8;
+  return ref_exact_value(t, op, h);
 }
 
 static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real, int in_place,
