@@ -1,0 +1,106 @@
+/* The engine: one op's schedules compiled into a graph of tasks over the
+ * buffers this daemon maps, and the bookkeeping that runs the graph.
+ *
+ * Compiling runs every participant's schedule symbolically. A receive
+ * moves no data: the block now names the value that was sent. A receive
+ * with reduction makes a reduce node over the values it combines, flattened
+ * into one node per result (its inputs in participant order, so every
+ * algorithm reduces in the same order and every rank gets the same bits),
+ * and identical nodes are made once. What each rank must end with lands in
+ * its output buffer: one node reads each contribution once and writes every
+ * rank's copy. Only values no output keeps get scratch memory.
+ *
+ * Nodes are cut into tasks of chunk_bytes. A task waits for the same chunk
+ * of the nodes whose result it reads (pipelining), and for every reader of
+ * memory it overwrites (in-place ops); an input that a later-ordered node
+ * overwrites is first copied aside, so the graph never has a cycle.
+ *
+ * The graph is plain data: tests run it on one thread in any order the
+ * dependencies allow; the executor runs it on its threads. */
+#ifndef CCSD_ENGINE_H
+#define CCSD_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ccs.h"
+#include "schedule.h"
+
+/* One participant's mapped buffers; NULL where its call has none (a
+ * non-root of reduce or gather has no output, a non-root of broadcast or
+ * scatter no input). */
+struct engine_rank {
+  char *send, *recv;
+};
+
+struct engine_op {
+  enum sched_coll coll;
+  enum sched_algo algo;
+  int n, root, pipeline;
+  size_t count; /* elements, as the public call counts them */
+  ccs_dtype_t dtype;
+  ccs_redop_t redop;
+  const struct engine_rank *ranks; /* n of them */
+  size_t chunk_bytes;
+};
+
+struct engine_node {
+  const void **in;
+  void **out;
+  int nin, nout;
+  int reduce;     /* else copy in[0] */
+  size_t divisor; /* CCS_AVG divides by it when > 0 */
+  size_t count;   /* elements */
+  size_t first_task, ntasks;
+  size_t succ_begin, succ_end; /* in plan->succ */
+  size_t chunks_left;          /* at run time */
+};
+
+struct engine_edge {
+  uint32_t to;
+  uint8_t chunkwise; /* chunk c waits for chunk c; else for every chunk */
+};
+
+struct engine_plan {
+  ccs_dtype_t dtype;
+  ccs_redop_t redop;
+  size_t elem_size, chunk_elems;
+  struct engine_node *nodes;
+  size_t nnodes;
+  struct engine_edge *succ;
+  size_t nsucc;
+  size_t ntasks;
+  uint32_t *task_node;
+  uint32_t *pending; /* per task: unfinished tasks it waits for */
+  uint32_t *ready;   /* queue of runnable tasks: each enters once */
+  size_t ready_head, ready_tail, finished;
+  size_t bytes_written, bytes_moved; /* outputs; inputs + outputs */
+  void **ptrs;                       /* storage behind nodes' in/out */
+  void **scratch;                    /* allocations the plan owns */
+  size_t nscratch;
+};
+
+/* Compiles op into plan. CCS_OK; or an error with a text in err: the
+ * algorithm does not build this collective, out of memory, or buffers
+ * that overlap in a way no order of the work can honour. */
+ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan, char *err,
+                            size_t errlen);
+void engine_plan_free(struct engine_plan *plan);
+
+/* Running: start once; then, under one lock, claim a ready task, run it
+ * (without the lock), and finish it, which may make others ready. */
+void engine_start(struct engine_plan *plan);
+static inline int engine_has_ready(const struct engine_plan *plan) {
+  return plan->ready_head < plan->ready_tail;
+}
+static inline int engine_done(const struct engine_plan *plan) {
+  return plan->finished == plan->ntasks;
+}
+size_t engine_claim(struct engine_plan *plan); /* engine_has_ready first */
+void engine_run_task(const struct engine_plan *plan, size_t task, int streaming);
+/* How many tasks it made ready. */
+size_t engine_finish(struct engine_plan *plan, size_t task);
+/* Everything, in order, on the calling thread. */
+void engine_run_all(struct engine_plan *plan, int streaming);
+
+#endif

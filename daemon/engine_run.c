@@ -1,0 +1,76 @@
+/* Running the engine's graph: which tasks may run, and running one. The
+ * bookkeeping is not thread-safe by itself: the executor calls it under
+ * its lock and runs the tasks themselves outside it. */
+#include <stdlib.h>
+
+#include "engine.h"
+#include "kernels.h"
+
+static void make_ready(struct engine_plan *pl, size_t task, size_t *made) {
+  if (--pl->pending[task] == 0) {
+    pl->ready[pl->ready_tail++] = (uint32_t)task;
+    (*made)++;
+  }
+}
+
+void engine_start(struct engine_plan *pl) {
+  pl->ready_head = pl->ready_tail = pl->finished = 0;
+  for (size_t t = 0; t < pl->ntasks; t++) pl->pending[t] = 1; /* released below */
+  for (size_t i = 0; i < pl->nnodes; i++) {
+    const struct engine_node *nd = &pl->nodes[i];
+    pl->nodes[i].chunks_left = nd->ntasks;
+    for (size_t e = nd->succ_begin; e < nd->succ_end; e++) {
+      const struct engine_node *to = &pl->nodes[pl->succ[e].to];
+      for (size_t t = 0; t < to->ntasks; t++) pl->pending[to->first_task + t]++;
+    }
+  }
+  size_t made = 0;
+  for (size_t t = 0; t < pl->ntasks; t++) make_ready(pl, t, &made);
+}
+
+size_t engine_claim(struct engine_plan *pl) { return pl->ready[pl->ready_head++]; }
+
+size_t engine_finish(struct engine_plan *pl, size_t task) {
+  struct engine_node *nd = &pl->nodes[pl->task_node[task]];
+  size_t chunk = task - nd->first_task, made = 0;
+  int last = --nd->chunks_left == 0;
+  for (size_t e = nd->succ_begin; e < nd->succ_end; e++) {
+    const struct engine_node *to = &pl->nodes[pl->succ[e].to];
+    if (pl->succ[e].chunkwise) make_ready(pl, to->first_task + chunk, &made);
+    else if (last)
+      for (size_t t = 0; t < to->ntasks; t++) make_ready(pl, to->first_task + t, &made);
+  }
+  pl->finished++;
+  return made;
+}
+
+void engine_run_task(const struct engine_plan *pl, size_t task, int streaming) {
+  const struct engine_node *nd = &pl->nodes[pl->task_node[task]];
+  size_t begin = (task - nd->first_task) * pl->chunk_elems;
+  size_t n = nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
+  size_t off = begin * pl->elem_size;
+  enum { MAX_STACK = 64 };
+  const void *in_stack[MAX_STACK];
+  void *out_stack[MAX_STACK];
+  const void **in = nd->nin <= MAX_STACK ? in_stack : malloc(sizeof(void *) * (size_t)nd->nin);
+  void **out = nd->nout <= MAX_STACK ? out_stack : malloc(sizeof(void *) * (size_t)nd->nout);
+  if (!in || !out) abort(); /* a few KiB for >64 ranks; nothing sane to continue with */
+  for (int i = 0; i < nd->nin; i++) in[i] = (const char *)nd->in[i] + off;
+  for (int o = 0; o < nd->nout; o++) out[o] = (char *)nd->out[o] + off;
+  if (nd->reduce)
+    ccs__reduce_host(pl->dtype, pl->redop, nd->divisor, in, nd->nin, out, nd->nout, n, streaming);
+  else
+    ccs__copy_host(in[0], out, nd->nout, n * pl->elem_size, streaming);
+  if (streaming) ccs__stream_fence();
+  if (in != in_stack) free(in);
+  if (out != out_stack) free(out);
+}
+
+void engine_run_all(struct engine_plan *pl, int streaming) {
+  engine_start(pl);
+  while (engine_has_ready(pl)) {
+    size_t t = engine_claim(pl);
+    engine_run_task(pl, t, streaming);
+    engine_finish(pl, t);
+  }
+}
