@@ -172,6 +172,8 @@ static ccs_result_t submit(struct op *ops, size_t n) {
   Ccs__Reply *reply;
   rc = ccs__conn_call(c, &req, -1, &reply);
   if (rc == CCS_OK) {
+    if (ops[0].comm->debug && reply->info && reply->info[0])
+      fprintf(stderr, "ccs INFO rank %d: %s\n", ops[0].comm->rank, reply->info);
     ccs__reply__free_unpacked(reply, NULL);
     for (size_t i = 0; i < n; i++) {
       struct op *o = &ops[i];

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "internal.h"
 
@@ -67,6 +68,12 @@ CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_uniq
   m.nranks = (uint32_t)nranks;
   m.rank = (uint32_t)rank;
   m.op_timeout_ms = (uint32_t)(timeout_s * 1000);
+  /* CCS_ALGO: algorithm rules for this comm's ops (the daemon checks them);
+   * CCS_DEBUG=INFO: say on stderr which algorithm each op used and why */
+  const char *algo = getenv("CCS_ALGO"), *debug = getenv("CCS_DEBUG");
+  m.algo = (char *)(algo ? algo : "");
+  cm->debug = debug && (!strcasecmp(debug, "INFO") || !strcasecmp(debug, "TRACE"));
+  m.debug = cm->debug;
   req.body_case = CCS__REQUEST__BODY_COMM_INIT;
   req.comm_init = &m;
   Ccs__Reply *reply;

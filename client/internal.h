@@ -76,6 +76,7 @@ struct ccs_comm {
   struct ccs__conn *conn;
   uint64_t handle;
   int nranks, rank;
+  int debug; /* CCS_DEBUG=INFO */
   ccs_result_t async_error;
   char last_error[CCS__ERROR_TEXT_MAX];
 };

@@ -154,6 +154,15 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
                        "this unique id belongs to another user's communicator");
     return;
   }
+  const char *algo = m->algo ? m->algo : "";
+  struct algo_rules rules;
+  if (strlen(algo) >= sizeof(((struct comm *)0)->algo_text) ||
+      ccsd_algo_rules_parse(algo, &rules, err, sizeof(err))) {
+    char msg[CCS__ERROR_TEXT_MAX];
+    snprintf(msg, sizeof(msg), "CCS_ALGO: %.900s", strlen(algo) >= 512 ? "longer than 511 characters" : err);
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, msg);
+    return;
+  }
   int nranks = (int)m->nranks, rank = (int)m->rank;
   struct comm *c = comm_find(s->d, uid.secret);
   if (c && c->state != COMM_JOINING) {
@@ -171,6 +180,11 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
       return;
     }
     c->op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : s->d->cfg.op_timeout_s;
+    snprintf(c->algo_text, sizeof(c->algo_text), "%s", algo);
+    c->first_rank = rank;
+    /* the ranks' CCS_ALGO, else the daemon's rules (checked when loaded) */
+    if (!algo[0] && ccsd_algo_rules_parse(s->d->cfg.algo, &rules, err, sizeof(err))) rules.n = 0;
+    c->rules = rules;
     LOG_INFO(CCS_LOG_INIT, "comm %llu created by pid %d: %d ranks", (unsigned long long)c->id, (int)s->pid,
              nranks);
   }
@@ -179,6 +193,12 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
                    "rank %d (pid %d) called ccs_comm_init_rank with nranks=%d, but the "
                    "communicator was created with nranks=%d",
                    rank, (int)s->pid, nranks, c->nranks);
+    ccsd_session_reply(s, req_id, CCS_ERR_MISMATCH, c->error_text);
+    return;
+  }
+  if (strcmp(c->algo_text, algo)) {
+    ccsd_comm_fail(c, CCS_ERR_MISMATCH, "rank %d (pid %d) has CCS_ALGO='%.200s' but rank %d has '%.200s'",
+                   rank, (int)s->pid, algo, c->first_rank, c->algo_text);
     ccsd_session_reply(s, req_id, CCS_ERR_MISMATCH, c->error_text);
     return;
   }
@@ -203,6 +223,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   mb->rank = rank;
   mb->pid = s->pid;
   mb->init = sub;
+  mb->debug = m->debug;
   sub->comm_handle = mb->handle;
   list_insert_tail(&s->members, &mb->session_link);
   c->members[rank] = mb;

@@ -10,8 +10,9 @@
  *          │     └─ submissions  requests awaiting their reply
  *          └─ comms ── members[nranks], pending collectives (slots by op
  *                      number) and unmatched sends/receives
- * A matched op becomes an xop: the posts of every rank plus the pieces of
- * work the planner made of it; the executor runs it and hands it back.
+ * A matched op becomes an xop: the posts of every rank plus the graph the
+ * engine compiled from the chosen algorithm's schedules; the executor runs
+ * it and hands it back.
  */
 #ifndef CCSD_DAEMON_H
 #define CCSD_DAEMON_H
@@ -21,7 +22,9 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "engine.h"
 #include "list.h"
+#include "tuner.h"
 #include "wire.h"
 
 #define CCSD_MAX_RANKS 4096
@@ -175,6 +178,7 @@ struct submission {
   ccs_result_t status;
   char *error;
   uint64_t comm_handle; /* a CommInit's reply carries it */
+  char *info;           /* how its ops ran, for CCS_DEBUG=INFO */
 };
 
 struct member {
@@ -185,6 +189,7 @@ struct member {
   int rank;
   pid_t pid;
   struct submission *init; /* until the comm is ready */
+  int debug;               /* CCS_DEBUG=INFO: replies say how each op ran */
   uint64_t coll_seq;       /* collectives submitted so far */
 };
 
@@ -207,6 +212,9 @@ struct comm {
   struct list slots; /* pending collectives, by op number */
   struct list p2p;   /* unmatched sends and receives */
   struct list running; /* xops in the executor */
+  struct algo_rules rules; /* the daemon's, or the ranks' CCS_ALGO */
+  char algo_text[512];     /* CCS_ALGO as the first rank gave it */
+  int first_rank;
   int refs;          /* members, xops, the timer handle */
 };
 
@@ -234,15 +242,6 @@ struct slot {
   struct post **posts;
 };
 
-/* A unit of work: reduce (or copy, nin == 1) inputs into every output. */
-struct xpiece {
-  const void **in;
-  void **out;
-  int nin, nout;
-  int reduce;
-  size_t count; /* elements */
-};
-
 struct xop {
   struct list link;      /* in the executor's queue */
   struct list done_link; /* in the executor's completed list */
@@ -253,20 +252,11 @@ struct xop {
   int nposts;
   uint32_t kind;
   uint64_t seq;
-  ccs_dtype_t dtype;
-  ccs_redop_t redop;
-  size_t avg_divisor, elem_size, chunk_elems;
-  size_t work_bytes; /* read and written, all pieces */
-  int streaming;     /* outputs past the caches: non-temporal stores */
-  struct xpiece *pieces;
-  size_t npieces;
-  size_t *piece_first_task; /* npieces + 1 prefix sums */
-  size_t ntasks, phase_split; /* tasks >= phase_split wait for all before */
-  size_t next_task;
-  _Atomic size_t done_tasks;
-  _Atomic int cancelled; /* the comm failed: skip the remaining work */
-  void *scratch;
-  void **ptrs; /* storage behind pieces' in/out */
+  enum sched_algo algo;
+  char why[160];           /* why this algorithm (CCS_DEBUG=INFO) */
+  struct engine_plan plan; /* its bookkeeping under the executor's lock */
+  int streaming;           /* outputs past the caches: non-temporal stores */
+  _Atomic int cancelled;   /* the comm failed: skip the remaining work */
 };
 
 /* tenant.c */
@@ -335,6 +325,7 @@ void ccsd_membuf_unref(struct membuf *b);
 /* submission.c */
 struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts);
 void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, const char *error);
+void ccsd_submission_note(struct submission *sub, const char *info);
 void ccsd_submission_orphan_all(struct session *s);
 
 /* unique ids: issued signed, checked on init */
@@ -355,11 +346,12 @@ void ccsd_comm_unref(struct comm *c);
 void ccsd_post_submit(struct post *p);
 void ccsd_comm_check_deadlines(struct comm *c);
 void ccsd_post_free(struct post *p);
+void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error);
+
+/* op.c: a matched op: its algorithm, its graph, where it runs */
+void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq);
 void ccsd_xop_done(struct xop *x);
 void ccsd_comm_fail_pending(struct comm *c);
-
-/* direct.c: the intra-node planner (one pass over every rank's buffers) */
-ccs_result_t ccsd_plan_direct(struct xop *x, char *err, size_t errlen);
 
 /* executor.c */
 struct executor *ccsd_executor_new(struct daemon *d, int threads);

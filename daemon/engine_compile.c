@@ -514,6 +514,7 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
   plan->elem_size = k.sz;
   plan->chunk_elems = op->chunk_bytes / (k.sz ? k.sz : 1);
   if (plan->chunk_elems == 0) plan->chunk_elems = 1;
+  if (op->count == 0) return CCS_OK; /* nothing to move (and no buffers to name) */
   int n = op->n;
   struct schedule *s = calloc((size_t)n, sizeof(*s));
   k.cur = calloc((size_t)n, sizeof(*k.cur));

@@ -1,21 +1,19 @@
-/* Executor threads: run the pieces of matched ops, split into tasks of
- * about chunk_bytes, and hand finished ops back to the loop thread.
+/* Executor threads: run the tasks of matched ops' graphs (engine.h) as
+ * they become ready, and hand finished ops back to the loop thread.
  *
  * Each tenant (uid) has a queue of ops in arrival order, and the tenants
  * take turns task by task: a tenant flooding the daemon with large ops
  * gets its share of the threads, not all of them, and another tenant's
  * small op starts after at most one task per busy tenant. Within a
- * tenant, every thread takes the next task of the first op that has one,
- * so a large op is spread over all threads. Tasks past an op's
- * phase_split wait until every task before it has finished (a snapshot
- * that later pieces read). */
+ * tenant, every thread takes the next ready task of the first op that has
+ * one, so a large op is spread over all threads, and a task whose inputs
+ * are not ready yet lets the next op of the comm go ahead. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "daemon.h"
-#include "kernels.h"
 #include "log.h"
 
 struct tenant_queue {
@@ -47,51 +45,8 @@ static uint64_t now_ns(void) {
 
 double ccsd_executor_busy_seconds(struct executor *e) { return (double)atomic_load(&e->busy_ns) / 1e9; }
 
-static size_t find_piece(const struct xop *x, size_t task) {
-  size_t lo = 0, hi = x->npieces; /* piece_first_task[lo] <= task < [hi] */
-  while (hi - lo > 1) {
-    size_t mid = (lo + hi) / 2;
-    if (x->piece_first_task[mid] <= task) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
-
-static void run_task(struct xop *x, size_t task) {
-  if (atomic_load_explicit(&x->cancelled, memory_order_relaxed)) return;
-  size_t p = find_piece(x, task);
-  const struct xpiece *pc = &x->pieces[p];
-  size_t begin = (task - x->piece_first_task[p]) * x->chunk_elems;
-  size_t n = pc->count - begin < x->chunk_elems ? pc->count - begin : x->chunk_elems;
-  size_t off = begin * x->elem_size;
-  enum { MAX_STACK = 64 };
-  const void *in_stack[MAX_STACK];
-  void *out_stack[MAX_STACK];
-  const void **in = pc->nin <= MAX_STACK ? in_stack : malloc(sizeof(void *) * (size_t)pc->nin);
-  void **out = pc->nout <= MAX_STACK ? out_stack : malloc(sizeof(void *) * (size_t)pc->nout);
-  if (!in || !out) abort(); /* a few KiB for >64 ranks; nothing sane to continue with */
-  for (int i = 0; i < pc->nin; i++) in[i] = (const char *)pc->in[i] + off;
-  for (int o = 0; o < pc->nout; o++) out[o] = (char *)pc->out[o] + off;
-  if (pc->reduce)
-    ccs__reduce_host(x->dtype, x->redop, x->avg_divisor, in, pc->nin, out, pc->nout, n,
-                     x->streaming);
-  else
-    ccs__copy_host(in[0], out, pc->nout, n * x->elem_size, x->streaming);
-  if (x->streaming) ccs__stream_fence();
-  if (in != in_stack) free(in);
-  if (out != out_stack) free(out);
-}
-
 /* Small ops: two thread hand-offs cost more than the work itself. */
-void ccsd_executor_run_inline(struct xop *x) {
-  for (size_t t = 0; t < x->ntasks; t++) run_task(x, t);
-}
-
-static int claimable(const struct xop *x) {
-  if (x->next_task >= x->ntasks) return 0;
-  return x->next_task < x->phase_split ||
-         atomic_load(&x->done_tasks) >= x->phase_split;
-}
+void ccsd_executor_run_inline(struct xop *x) { engine_run_all(&x->plan, x->streaming); }
 
 /* The next task under e->mu: the first claimable op of the first tenant
  * that has one; that tenant's turn then passes to the back. */
@@ -102,10 +57,10 @@ static struct xop *claim(struct executor *e, size_t *ret_task) {
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &tq->ops) {
       struct xop *x = LIST_ENTRY(it, struct xop, link);
-      if (!claimable(x)) continue;
-      *ret_task = x->next_task++;
+      if (!engine_has_ready(&x->plan)) continue;
+      *ret_task = engine_claim(&x->plan);
       e->running++;
-      if (x->next_task == x->ntasks) list_remove(&x->link);
+      if (x->plan.ready_head == x->plan.ntasks) list_remove(&x->link); /* all claimed */
       list_remove(&tq->link);
       if (list_empty(&tq->ops)) free(tq);
       else list_insert_tail(&e->turns, &tq->link);
@@ -129,18 +84,15 @@ static void *worker(void *arg) {
     pthread_mutex_unlock(&e->mu);
 
     uint64_t t0 = now_ns();
-    run_task(x, task);
+    if (!atomic_load_explicit(&x->cancelled, memory_order_relaxed))
+      engine_run_task(&x->plan, task, x->streaming);
     atomic_fetch_add(&e->busy_ns, now_ns() - t0);
-
-    /* Once the last task is counted the loop thread may free x: read what
-     * is needed before counting. */
-    size_t split = x->phase_split, ntasks = x->ntasks;
-    size_t done = atomic_fetch_add(&x->done_tasks, 1) + 1;
     atomic_fetch_add(&e->tasks_done, 1);
+
     pthread_mutex_lock(&e->mu);
     e->running--;
-    if (done == split && done < ntasks) pthread_cond_broadcast(&e->cv);
-    if (done == ntasks) {
+    if (engine_finish(&x->plan, task)) pthread_cond_broadcast(&e->cv);
+    if (engine_done(&x->plan)) { /* the loop thread frees it from now on */
       list_insert_tail(&e->done, &x->done_link);
       uv_async_send(&e->async);
     }
@@ -206,6 +158,7 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads) {
 }
 
 void ccsd_executor_submit(struct executor *e, struct xop *x) {
+  engine_start(&x->plan);
   pthread_mutex_lock(&e->mu);
   struct tenant_queue *tq = NULL;
   struct list *it, *tmp;
@@ -220,8 +173,6 @@ void ccsd_executor_submit(struct executor *e, struct xop *x) {
   }
   if (!tq) { /* no memory for a queue: finish it as cancelled */
     atomic_store(&x->cancelled, 1);
-    x->next_task = x->ntasks;
-    atomic_store(&x->done_tasks, x->ntasks);
     list_insert_tail(&e->done, &x->done_link);
     uv_async_send(&e->async);
     pthread_mutex_unlock(&e->mu);

@@ -18,7 +18,7 @@ void ccsd_post_free(struct post *p) {
   free(p);
 }
 
-static void post_finish(struct post *p, ccs_result_t status, const char *error) {
+void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error) {
   struct comm *c = p->member->comm;
   ccsd_metrics_record(c->d, c->uid, p->kind, c->nranks, status,
                       p->send_len > p->recv_len ? p->send_len : p->recv_len,
@@ -33,14 +33,14 @@ void ccsd_comm_fail_pending(struct comm *c) {
     struct slot *sl = LIST_ENTRY(it, struct slot, link);
     list_remove(&sl->link);
     for (int r = 0; r < c->nranks; r++)
-      if (sl->posts[r]) post_finish(sl->posts[r], c->error, c->error_text);
+      if (sl->posts[r]) ccsd_post_finish(sl->posts[r], c->error, c->error_text);
     free(sl->posts);
     free(sl);
   }
   LIST_FOREACH_SAFE(it, tmp, &c->p2p) {
     struct post *p = LIST_ENTRY(it, struct post, link);
     list_remove(&p->link);
-    post_finish(p, c->error, c->error_text);
+    ccsd_post_finish(p, c->error, c->error_text);
   }
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
     atomic_store(&LIST_ENTRY(it, struct xop, comm_link)->cancelled, 1);
@@ -84,40 +84,6 @@ static int check_mismatch(struct comm *c, struct post **posts, int n, uint64_t s
   }
   if (bad > 8 && used + 40 < len) snprintf(err + used, len - used, "; and %d more", bad - 8);
   return bad > 0;
-}
-
-static void launch(struct comm *c, struct post **posts, int nposts, uint64_t seq) {
-  char err[CCS__ERROR_TEXT_MAX] = "out of memory";
-  ccs_result_t rc = CCS_ERR_NO_MEMORY;
-  struct xop *x = calloc(1, sizeof(*x));
-  if (x) x->posts = malloc(sizeof(*x->posts) * (size_t)nposts);
-  if (x && x->posts) {
-    memcpy(x->posts, posts, sizeof(*x->posts) * (size_t)nposts);
-    x->comm = c;
-    x->uid = c->uid;
-    x->nposts = nposts;
-    x->kind = posts[0]->kind;
-    x->seq = seq;
-    rc = ccsd_plan_direct(x, err, sizeof(err));
-  }
-  if (rc != CCS_OK) {
-    for (int i = 0; i < nposts; i++) post_finish(posts[i], rc, err);
-    ccsd_xop_free(x);
-    return;
-  }
-  LOG_TRACE(CCS_LOG_COLL, "comm %llu: %s #%llu: %zu pieces, %zu tasks", (unsigned long long)c->id,
-            ccs__coll_name(x->kind), (unsigned long long)seq, x->npieces, x->ntasks);
-  ccsd_comm_ref(c);
-  list_insert_tail(&c->running, &x->comm_link);
-  /* Small ops run right here: on these machines a blocking wake-up costs
-   * 15-40 us and the executor path takes two, while reducing 64 KiB takes
-   * a few; the loop stays responsive. Everything else goes to the threads. */
-  if (x->work_bytes <= c->d->cfg.inline_bytes) {
-    ccsd_executor_run_inline(x);
-    ccsd_xop_done(x);
-  } else {
-    ccsd_executor_submit(c->d->exec, x);
-  }
 }
 
 /* "0-2,5 (pids 11, 12, 13, 16)" of the ranks whose post in sl is (not) there */
@@ -177,16 +143,6 @@ void ccsd_comm_check_deadlines(struct comm *c) {
   if (next != UINT64_MAX) uv_timer_start(&c->timer, on_op_timer, next - now, 0);
 }
 
-void ccsd_xop_done(struct xop *x) {
-  struct comm *c = x->comm;
-  list_remove(&x->comm_link);
-  int cancelled = atomic_load(&x->cancelled);
-  for (int i = 0; i < x->nposts; i++)
-    post_finish(x->posts[i], cancelled ? c->error : CCS_OK, cancelled ? c->error_text : NULL);
-  ccsd_xop_free(x);
-  ccsd_comm_unref(c);
-}
-
 static void submit_p2p(struct comm *c, struct post *p) {
   uint32_t want = p->kind == CCS__SEND ? CCS__RECV : CCS__SEND;
   struct list *it, *tmp;
@@ -202,11 +158,11 @@ static void submit_p2p(struct comm *c, struct post *p) {
                pair[0]->member->rank, (unsigned long long)pair[0]->count,
                ccs_dtype_name(pair[0]->dtype), pair[1]->member->rank,
                (unsigned long long)pair[1]->count, ccs_dtype_name(pair[1]->dtype));
-      post_finish(pair[0], CCS_ERR_MISMATCH, err);
-      post_finish(pair[1], CCS_ERR_MISMATCH, err);
+      ccsd_post_finish(pair[0], CCS_ERR_MISMATCH, err);
+      ccsd_post_finish(pair[1], CCS_ERR_MISMATCH, err);
       return;
     }
-    launch(c, pair, 2, 0);
+    ccsd_op_launch(c, pair, 2, 0);
     return;
   }
   list_insert_tail(&c->p2p, &p->link);
@@ -224,7 +180,7 @@ void ccsd_post_submit(struct post *p) {
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) destroyed the communicator",
                    gone->rank, (int)gone->pid);
   if (c->state != COMM_READY) {
-    post_finish(p, c->error, c->error_text);
+    ccsd_post_finish(p, c->error, c->error_text);
     return;
   }
   if (p2p) {
@@ -248,7 +204,7 @@ void ccsd_post_submit(struct post *p) {
       free(sl);
       ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory matching op #%llu",
                      (unsigned long long)seq);
-      post_finish(p, c->error, c->error_text);
+      ccsd_post_finish(p, c->error, c->error_text);
       return;
     }
     sl->seq = seq;
@@ -264,9 +220,9 @@ void ccsd_post_submit(struct post *p) {
   char err[CCS__ERROR_TEXT_MAX];
   if (check_mismatch(c, sl->posts, c->nranks, seq, err, sizeof(err))) {
     LOG_WARN("comm %llu: %s", (unsigned long long)c->id, err);
-    for (int r = 0; r < c->nranks; r++) post_finish(sl->posts[r], CCS_ERR_MISMATCH, err);
+    for (int r = 0; r < c->nranks; r++) ccsd_post_finish(sl->posts[r], CCS_ERR_MISMATCH, err);
   } else {
-    launch(c, sl->posts, c->nranks, seq);
+    ccsd_op_launch(c, sl->posts, c->nranks, seq);
   }
   free(sl->posts);
   free(sl);

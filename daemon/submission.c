@@ -29,6 +29,7 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
     r.id = sub->req_id;
     r.status = sub->status;
     r.error = sub->error ? sub->error : "";
+    r.info = sub->info ? sub->info : "";
     if (sub->comm_handle && sub->status == CCS_OK) {
       init.comm = sub->comm_handle;
       r.body_case = CCS__REPLY__BODY_COMM_INIT;
@@ -38,7 +39,17 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
     ccsd_session_send(sub->session, &r);
   }
   free(sub->error);
+  free(sub->info);
   free(sub);
+}
+
+void ccsd_submission_note(struct submission *sub, const char *info) {
+  size_t had = sub->info ? strlen(sub->info) : 0, add = strlen(info);
+  char *grown = realloc(sub->info, had + add + 2);
+  if (!grown) return; /* a debugging aid, not worth failing the op */
+  if (had) grown[had++] = '\n';
+  memcpy(grown + had, info, add + 1);
+  sub->info = grown;
 }
 
 void ccsd_submission_orphan_all(struct session *s) {

@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-const struct link_model ccsd_link_tcp = {20e-6, 1.6e9};
+const struct link_model ccsd_link_tcp = {20e-6, 1.6e9, 0};
+const struct link_model ccsd_link_mapped = {0, 0, 1};
 
 int ccsd_algo_builds(enum sched_algo a, enum sched_coll c, int n) {
   struct schedule s;
@@ -153,13 +154,18 @@ enum sched_algo ccsd_tune(enum sched_coll c, int n, uint64_t bytes, const struct
   static const enum sched_algo order[] = {SCHED_RING, SCHED_RHD, SCHED_TREE, SCHED_DIRECT};
   enum sched_algo best = SCHED_DIRECT;
   double best_cost = INFINITY;
-  for (int i = 0; i < SCHED_ALGO_COUNT; i++) {
+  for (int i = 0; i < SCHED_ALGO_COUNT && !link->mapped; i++) {
     if (!ccsd_algo_builds(order[i], c, n)) continue;
     double t = ccsd_algo_cost(order[i], c, n, bytes, link);
     if (t < best_cost) best_cost = t, best = order[i];
   }
-  snprintf(why, whylen, "model: %.1f us, the lowest for %d participants and %llu bytes", best_cost * 1e6,
-           n, (unsigned long long)bytes);
+  if (link->mapped) {
+    best = SCHED_DIRECT; /* builds every collective */
+    snprintf(why, whylen, "one node: every algorithm is one pass over the mapped buffers, direct has the fewest steps");
+  } else {
+    snprintf(why, whylen, "model: %.1f us, the lowest for %d participants and %llu bytes",
+             best_cost * 1e6, n, (unsigned long long)bytes);
+  }
   for (int i = rules ? rules->n - 1 : -1; i >= 0; i--) { /* the last matching rule wins */
     const struct algo_rule *r = &rules->r[i];
     if ((r->coll >= 0 && r->coll != (int)c) || bytes < r->lo || bytes > r->hi) continue;

@@ -28,11 +28,16 @@ struct algo_rules {
 struct link_model {
   double alpha_s;   /* per step */
   double beta_Bps;  /* bytes per second */
+  int mapped;       /* every participant's memory is mapped here (one node) */
 };
 
 /* Between daemons over TCP on these machines (REFERENCE.md: loopback TCP
  * 1.6-2.7 GB/s; a blocking wake-up 15 us). */
 extern const struct link_model ccsd_link_tcp;
+/* Ranks of one daemon: the engine compiles every algorithm to the same
+ * one pass over the mapped buffers (engine.h), so the model picks direct,
+ * the fewest steps; rules still force others. */
+extern const struct link_model ccsd_link_mapped;
 
 int ccsd_algo_rules_parse(const char *text, struct algo_rules *ret, char *err, size_t errlen);
 

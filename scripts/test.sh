@@ -9,7 +9,9 @@ scripts/setup.sh build
 (cd build && ctest --output-on-failure -j "$jobs")
 
 scripts/setup.sh build-asan -DCCS_SANITIZE=ON
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs")
+# (the forced-algorithm runs of the integration suite, label algo, only here:
+# the engine is under the sanitizers through test_engine, every algorithm)
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs" -LE algo)
 
 # ThreadSanitizer on the daemon (the multi-threaded party): the integration
 # and fault tests again, against a TSan-built ccsd that exits on any race.
