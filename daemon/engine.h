@@ -15,6 +15,11 @@
  * memory it overwrites (in-place ops); an input that a later-ordered node
  * overwrites is first copied aside, so the graph never has a cycle.
  *
+ * Participants another daemon runs are not simulated: what they send is an
+ * opaque value that a RECV node brings in, and what a local participant
+ * sends them a SEND node takes out, each message cut into the same chunks
+ * on both sides (the chunk is part of the message's identity).
+ *
  * The graph is plain data: tests run it on one thread in any order the
  * dependencies allow; the executor runs it on its threads. */
 #ifndef CCSD_ENGINE_H
@@ -31,6 +36,7 @@
  * scatter no input). */
 struct engine_rank {
   char *send, *recv;
+  int remote; /* run by another daemon: its messages cross the network */
 };
 
 struct engine_op {
@@ -41,10 +47,22 @@ struct engine_op {
   ccs_dtype_t dtype;
   ccs_redop_t redop;
   const struct engine_rank *ranks; /* n of them */
-  size_t chunk_bytes;
+  /* The rank whose place in the buffers participant p's blocks take
+   * (participants ordered by node put neighbours on one node); NULL: p. */
+  const int *rank_of;
+  size_t chunk_bytes; /* every daemon of a comm must use the same */
+};
+
+enum engine_kind {
+  ENGINE_COMPUTE, /* reduce or copy, on the executor's threads */
+  ENGINE_SEND,    /* in[0] to another daemon's participant `to` */
+  ENGINE_RECV,    /* from another daemon's participant `from` into out[0] */
 };
 
 struct engine_node {
+  uint8_t kind;
+  int from, to;  /* SEND, RECV: the participants, and which message of */
+  uint32_t msg;  /* theirs this is (0, 1, ... per ordered pair) */
   const void **in;
   void **out;
   int nin, nout;
@@ -75,6 +93,7 @@ struct engine_plan {
   uint32_t *ready;   /* queue of runnable tasks: each enters once */
   size_t ready_head, ready_tail, finished;
   size_t bytes_written, bytes_moved; /* outputs; inputs + outputs */
+  size_t net_nodes;                  /* SEND and RECV */
   void **ptrs;                       /* storage behind nodes' in/out */
   void **scratch;                    /* allocations the plan owns */
   size_t nscratch;
@@ -100,7 +119,11 @@ size_t engine_claim(struct engine_plan *plan); /* engine_has_ready first */
 void engine_run_task(const struct engine_plan *plan, size_t task, int streaming);
 /* How many tasks it made ready. */
 size_t engine_finish(struct engine_plan *plan, size_t task);
-/* Everything, in order, on the calling thread. */
+/* Everything, in order, on the calling thread (no SEND or RECV nodes). */
 void engine_run_all(struct engine_plan *plan, int streaming);
+static inline const struct engine_node *engine_task_node(const struct engine_plan *plan,
+                                                         size_t task) {
+  return &plan->nodes[plan->task_node[task]];
+}
 
 #endif

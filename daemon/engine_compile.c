@@ -10,11 +10,13 @@
 
 #include "engine.h"
 
-enum { V_INPUT, V_REDUCE };
+enum { V_INPUT, V_REMOTE, V_REDUCE };
 
 struct value {
   uint8_t kind, live;
-  int owner;      /* V_INPUT: the participant whose input it is */
+  int owner;      /* V_INPUT: the participant whose input it is; V_REMOTE: the sender */
+  int to;         /* V_REMOTE: the local participant it came to, as its msg-th */
+  uint32_t msg;
   char *ptr;      /* V_INPUT: where it lives */
   size_t count;   /* elements */
   int *leaves;    /* V_REDUCE: the values it combines, sorted */
@@ -44,6 +46,13 @@ struct edge {
   uint8_t chunkwise;
 };
 
+/* A local participant's message to one on another daemon. */
+struct net_send {
+  int value, from, to;
+  uint32_t msg;
+  int after; /* values made before it: where it goes in the node order */
+};
+
 struct compiler {
   const struct engine_op *op;
   struct engine_plan *plan;
@@ -54,6 +63,9 @@ struct compiler {
   int *buckets;
   size_t nbuckets;
   int **cur, **input; /* per participant, per block: a value, or -1 */
+  uint32_t **sent, **got; /* local participant: messages to/from each peer so far */
+  struct net_send *net;
+  size_t nnet, capnet;
   int *scratch_leaves;
   int *producer; /* per slot of plan->ptrs: the node whose result it is, or -1 */
   struct edge *edges;
@@ -94,8 +106,10 @@ static int grow(struct compiler *k, void **arr, size_t elem, size_t need, size_t
 
 /* --- pass 1: values ----------------------------------------------------- */
 
+/* Block b's elements; a participant's block sits at its rank's place. */
 static void block_range(const struct compiler *k, uint32_t b, size_t *begin, size_t *len) {
   sched_block_elems(k->op->coll, k->op->count, k->nblocks, b, begin, len);
+  if (!sched_coll_splits(k->op->coll) && k->op->rank_of) *begin = k->op->count * (size_t)k->op->rank_of[b];
 }
 
 static int new_value(struct compiler *k, uint8_t kind, size_t count) {
@@ -215,6 +229,12 @@ static char *home_ptr(const struct compiler *k, int p, uint32_t b) {
   }
 }
 
+static int net_send(struct compiler *k, int v, int from, int to) {
+  if (grow(k, (void **)&k->net, sizeof(*k->net), k->nnet + 1, &k->capnet)) return -1;
+  k->net[k->nnet++] = (struct net_send){v, from, to, k->sent[from][to]++, k->nvals};
+  return 0;
+}
+
 static int run_schedules(struct compiler *k, const struct schedule *s) {
   const struct engine_op *op = k->op;
   int n = op->n;
@@ -224,28 +244,45 @@ static int run_schedules(struct compiler *k, const struct schedule *s) {
   for (int progress = 1; progress && rc == 0;) {
     progress = 0;
     for (int p = 0; p < n && rc == 0; p++) {
-      while (rc == 0 && pc[p] < s[p].nsteps) {
+      while (rc == 0 && !op->ranks[p].remote && pc[p] < s[p].nsteps) {
         const struct sched_step *st = &s[p].steps[pc[p]];
-        int *blk = &k->cur[p][st->block], v = -1;
+        int *blk = &k->cur[p][st->block], v = -1, remote = op->ranks[st->peer < 0 ? p : st->peer].remote;
         if (st->op == SCHED_SEND) {
           v = st->buf == SCHED_INPUT ? k->input[p][st->block] : *blk;
-          struct msg *m = v >= 0 ? malloc(sizeof(*m)) : NULL;
+          struct msg *m = v >= 0 && !remote ? malloc(sizeof(*m)) : NULL;
           if (v < 0) rc = fail(k, CCS_ERR_INVALID_ARGUMENT, "participant %d sends block %u it does not hold", p, st->block);
+          else if (remote) rc = net_send(k, v, p, st->peer);
           else if (!m) rc = oom(k);
-          if (rc) break;
+          if (rc || remote) {
+            pc[p]++;
+            progress = 1;
+            continue;
+          }
           *m = (struct msg){p, v, NULL};
           if (tail[st->peer]) tail[st->peer]->next = m;
           else head[st->peer] = m;
           tail[st->peer] = m;
         } else if (st->op == SCHED_RECV || st->op == SCHED_RECV_REDUCE) {
-          struct msg **link = &head[p], *prev = NULL;
-          while (*link && (*link)->from != st->peer) prev = *link, link = &(*link)->next;
-          struct msg *m = *link;
-          if (!m) break; /* not sent yet: the others go first */
-          *link = m->next;
-          if (tail[p] == m) tail[p] = prev;
-          v = m->value;
-          free(m);
+          if (remote) {
+            size_t begin, len;
+            block_range(k, st->block, &begin, &len);
+            if ((v = new_value(k, V_REMOTE, len)) < 0) {
+              rc = -1;
+              break;
+            }
+            k->vals[v].owner = st->peer;
+            k->vals[v].to = p;
+            k->vals[v].msg = k->got[p][st->peer]++;
+          } else {
+            struct msg **link = &head[p], *prev = NULL;
+            while (*link && (*link)->from != st->peer) prev = *link, link = &(*link)->next;
+            struct msg *m = *link;
+            if (!m) break; /* not sent yet: the others go first */
+            *link = m->next;
+            if (tail[p] == m) tail[p] = prev;
+            v = m->value;
+            free(m);
+          }
           if (st->op == SCHED_RECV_REDUCE) {
             if (*blk < 0) rc = fail(k, CCS_ERR_INVALID_ARGUMENT, "participant %d reduces into block %u it does not hold", p, st->block);
             else v = combine(k, *blk, v);
@@ -263,7 +300,7 @@ static int run_schedules(struct compiler *k, const struct schedule *s) {
     }
   }
   for (int p = 0; p < n && rc == 0; p++)
-    if (pc[p] < s[p].nsteps || head[p])
+    if ((!op->ranks[p].remote && pc[p] < s[p].nsteps) || head[p])
       rc = fail(k, CCS_ERR_INVALID_ARGUMENT, "%s %s for %d participants does not complete at participant %d",
                 sched_algo_name(op->algo), sched_coll_name(op->coll), n, p);
   for (int p = 0; head && p < n; p++)
@@ -324,63 +361,99 @@ static struct engine_node *new_node(struct compiler *k, int nin, int nout, size_
   return nd;
 }
 
+/* The node that makes value v (and lands it), or -1 when out of memory. */
+static int value_node(struct compiler *k, int v, size_t *used) {
+  struct engine_plan *pl = k->plan;
+  struct value *e = &k->vals[v];
+  int nin = e->kind == V_REDUCE ? e->nleaves : e->kind == V_INPUT;
+  int nout = e->kind == V_REMOTE ? 1 : e->nland ? e->nland : 1;
+  struct engine_node *nd = new_node(k, nin, nout, e->count, used);
+  e->node = (int)(nd - pl->nodes);
+  nd->reduce = e->kind == V_REDUCE;
+  nd->divisor = e->divisor;
+  if (e->kind == V_REMOTE) {
+    nd->kind = ENGINE_RECV;
+    nd->from = e->owner;
+    nd->to = e->to;
+    nd->msg = e->msg;
+  }
+  for (int o = 0; o < e->nland && o < nout; o++) nd->out[o] = e->land[o];
+  if (!e->nland && !(nd->out[0] = scratch(k, e->count * k->sz))) return -1;
+  if (e->kind == V_INPUT) nd->in[0] = e->ptr;
+  for (int i = 0; e->kind == V_REDUCE && i < nin; i++) {
+    const struct value *leaf = &k->vals[e->leaves[i]];
+    if (leaf->kind == V_INPUT) {
+      nd->in[i] = leaf->ptr;
+      continue;
+    }
+    nd->in[i] = pl->nodes[leaf->node].out[0];
+    k->producer[nd->in + i - (const void **)pl->ptrs] = leaf->node;
+    if (add_edge(k, (uint32_t)leaf->node, (uint32_t)e->node, 1)) return -1;
+  }
+  if (e->kind == V_REMOTE && e->nland > 1) { /* a received result, to the other outputs */
+    struct engine_node *cp = new_node(k, 1, e->nland - 1, e->count, used);
+    cp->in[0] = nd->out[0];
+    k->producer[cp->in - (const void **)pl->ptrs] = e->node;
+    for (int o = 1; o < e->nland; o++) cp->out[o - 1] = e->land[o];
+    if (add_edge(k, (uint32_t)e->node, (uint32_t)(cp - pl->nodes), 1)) return -1;
+  }
+  return 0;
+}
+
+static int send_node(struct compiler *k, const struct net_send *ns, size_t *used) {
+  struct engine_plan *pl = k->plan;
+  const struct value *e = &k->vals[ns->value];
+  struct engine_node *nd = new_node(k, 1, 0, e->count, used);
+  nd->kind = ENGINE_SEND;
+  nd->from = ns->from;
+  nd->to = ns->to;
+  nd->msg = ns->msg;
+  if (e->kind == V_INPUT) {
+    nd->in[0] = e->ptr;
+    return 0;
+  }
+  nd->in[0] = pl->nodes[e->node].out[0];
+  k->producer[nd->in - (const void **)pl->ptrs] = e->node;
+  return add_edge(k, (uint32_t)e->node, (uint32_t)(nd - pl->nodes), 1);
+}
+
 static int make_nodes(struct compiler *k) {
   struct engine_plan *pl = k->plan;
-  /* live: what an output keeps, and what that is made of */
-  size_t nodes = 0, ptrs = 0;
+  /* live: what an output keeps or a message carries, and what that is made of */
+  for (size_t i = 0; i < k->nnet; i++) k->vals[k->net[i].value].live = 1;
+  size_t nodes = 0, ptrs = 0, reads = 0;
   for (int v = k->nvals - 1; v >= 0; v--) {
     struct value *e = &k->vals[v];
     if (e->nland) e->live = 1;
     if (!e->live || e->count == 0) continue;
     if (e->kind == V_REDUCE)
       for (int i = 0; i < e->nleaves; i++) k->vals[e->leaves[i]].live = 1;
-    if (e->kind == V_REDUCE || e->nland) {
-      nodes++;
-      size_t nin = e->kind == V_REDUCE ? (size_t)e->nleaves : 1;
-      ptrs += nin + (e->nland ? (size_t)e->nland : 1);
-    }
+    if (e->kind == V_INPUT && !e->nland) continue; /* read where it is */
+    size_t nin = e->kind == V_REDUCE ? (size_t)e->nleaves : 1;
+    nodes += 1 + (e->kind == V_REMOTE && e->nland > 1);
+    ptrs += nin + (e->nland ? (size_t)e->nland : 1) + (e->kind == V_REMOTE ? 1 : 0);
+    reads += nin + (e->kind == V_REMOTE ? 1 : 0);
   }
+  for (size_t i = 0; i < k->nnet; i++)
+    if (k->vals[k->net[i].value].count) nodes++, ptrs++, reads++;
   /* room for a snapshot (1 in, 1 out) of every read */
-  size_t reads = 0;
-  for (int v = 0; v < k->nvals; v++)
-    if (k->vals[v].live && k->vals[v].count && (k->vals[v].kind == V_REDUCE || k->vals[v].nland))
-      reads += k->vals[v].kind == V_REDUCE ? (size_t)k->vals[v].nleaves : 1;
   k->cap_nodes = nodes + reads;
   pl->nodes = calloc(k->cap_nodes + 1, sizeof(*pl->nodes));
   pl->ptrs = calloc(ptrs + 2 * reads + 1, sizeof(void *));
   k->producer = malloc((ptrs + 2 * reads + 1) * sizeof(int));
   if (!pl->nodes || !pl->ptrs || !k->producer) return oom(k);
   memset(k->producer, 0xff, (ptrs + 2 * reads + 1) * sizeof(int));
-  size_t used = 0;
-  /* inputs that land somewhere first, then reductions in the order they were
-   * made: every node comes after those whose results it reads */
-  for (int pass = 0; pass < 2; pass++)
-    for (int v = 0; v < k->nvals; v++) {
-      struct value *e = &k->vals[v];
-      if (!e->live || e->count == 0 || (pass == 0) != (e->kind == V_INPUT)) continue;
-      if (e->kind == V_INPUT && !e->nland) continue;
-      int nin = e->kind == V_REDUCE ? e->nleaves : 1;
-      struct engine_node *nd = new_node(k, nin, e->nland ? e->nland : 1, e->count, &used);
-      e->node = (int)(nd - pl->nodes);
-      nd->reduce = e->kind == V_REDUCE;
-      nd->divisor = e->divisor;
-      for (int o = 0; o < e->nland; o++) nd->out[o] = e->land[o];
-      if (!e->nland && !(nd->out[0] = scratch(k, e->count * k->sz))) return -1;
-      if (e->kind == V_INPUT) {
-        nd->in[0] = e->ptr;
-        continue;
-      }
-      for (int i = 0; i < nin; i++) {
-        const struct value *leaf = &k->vals[e->leaves[i]];
-        if (leaf->kind == V_INPUT) {
-          nd->in[i] = leaf->ptr;
-        } else {
-          nd->in[i] = pl->nodes[leaf->node].out[0];
-          k->producer[nd->in + i - (const void **)pl->ptrs] = leaf->node;
-          if (add_edge(k, (uint32_t)leaf->node, (uint32_t)e->node, 1)) return -1;
-        }
-      }
-    }
+  size_t used = 0, next_send = 0;
+  /* in the order the values and messages were made: every node comes after
+   * those whose results it reads, a send before what overwrites its data */
+  for (int v = 0; v <= k->nvals; v++) {
+    for (; next_send < k->nnet && k->net[next_send].after <= v; next_send++)
+      if (k->vals[k->net[next_send].value].count && send_node(k, &k->net[next_send], &used)) return -1;
+    if (v == k->nvals) break;
+    struct value *e = &k->vals[v];
+    if (!e->live || e->count == 0 || (e->kind == V_INPUT && !e->nland)) continue;
+    if (value_node(k, v, &used)) return -1;
+  }
   return (int)used; /* ptrs handed out so far */
 }
 
@@ -477,6 +550,7 @@ static int finish_plan(struct compiler *k) {
     nd->ntasks = (nd->count + pl->chunk_elems - 1) / pl->chunk_elems;
     tasks += nd->ntasks;
     pl->bytes_written += nd->count * k->sz * (size_t)nd->nout;
+    pl->net_nodes += nd->kind != ENGINE_COMPUTE;
     pl->bytes_moved += nd->count * k->sz * (size_t)(nd->nin + nd->nout);
   }
   if (tasks > UINT32_MAX) return fail(k, CCS_ERR_NO_MEMORY, "op too large: %zu tasks", tasks);
@@ -518,9 +592,17 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
   int n = op->n;
   struct schedule *s = calloc((size_t)n, sizeof(*s));
   k.cur = calloc((size_t)n, sizeof(*k.cur));
+  k.sent = calloc((size_t)n, sizeof(*k.sent));
+  k.got = calloc((size_t)n, sizeof(*k.got));
   k.input = calloc((size_t)n, sizeof(*k.input));
   k.scratch_leaves = malloc(sizeof(int) * (2 * (size_t)n + 2));
-  if (!s || !k.cur || !k.input || !k.scratch_leaves) oom(&k);
+  if (!s || !k.cur || !k.input || !k.scratch_leaves || !k.sent || !k.got) oom(&k);
+  for (int p = 0; p < n && k.rc == CCS_OK; p++) {
+    if (op->ranks[p].remote) continue;
+    k.sent[p] = calloc((size_t)n, sizeof(uint32_t));
+    k.got[p] = calloc((size_t)n, sizeof(uint32_t));
+    if (!k.sent[p] || !k.got[p]) oom(&k);
+  }
   size_t steps = 0;
   for (int p = 0; p < n && k.rc == CCS_OK; p++) {
     int rc = sched_build(op->algo, op->coll, n, p, op->root, op->pipeline, &s[p]);
@@ -562,7 +644,7 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
   if (k.rc == CCS_OK) run_schedules(&k, s);
   for (int p = 0; p < n && k.rc == CCS_OK; p++)
     for (uint32_t b = 0; b < k.nblocks && k.rc == CCS_OK; b++) {
-      char *home = home_ptr(&k, p, b);
+      char *home = op->ranks[p].remote ? NULL : home_ptr(&k, p, b);
       if (!home) continue;
       if (k.cur[p][b] < 0) {
         fail(&k, CCS_ERR_INVALID_ARGUMENT, "%s %s: participant %d ends without block %u",
@@ -579,6 +661,8 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
     if (s) sched_free(&s[p]);
     if (k.cur) free(k.cur[p]);
     if (k.input) free(k.input[p]);
+    if (k.sent) free(k.sent[p]);
+    if (k.got) free(k.got[p]);
   }
   for (int v = 0; v < k.nvals; v++) {
     free(k.vals[v].leaves);
@@ -587,6 +671,9 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
   free(s);
   free(k.cur);
   free(k.input);
+  free(k.sent);
+  free(k.got);
+  free(k.net);
   free(k.scratch_leaves);
   free(k.vals);
   free(k.buckets);
