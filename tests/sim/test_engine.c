@@ -337,7 +337,7 @@ static void test_overlapping_outputs_terminate(void **state) {
   struct engine_rank ranks[N];
   setup(SCHED_ALL_TO_ALL, N, 0, COUNT, CCS_INT32, CCS_SUM, 2, 0, &b, ranks);
   for (int r = 1; r < N; r++) ranks[r].recv = ranks[0].recv;
-  ranks[2].send = ranks[0].recv + 40; /* and an input straddling outputs */
+  ranks[2].send = ranks[0].recv + 4; /* and an input straddling outputs */
   for (int a = 0; a < SCHED_ALGO_COUNT; a++) {
     struct engine_op eo = {SCHED_ALL_TO_ALL, (enum sched_algo)a, N, 0, 1, COUNT, CCS_INT32,
                            CCS_SUM, ranks, NULL, 64};
