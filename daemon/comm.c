@@ -14,6 +14,7 @@ void ccsd_comm_ref(struct comm *c) { c->refs++; }
 
 static void on_timer_closed(uv_handle_t *h) {
   struct comm *c = h->data;
+  ccsd_span_free(c);
   ccsd_tenant_release(c->tenant, TENANT_COMMS, 1);
   for (int r = 0; r < c->nranks; r++) free(c->members[r]);
   free(c->members);
@@ -44,6 +45,8 @@ static void format_ranks(char *buf, size_t len, const struct comm *c, int want_m
   }
 }
 
+static void on_release(uv_timer_t *t) { ccsd_comm_unref(t->data); }
+
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   if (c->state == COMM_FAILED) return;
   enum comm_state was = c->state;
@@ -56,6 +59,11 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   LOG_WARN("comm %llu failed: %s: %s", (unsigned long long)c->id, ccs_result_name(error),
            c->error_text);
   uv_timer_stop(&c->timer);
+  ccsd_span_failed(c);
+  if (c->coordinator) { /* the root's hold for other daemons ends, once this call is over */
+    c->coordinator = 0;
+    uv_timer_start(&c->timer, on_release, 0, 0);
+  }
   if (was == COMM_JOINING) {
     for (int r = 0; r < c->nranks; r++) {
       struct member *m = c->members[r];
@@ -71,6 +79,14 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
 static void on_init_timeout(uv_timer_t *t) {
   struct comm *c = t->data;
   char missing[256], present[256];
+  if (c->root[0]) {
+    format_ranks(present, sizeof(present), c, 0);
+    ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
+                   "comm init timed out after %.1f s: the root daemon at %s did not report every "
+                   "rank (rank(s) %s joined here)",
+                   c->d->cfg.init_timeout_s, c->root, present);
+    return;
+  }
   format_ranks(missing, sizeof(missing), c, 1);
   format_ranks(present, sizeof(present), c, 0);
   ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
@@ -79,7 +95,7 @@ static void on_init_timeout(uv_timer_t *t) {
                  c->d->cfg.init_timeout_s, c->joined, c->nranks, missing, present);
 }
 
-static struct comm *comm_find(struct daemon *d, const uint8_t *secret) {
+struct comm *ccsd_comm_find(struct daemon *d, const uint8_t *secret) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
@@ -88,11 +104,13 @@ static struct comm *comm_find(struct daemon *d, const uint8_t *secret) {
   return NULL;
 }
 
-static struct comm *comm_new(struct session *s, const uint8_t *secret, int nranks,
-                             ccs_result_t *rc, char *err, size_t errlen) {
-  struct daemon *d = s->d;
+struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id, int nranks,
+                              const char *algo, int first_rank, ccs_result_t *rc, char *err,
+                              size_t errlen) {
   struct tenant *t;
-  if ((*rc = ccsd_tenant_charge(d, s->uid, TENANT_COMMS, 1, &t, err, errlen)) != CCS_OK)
+  struct algo_rules rules;
+  if (ccsd_algo_rules_parse(algo[0] ? algo : d->cfg.algo, &rules, err, errlen)) rules.n = 0;
+  if ((*rc = ccsd_tenant_charge(d, id->owner_uid, TENANT_COMMS, 1, &t, err, errlen)) != CCS_OK)
     return NULL;
   struct comm *c = calloc(1, sizeof(*c));
   if (c) c->members = calloc((size_t)nranks, sizeof(*c->members));
@@ -106,21 +124,69 @@ static struct comm *comm_new(struct session *s, const uint8_t *secret, int nrank
   c->tenant = t;
   c->d = d;
   c->id = ++d->next_id;
-  memcpy(c->secret, secret, CCS__SECRET_BYTES);
-  c->uid = s->uid;
+  memcpy(c->secret, id->secret, CCS__SECRET_BYTES);
+  memcpy(c->id_bytes, id, sizeof(*id));
+  c->uid = id->owner_uid;
   c->nranks = nranks;
+  c->op_timeout_s = d->cfg.op_timeout_s;
+  c->rules = rules;
+  c->first_rank = first_rank;
+  snprintf(c->algo_text, sizeof(c->algo_text), "%s", algo);
+  if (strcmp(id->root, d->self)) snprintf(c->root, sizeof(c->root), "%s", id->root);
   c->state = COMM_JOINING;
   list_init(&c->slots);
   list_init(&c->p2p);
   list_init(&c->running);
   uv_timer_init(d->loop, &c->timer);
   c->timer.data = c;
-  uv_timer_start(&c->timer, on_init_timeout, (uint64_t)(d->cfg.init_timeout_s * 1000), 0);
+  /* a daemon waiting for another root answers after it would have */
+  double wait = d->cfg.init_timeout_s + (c->root[0] ? 2 : 0);
+  uv_timer_start(&c->timer, on_init_timeout, (uint64_t)(wait * 1000), 0);
   list_insert_tail(&d->comms, &c->link);
   return c;
 }
 
+/* Checks that rank (of nranks, with CCS_ALGO algo, process pid) may join c;
+ * fails c, for every rank, when it may not. */
+ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const char *algo, int pid) {
+  if (c->nranks != nranks)
+    ccsd_comm_fail(c, CCS_ERR_MISMATCH,
+                   "rank %d (pid %d) called ccs_comm_init_rank with nranks=%d, but the "
+                   "communicator was created with nranks=%d",
+                   rank, pid, nranks, c->nranks);
+  else if (strcmp(c->algo_text, algo))
+    ccsd_comm_fail(c, CCS_ERR_MISMATCH, "rank %d (pid %d) has CCS_ALGO='%.200s' but rank %d has '%.200s'",
+                   rank, pid, algo, c->first_rank, c->algo_text);
+  else if (c->members[rank])
+    ccsd_comm_fail(c, CCS_ERR_INVALID_USAGE, "rank %d joined twice (pid %d, then pid %d)", rank,
+                   (int)c->members[rank]->pid, pid);
+  else
+    return CCS_OK;
+  return c->error;
+}
+
+/* Every rank arrived (the root), or the root said so (another daemon). */
+void ccsd_comm_ready(struct comm *c) {
+  if (c->spans && !c->root[0]) ccsd_span_ready(c);
+  if (c->state != COMM_JOINING) return;
+  c->state = COMM_READY;
+  uv_timer_stop(&c->timer);
+  LOG_INFO(CCS_LOG_INIT, "comm %llu ready: %d ranks, %d here", (unsigned long long)c->id, c->nranks,
+           c->nlocal);
+  for (int r = 0; r < c->nranks; r++) {
+    struct member *each = c->members[r];
+    struct submission *pending = each->init;
+    each->init = NULL;
+    if (pending) ccsd_submission_post_done(pending, CCS_OK, NULL);
+  }
+  if (c->coordinator) { /* the other daemons have it now */
+    c->coordinator = 0;
+    ccsd_comm_unref(c);
+  }
+}
+
 void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) {
+  struct daemon *d = s->d;
   struct ccs__unique_id uid;
   char err[CCS__ERROR_TEXT_MAX];
   if (m->id.len != CCS_UNIQUE_ID_BYTES) {
@@ -143,7 +209,21 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }
-  if (!ccsd_unique_id_valid(s->d, &uid)) {
+  uid.root[sizeof(uid.root) - 1] = 0;
+  /* An id of another daemon is checked by that daemon when this one joins. */
+  int ours = !strcmp(uid.root, d->self);
+  if (!ours && !uid.root[0]) {
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
+                       "unique id not issued by this daemon (or from before it restarted)");
+    return;
+  }
+  if (!ours && !d->peers) {
+    snprintf(err, sizeof(err), "unique id from the daemon at %s, and this daemon talks to no other (set listen)",
+             uid.root[0] ? uid.root : "(no address)");
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
+  if (ours && !ccsd_unique_id_valid(d, &uid)) {
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
                        "unique id not issued by this daemon (or from before it restarted)");
     return;
@@ -164,7 +244,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     return;
   }
   int nranks = (int)m->nranks, rank = (int)m->rank;
-  struct comm *c = comm_find(s->d, uid.secret);
+  struct comm *c = ccsd_comm_find(d, uid.secret);
   if (c && c->state != COMM_JOINING) {
     snprintf(err, sizeof(err), "communicator is %s: %s",
              c->state == COMM_READY ? "complete (every rank already joined)" : "failed",
@@ -174,39 +254,18 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   }
   if (!c) {
     ccs_result_t rc;
-    c = comm_new(s, uid.secret, nranks, &rc, err, sizeof(err));
+    c = ccsd_comm_create(d, &uid, nranks, algo, rank, &rc, err, sizeof(err));
     if (!c) {
       ccsd_session_reply(s, req_id, rc, err);
       return;
     }
-    c->op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : s->d->cfg.op_timeout_s;
-    snprintf(c->algo_text, sizeof(c->algo_text), "%s", algo);
-    c->first_rank = rank;
-    /* the ranks' CCS_ALGO, else the daemon's rules (checked when loaded) */
-    if (!algo[0] && ccsd_algo_rules_parse(s->d->cfg.algo, &rules, err, sizeof(err))) rules.n = 0;
-    c->rules = rules;
-    LOG_INFO(CCS_LOG_INIT, "comm %llu created by pid %d: %d ranks", (unsigned long long)c->id, (int)s->pid,
-             nranks);
+    if (m->op_timeout_ms) c->op_timeout_s = m->op_timeout_ms / 1000.0;
+    LOG_INFO(CCS_LOG_INIT, "comm %llu created by pid %d: %d ranks%s%s", (unsigned long long)c->id,
+             (int)s->pid, nranks, c->root[0] ? ", root daemon " : "", c->root);
   }
-  if (c->nranks != nranks) {
-    ccsd_comm_fail(c, CCS_ERR_MISMATCH,
-                   "rank %d (pid %d) called ccs_comm_init_rank with nranks=%d, but the "
-                   "communicator was created with nranks=%d",
-                   rank, (int)s->pid, nranks, c->nranks);
-    ccsd_session_reply(s, req_id, CCS_ERR_MISMATCH, c->error_text);
-    return;
-  }
-  if (strcmp(c->algo_text, algo)) {
-    ccsd_comm_fail(c, CCS_ERR_MISMATCH, "rank %d (pid %d) has CCS_ALGO='%.200s' but rank %d has '%.200s'",
-                   rank, (int)s->pid, algo, c->first_rank, c->algo_text);
-    ccsd_session_reply(s, req_id, CCS_ERR_MISMATCH, c->error_text);
-    return;
-  }
-  if (c->members[rank]) {
-    ccsd_comm_fail(c, CCS_ERR_INVALID_USAGE,
-                   "rank %d joined twice (pid %d, then pid %d)", rank,
-                   (int)c->members[rank]->pid, (int)s->pid);
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_USAGE, c->error_text);
+  ccs_result_t rc = ccsd_comm_check_join(c, rank, nranks, algo, (int)s->pid);
+  if (rc != CCS_OK) {
+    ccsd_session_reply(s, req_id, rc, c->error_text);
     return;
   }
   struct member *mb = calloc(1, sizeof(*mb));
@@ -228,20 +287,12 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   list_insert_tail(&s->members, &mb->session_link);
   c->members[rank] = mb;
   c->joined++;
+  c->nlocal++;
   ccsd_comm_ref(c);
   LOG_TRACE(CCS_LOG_INIT, "comm %llu: rank %d joined (pid %d), %d/%d", (unsigned long long)c->id, rank,
             (int)s->pid, c->joined, c->nranks);
-  if (c->joined < c->nranks) return;
-
-  c->state = COMM_READY;
-  uv_timer_stop(&c->timer);
-  LOG_INFO(CCS_LOG_INIT, "comm %llu ready: %d ranks", (unsigned long long)c->id, c->nranks);
-  for (int r = 0; r < c->nranks; r++) {
-    struct member *each = c->members[r];
-    struct submission *pending = each->init;
-    each->init = NULL;
-    if (pending) ccsd_submission_post_done(pending, CCS_OK, NULL);
-  }
+  if (c->root[0]) ccsd_span_joined(c, mb); /* the root says when all are there */
+  else if (c->joined == c->nranks) ccsd_comm_ready(c);
 }
 
 struct member *ccsd_member_find(struct session *s, uint64_t handle) {
@@ -270,7 +321,7 @@ void ccsd_member_leave(struct member *m, const char *why, int graceful) {
     const struct post *p = LIST_ENTRY(it, struct post, link);
     waited_on |= p->member == m || p->root == m->rank;
   }
-  if (c->state != COMM_FAILED && c->departed < c->nranks && (!graceful || waited_on))
+  if (c->state != COMM_FAILED && c->departed < c->nlocal && (!graceful || waited_on))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) %s", m->rank, (int)m->pid, why);
   if (m->init) { /* its own init reply cannot be delivered any more */
     struct submission *sub = m->init;
@@ -283,6 +334,6 @@ void ccsd_member_leave(struct member *m, const char *why, int graceful) {
 /* The first rank that left, for errors of ops submitted after it did. */
 const struct member *ccsd_comm_departed(const struct comm *c) {
   for (int r = 0; r < c->nranks; r++)
-    if (c->members[r] && !c->members[r]->session) return c->members[r];
+    if (c->members[r] && !c->members[r]->remote && !c->members[r]->session) return c->members[r];
   return NULL;
 }

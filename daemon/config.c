@@ -49,6 +49,10 @@ static const struct key keys[] = {
     {"log_subsys", K_SUBSYS, AT(log_subsys), 0, 0, "subsystems logged at INFO/TRACE: INIT,CLIENT,COLL,MEM,OPS or ALL (CCS_DEBUG_SUBSYS too)"},
     {"algo", K_RULES, AT(algo), 0, 0, "algorithm rules, e.g. all_reduce:ring;all_reduce:tree:0-64K (CCS_ALGO); empty: the cost model decides"},
     {"metrics_listen", K_ADDRESS, AT(metrics_listen), 0, 0, "HOST:PORT serving Prometheus metrics over HTTP; empty: off"},
+    {"listen", K_ADDRESS, AT(listen), 0, 0, "HOST:PORT where other nodes' daemons connect (port 0: any); empty: this node only"},
+    {"advertise", K_ADDRESS, AT(advertise), 0, 0, "HOST:PORT other daemons reach this one at; empty: the listen address (which then must name a host)"},
+    {"heartbeat", K_SECONDS, AT(heartbeat_s), 0.01, 3600, "seconds between heartbeats to other daemons"},
+    {"peer_timeout", K_SECONDS, AT(peer_timeout_s), 0.05, 1e6, "seconds without a word from another daemon before its comms fail"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -72,6 +76,8 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->quota[TENANT_OPS] = 65536;
   cfg->log_level = CCS_LOG_WARN;
   cfg->log_subsys = CCS_LOG_ALL;
+  cfg->heartbeat_s = 1;
+  cfg->peer_timeout_s = 5;
 }
 
 /* What "0" means for the keys where it means "as the machine has". */
@@ -184,7 +190,7 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
   }
   case K_ADDRESS: {
     const char *colon = strrchr(value, ':');
-    bad = *value && (!colon || colon == value || parse_double(colon + 1, 1, 65535, &x) ||
+    bad = *value && (!colon || colon == value || parse_double(colon + 1, 0, 65535, &x) ||
                      strlen(value) >= sizeof(cfg->metrics_listen));
     if (!bad) snprintf(field, sizeof(cfg->metrics_listen), "%s", value);
     break;

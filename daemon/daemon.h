@@ -24,6 +24,7 @@
 
 #include "engine.h"
 #include "list.h"
+#include "peer.h"
 #include "tuner.h"
 #include "wire.h"
 
@@ -63,6 +64,9 @@ struct ccsd_config {
   int log_subsys;          /* mask of enum ccs__log_subsys */
   char metrics_listen[64]; /* HOST:PORT, or empty */
   char algo[512];          /* algorithm rules (tuner.h), or empty */
+  char listen[64];         /* HOST:PORT for other daemons, or empty */
+  char advertise[64];      /* HOST:PORT they reach this one at */
+  double heartbeat_s, peer_timeout_s;
 };
 
 /* One per uid with anything charged to it. */
@@ -126,6 +130,8 @@ struct daemon {
   struct list http_conns;
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
+  struct peers *peers;       /* other nodes' daemons, when cfg.listen is set */
+  char self[CCSD_ADDR_MAX];  /* the address they reach this one at */
 };
 
 struct membuf {
@@ -190,6 +196,8 @@ struct member {
   pid_t pid;
   struct submission *init; /* until the comm is ready */
   int debug;               /* CCS_DEBUG=INFO: replies say how each op ran */
+  int remote;              /* served by the daemon at addr (no session here) */
+  char addr[CCSD_ADDR_MAX];
   uint64_t coll_seq;       /* collectives submitted so far */
 };
 
@@ -200,6 +208,7 @@ struct comm {
   struct daemon *d;
   uint64_t id;
   uint8_t secret[CCS__SECRET_BYTES];
+  uint8_t id_bytes[CCS_UNIQUE_ID_BYTES]; /* the unique id, for the root daemon */
   uid_t uid;
   struct tenant *tenant;
   double op_timeout_s;
@@ -215,7 +224,24 @@ struct comm {
   struct algo_rules rules; /* the daemon's, or the ranks' CCS_ALGO */
   char algo_text[512];     /* CCS_ALGO as the first rank gave it */
   int first_rank;
+  /* across daemons (span.c) */
+  char root[CCSD_ADDR_MAX]; /* the daemon that issued the id, when another */
+  int spans;                /* has ranks on other daemons */
+  int nlocal;               /* ranks that joined here */
+  int coordinator;          /* the root keeps it for other daemons' ranks */
+  int nnodes, mynode;       /* once ready: daemons in address order of first rank */
+  char (*node_addr)[CCSD_ADDR_MAX];
+  int *node_of_rank, *rank_of; /* rank_of: participants ordered by node */
+  struct net_comm *net;
+  size_t chunk_bytes;       /* the root's: chunks are messages */
+  struct p2p_count *p2p_counts; /* messages so far per (from, to) rank pair */
+  size_t np2p;
   int refs;          /* members, xops, the timer handle */
+};
+
+struct p2p_count {
+  int from, to;
+  uint32_t n;
 };
 
 /* One rank's part of one op. */
@@ -257,6 +283,9 @@ struct xop {
   struct engine_plan plan; /* its bookkeeping under the executor's lock */
   int streaming;           /* outputs past the caches: non-temporal stores */
   _Atomic int cancelled;   /* the comm failed: skip the remaining work */
+  int *part_node;          /* across daemons: each participant's node */
+  void *scratch;           /* a barrier's bytes */
+  char net_error[160];     /* a network task failed (first reason; under the executor's lock) */
 };
 
 /* tenant.c */
@@ -334,6 +363,12 @@ int ccsd_unique_id_valid(const struct daemon *d, const struct ccs__unique_id *id
 
 /* comm.c */
 void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m);
+struct comm *ccsd_comm_find(struct daemon *d, const uint8_t *secret);
+struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id, int nranks,
+                              const char *algo, int first_rank, ccs_result_t *rc, char *err,
+                              size_t errlen);
+ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const char *algo, int pid);
+void ccsd_comm_ready(struct comm *c);
 struct member *ccsd_member_find(struct session *s, uint64_t handle);
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -353,6 +388,16 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
 void ccsd_xop_done(struct xop *x);
 void ccsd_comm_fail_pending(struct comm *c);
 
+/* span.c: communicators across daemons */
+void ccsd_span_message(struct daemon *d, const char *addr, const Ccs__PeerMsg *m);
+void ccsd_span_peer_lost(struct daemon *d, const char *addr, const char *why);
+void ccsd_span_joined(struct comm *c, struct member *m);  /* a local rank, root elsewhere */
+void ccsd_span_ready(struct comm *c);                     /* the root: every rank arrived */
+void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
+void ccsd_span_free(struct comm *c);
+int ccsd_xop_peer_node(const struct xop *x, size_t task); /* the other end's node */
+void ccsd_xop_net_error(struct xop *x, const char *why);   /* network thread */
+
 /* executor.c */
 struct executor *ccsd_executor_new(struct daemon *d, int threads);
 /* Joins the threads, completes every op still held (cancelled), and frees
@@ -360,6 +405,8 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads);
 void ccsd_executor_stop(struct executor *e);
 void ccsd_executor_submit(struct executor *e, struct xop *x);
 void ccsd_executor_run_inline(struct xop *x); /* on the calling thread */
+/* A SEND or RECV task completed (the network thread). */
+void ccsd_executor_task_done(struct executor *e, struct xop *x, size_t task);
 /* 1 when tasks finished since *seen (updated) or nothing is waiting */
 int ccsd_executor_healthy(struct executor *e, uint64_t *seen);
 double ccsd_executor_busy_seconds(struct executor *e);

@@ -55,6 +55,7 @@ static void on_get_unique_id(struct session *s, uint64_t id) {
   uid.magic = CCS__UNIQUE_ID_MAGIC;
   uid.protocol = CCS__PROTOCOL_VERSION;
   uid.owner_uid = (uint32_t)s->uid;
+  snprintf(uid.root, sizeof(uid.root), "%s", s->d->self); /* other daemons join through it */
   uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
   if (getrandom(uid.secret, sizeof(uid.secret), 0) != (ssize_t)sizeof(uid.secret)) {
     ccsd_session_reply(s, id, CCS_ERR_SYSTEM, "getrandom failed");

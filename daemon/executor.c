@@ -70,6 +70,22 @@ static struct xop *claim(struct executor *e, size_t *ret_task) {
   return NULL;
 }
 
+/* Under e->mu: once the last task is counted the loop thread may free x. */
+static void finish_locked(struct executor *e, struct xop *x, size_t task) {
+  atomic_fetch_add(&e->tasks_done, 1);
+  if (engine_finish(&x->plan, task)) pthread_cond_broadcast(&e->cv);
+  if (engine_done(&x->plan)) {
+    list_insert_tail(&e->done, &x->done_link);
+    uv_async_send(&e->async);
+  }
+}
+
+void ccsd_executor_task_done(struct executor *e, struct xop *x, size_t task) {
+  pthread_mutex_lock(&e->mu);
+  finish_locked(e, x, task);
+  pthread_mutex_unlock(&e->mu);
+}
+
 static void *worker(void *arg) {
   struct executor *e = arg;
   pthread_mutex_lock(&e->mu);
@@ -83,19 +99,20 @@ static void *worker(void *arg) {
     }
     pthread_mutex_unlock(&e->mu);
 
+    const struct engine_node *nd = engine_task_node(&x->plan, task);
+    int cancelled = atomic_load_explicit(&x->cancelled, memory_order_relaxed);
+    if (nd->kind != ENGINE_COMPUTE && !cancelled) { /* the network thread finishes it */
+      ccsd_peers_post(e->d->peers, x, task);
+      pthread_mutex_lock(&e->mu);
+      e->running--;
+      continue;
+    }
     uint64_t t0 = now_ns();
-    if (!atomic_load_explicit(&x->cancelled, memory_order_relaxed))
-      engine_run_task(&x->plan, task, x->streaming);
+    if (!cancelled) engine_run_task(&x->plan, task, x->streaming);
     atomic_fetch_add(&e->busy_ns, now_ns() - t0);
-    atomic_fetch_add(&e->tasks_done, 1);
-
     pthread_mutex_lock(&e->mu);
     e->running--;
-    if (engine_finish(&x->plan, task)) pthread_cond_broadcast(&e->cv);
-    if (engine_done(&x->plan)) { /* the loop thread frees it from now on */
-      list_insert_tail(&e->done, &x->done_link);
-      uv_async_send(&e->async);
-    }
+    finish_locked(e, x, task);
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;

@@ -39,6 +39,16 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     LOG_ERROR("cannot start %d executor threads", d->cfg.threads);
     return -1;
   }
+  if (d->cfg.listen[0]) { /* other nodes' daemons */
+    d->peers = ccsd_peers_start(d, d->self, sizeof(d->self));
+    if (!d->peers) return -1;
+    if (!strncmp(d->self, "0.0.0.0:", 8) || !strncmp(d->self, "[::]:", 5)) {
+      LOG_ERROR("listen=%s accepts on every address: set advertise to the one other daemons use",
+                d->cfg.listen);
+      return -1;
+    }
+    LOG_INFO(CCS_LOG_INIT, "other daemons reach this one at %s", d->self);
+  }
   uv_timer_init(loop, &d->housekeeping);
   d->housekeeping.data = d;
   uint64_t every = (uint64_t)(d->cfg.io_timeout_s * 250); /* a quarter of the io timeout */
@@ -52,6 +62,7 @@ void ccsd_daemon_close(struct daemon *d) {
   uv_close((uv_handle_t *)&d->housekeeping, NULL);
   ccsd_metrics_http_stop(d);
   ccsd_server_stop(d);
+  ccsd_peers_stop(d->peers);
   ccsd_executor_stop(d->exec);
   uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
   uv_loop_close(d->loop);

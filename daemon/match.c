@@ -70,12 +70,14 @@ static int check_mismatch(struct comm *c, struct post **posts, int n, uint64_t s
                           size_t len) {
   size_t used = 0;
   int bad = 0;
-  for (int r = 1; r < n; r++) {
-    if (same_op(posts[0], posts[r])) continue;
+  struct post *first = NULL; /* ranks of other daemons have no post here */
+  for (int r = 0; r < n && !first; r++) first = posts[r];
+  for (int r = 0; r < n; r++) {
+    if (!posts[r] || same_op(first, posts[r])) continue;
     if (bad == 0) {
       used = (size_t)snprintf(err, len, "op #%llu differs across ranks: rank %d called ",
-                              (unsigned long long)seq, posts[0]->member->rank);
-      used += (size_t)describe(err + used, len - used, posts[0]);
+                              (unsigned long long)seq, first->member->rank);
+      used += (size_t)describe(err + used, len - used, first);
     }
     if (++bad <= 8 && used + 200 < len) {
       used += (size_t)snprintf(err + used, len - used, "; rank %d called ", posts[r]->member->rank);
@@ -93,7 +95,7 @@ static void rank_list(char *buf, size_t len, const struct comm *c, const struct 
   int listed = 0;
   buf[0] = 0;
   for (int r = 0; r < c->nranks && n + 40 < len; r++) {
-    if ((sl->posts[r] != NULL) != posted) continue;
+    if ((sl->posts[r] != NULL) != posted || c->members[r]->remote) continue;
     if (listed++ == 8) {
       n += (size_t)snprintf(buf + n, len - n, ", ...");
       break;
@@ -122,7 +124,7 @@ void ccsd_comm_check_deadlines(struct comm *c) {
     rank_list(missing, sizeof(missing), c, sl, 0, 1);
     rank_list(waiting, sizeof(waiting), c, sl, 1, 0);
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT, "%s %s not called %s #%llu; rank(s) %s waited %.1f s",
-                   missing, c->nranks - sl->nposted > 1 ? "have" : "has",
+                   missing, c->nlocal - sl->nposted > 1 ? "have" : "has",
                    ccs__coll_name(any->kind), (unsigned long long)sl->seq, waiting,
                    (double)(now - sl->opened_ms) / 1000.0);
     return;
@@ -173,14 +175,19 @@ void ccsd_post_submit(struct post *p) {
   struct comm *c = p->member->comm;
   int p2p = p->kind == CCS__SEND || p->kind == CCS__RECV;
   /* An op that needs a rank which destroyed its handle can never run. */
+  const struct member *peer = p2p ? c->members[p->root] : NULL;
   const struct member *gone = c->state != COMM_READY ? NULL
-                              : p2p ? (c->members[p->root]->session ? NULL : c->members[p->root])
+                              : p2p ? (peer->session || peer->remote ? NULL : peer)
                                     : ccsd_comm_departed(c);
   if (gone)
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) destroyed the communicator",
                    gone->rank, (int)gone->pid);
   if (c->state != COMM_READY) {
     ccsd_post_finish(p, c->error, c->error_text);
+    return;
+  }
+  if (p2p && peer->remote) { /* its half runs alone; the other daemon runs the other */
+    ccsd_op_launch(c, &p, 1, 0);
     return;
   }
   if (p2p) {
@@ -214,7 +221,7 @@ void ccsd_post_submit(struct post *p) {
   }
   p->seq = seq;
   sl->posts[p->member->rank] = p;
-  if (++sl->nposted < c->nranks) return;
+  if (++sl->nposted < c->nlocal) return; /* other daemons' ranks: their daemons */
 
   list_remove(&sl->link);
   char err[CCS__ERROR_TEXT_MAX];

@@ -37,58 +37,131 @@ void ccsd_xop_free(struct xop *x) {
   if (!x) return;
   engine_plan_free(&x->plan);
   free(x->posts);
+  free(x->part_node);
+  free(x->scratch);
   free(x);
 }
 
+/* The next message number between two ranks of c (send/recv across daemons:
+ * both daemons count the same pair the same way). */
+static uint32_t p2p_number(struct comm *c, int from, int to) {
+  for (size_t i = 0; i < c->np2p; i++)
+    if (c->p2p_counts[i].from == from && c->p2p_counts[i].to == to) return c->p2p_counts[i].n++;
+  struct p2p_count *grown = realloc(c->p2p_counts, (c->np2p + 1) * sizeof(*grown));
+  if (!grown) return UINT32_MAX;
+  c->p2p_counts = grown;
+  c->p2p_counts[c->np2p++] = (struct p2p_count){from, to, 1};
+  return 0;
+}
+
+static const struct post *first_post(const struct xop *x) {
+  for (int i = 0; i < x->nposts; i++)
+    if (x->posts[i]) return x->posts[i];
+  return NULL;
+}
+
 static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
-  const struct ccsd_config *cfg = &x->comm->d->cfg;
-  const struct post *p0 = x->posts[0];
-  int n = x->kind == CCS__SEND ? 2 : x->comm->nranks;
+  struct comm *c = x->comm;
+  const struct ccsd_config *cfg = &c->d->cfg;
+  const struct post *p0 = first_post(x);
+  int p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
+  int n = p2p ? 2 : c->nranks;
   uint64_t bytes = op_bytes(p0, n);
-  if (x->kind == CCS__BARRIER) { /* nothing to move: matching was the barrier */
+  if (x->kind == CCS__BARRIER && !c->spans) { /* nothing to move: matching was the barrier */
     x->algo = SCHED_DIRECT;
     snprintf(x->why, sizeof(x->why), "a barrier moves no data");
     return CCS_OK;
   }
   struct engine_rank *ranks = calloc((size_t)n, sizeof(*ranks));
-  if (!ranks) {
+  x->part_node = calloc((size_t)n, sizeof(int));
+  if (!ranks || !x->part_node) {
+    free(ranks);
     snprintf(err, errlen, "out of memory planning %s", ccs__coll_name(x->kind));
     return CCS_ERR_NO_MEMORY;
   }
   struct engine_op op = {.n = n, .count = p0->count, .dtype = (ccs_dtype_t)p0->dtype,
                          .redop = (ccs_redop_t)p0->redop, .ranks = ranks,
-                         .chunk_bytes = cfg->chunk_bytes};
-  if (x->kind == CCS__SEND) { /* a broadcast from the sender to the receiver */
+                         .chunk_bytes = c->spans ? c->chunk_bytes : cfg->chunk_bytes};
+  int from = -1, to = -1;
+  if (p2p) { /* a broadcast from the sender to the receiver */
+    const struct post *send = x->kind == CCS__SEND ? p0 : x->nposts > 1 ? x->posts[1] : NULL;
+    const struct post *recv = x->kind == CCS__RECV ? p0 : x->nposts > 1 ? x->posts[1] : NULL;
+    from = send ? send->member->rank : recv->root;
+    to = recv ? recv->member->rank : send->root;
     op.coll = SCHED_BROADCAST;
     op.algo = SCHED_DIRECT;
-    ranks[0].send = send_ptr(x->posts[0]);
-    ranks[1].recv = recv_ptr(x->posts[1]);
-    snprintf(x->why, sizeof(x->why), "a send and its receive: one copy");
+    ranks[0].send = send ? send_ptr(send) : NULL;
+    ranks[1].recv = recv ? recv_ptr(recv) : NULL;
+    ranks[0].remote = !send;
+    ranks[1].remote = !recv;
+    x->part_node[0] = c->spans ? c->node_of_rank[from] : 0;
+    x->part_node[1] = c->spans ? c->node_of_rank[to] : 0;
+    snprintf(x->why, sizeof(x->why), "a send and its receive: %s",
+             send && recv ? "one copy" : "one message between daemons");
   } else {
-    op.coll = coll_of[x->kind];
-    op.root = p0->root;
-    for (int r = 0; r < n; r++) {
-      ranks[r].send = send_ptr(x->posts[r]);
-      ranks[r].recv = recv_ptr(x->posts[r]);
+    op.coll = x->kind == CCS__BARRIER ? SCHED_ALL_REDUCE : coll_of[x->kind];
+    if (x->kind == CCS__BARRIER) op.count = 1; /* one byte each way: the barrier is its arrival */
+    for (int p = 0; p < n; p++) {
+      int r = c->spans ? c->rank_of[p] : p;
+      const struct post *each = x->posts[r];
+      if (each) {
+        ranks[p].send = send_ptr(each);
+        ranks[p].recv = recv_ptr(each);
+      }
+      ranks[p].remote = !each;
+      x->part_node[p] = c->spans ? c->node_of_rank[r] : 0;
+      if (r == p0->root) op.root = p;
     }
-    op.algo = ccsd_tune(op.coll, n, bytes, &ccsd_link_mapped, &x->comm->rules, x->why,
-                        sizeof(x->why));
+    if (c->spans) op.rank_of = c->rank_of;
+    op.algo = ccsd_tune(op.coll, n, bytes, c->spans ? &ccsd_link_tcp : &ccsd_link_mapped, &c->rules,
+                        x->why, sizeof(x->why));
   }
-  uint64_t pieces = bytes / cfg->chunk_bytes; /* blocks of a pipelined chain or tree */
+  uint64_t pieces = bytes / op.chunk_bytes; /* blocks of a pipelined chain or tree */
   op.pipeline = pieces < 1 ? 1 : pieces > 8 ? 8 : (int)pieces;
   x->algo = op.algo;
-  ccs_result_t rc = engine_compile(&op, &x->plan, err, errlen);
+  char *barrier = NULL;
+  if (x->kind == CCS__BARRIER) { /* a byte of scratch per local rank */
+    barrier = calloc((size_t)n, 2);
+    for (int p = 0; barrier && p < n; p++)
+      if (!ranks[p].remote) ranks[p].send = barrier + 2 * p, ranks[p].recv = barrier + 2 * p + 1;
+    op.dtype = CCS_UINT8;
+    op.redop = CCS_MAX;
+  }
+  ccs_result_t rc = barrier || x->kind != CCS__BARRIER ? engine_compile(&op, &x->plan, err, errlen)
+                                                       : CCS_ERR_NO_MEMORY;
   free(ranks);
+  x->scratch = barrier;
+  if (rc == CCS_OK && p2p && x->plan.net_nodes) { /* name the message by its ranks */
+    struct engine_node *nd = &x->plan.nodes[0];
+    uint32_t number = p2p_number(c, from, to);
+    nd->from = from;
+    nd->to = to;
+    nd->msg = number;
+    if (number == UINT32_MAX) rc = CCS_ERR_NO_MEMORY, snprintf(err, errlen, "out of memory");
+  }
   x->streaming = x->plan.bytes_written >= cfg->stream_bytes;
   return rc;
 }
 
+int ccsd_xop_peer_node(const struct xop *x, size_t task) {
+  const struct engine_node *nd = engine_task_node(&x->plan, task);
+  if (x->kind == CCS__SEND || x->kind == CCS__RECV) /* participants 0 and 1 */
+    return x->part_node[nd->kind == ENGINE_SEND ? 1 : 0];
+  return x->part_node[nd->kind == ENGINE_SEND ? nd->to : nd->from];
+}
+
+void ccsd_xop_net_error(struct xop *x, const char *why) {
+  if (!x->net_error[0]) snprintf(x->net_error, sizeof(x->net_error), "%s", why);
+  atomic_store(&x->cancelled, 1);
+}
+
 /* "all_reduce #3, 1048576 bytes, 4 ranks: ring (rule 1 (all_reduce:ring)); 4 nodes, 16 tasks" */
 static void describe(const struct xop *x, char *buf, size_t len) {
-  int n = x->kind == CCS__SEND ? 2 : x->comm->nranks;
-  snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks: %s (%s); %zu nodes, %zu tasks",
+  int n = x->kind == CCS__SEND || x->kind == CCS__RECV ? 2 : x->comm->nranks;
+  snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks%s: %s (%s); %zu nodes, %zu tasks",
            (unsigned long long)x->comm->id, ccs__coll_name(x->kind), (unsigned long long)x->seq,
-           (unsigned long long)op_bytes(x->posts[0], n), n, sched_algo_name(x->algo), x->why,
+           (unsigned long long)op_bytes(first_post(x), n), n,
+           x->comm->spans ? " across daemons" : "", sched_algo_name(x->algo), x->why,
            x->plan.nnodes, x->plan.ntasks);
 }
 
@@ -102,12 +175,13 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     x->comm = c;
     x->uid = c->uid;
     x->nposts = nposts;
-    x->kind = posts[0]->kind;
+    x->kind = first_post(x) ? first_post(x)->kind : CCS__BARRIER;
     x->seq = seq;
     rc = plan(x, err, sizeof(err));
   }
   if (rc != CCS_OK) {
-    for (int i = 0; i < nposts; i++) ccsd_post_finish(posts[i], rc, err);
+    for (int i = 0; i < nposts; i++)
+      if (posts[i]) ccsd_post_finish(posts[i], rc, err);
     ccsd_xop_free(x);
     return;
   }
@@ -121,7 +195,8 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   /* Small ops run right here: on these machines a blocking wake-up costs
    * 15-40 us and the executor path takes two, while reducing 64 KiB takes
    * a few; the loop stays responsive. Everything else goes to the threads. */
-  if (x->plan.ntasks == 0 || x->plan.bytes_moved <= c->d->cfg.inline_bytes) {
+  if (x->plan.ntasks == 0 ||
+      (!x->plan.net_nodes && x->plan.bytes_moved <= c->d->cfg.inline_bytes)) {
     engine_run_all(&x->plan, x->streaming);
     ccsd_xop_done(x);
   } else {
@@ -134,8 +209,11 @@ void ccsd_xop_done(struct xop *x) {
   list_remove(&x->comm_link);
   int cancelled = atomic_load(&x->cancelled);
   char info[512] = "";
+  if (x->net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
+    ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "%s", x->net_error);
   for (int i = 0; i < x->nposts; i++) {
     struct post *p = x->posts[i];
+    if (!p) continue; /* a rank of another daemon */
     if (p->member->debug && p->sub) {
       if (!info[0]) describe(x, info, sizeof(info));
       ccsd_submission_note(p->sub, info);

@@ -49,6 +49,10 @@ Ccs__Reply *ccs__reply_unpack(const uint8_t *data, size_t len) {
   return (Ccs__Reply *)unpack(&ccs__reply__descriptor, data, len);
 }
 
+Ccs__PeerMsg *ccs__peer_unpack(const uint8_t *data, size_t len) {
+  return (Ccs__PeerMsg *)unpack(&ccs__peer_msg__descriptor, data, len);
+}
+
 void ccs__frame_reader_init(struct ccs__frame_reader *r, size_t max_payload) {
   memset(r, 0, sizeof(*r));
   r->max_payload = max_payload;

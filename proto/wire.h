@@ -47,6 +47,7 @@ struct ccs__unique_id {
   uint32_t protocol;
   uint8_t secret[CCS__SECRET_BYTES];
   uint32_t owner_uid; /* the uid it was issued to: its comm's tenant */
+  char root[56];      /* "HOST:PORT" of the issuing daemon for other daemons; "" alone */
   uint64_t mac;       /* the issuing daemon's MAC over the fields above */
 };
 _Static_assert(sizeof(struct ccs__unique_id) <= CCS_UNIQUE_ID_BYTES, "unique id too large");
@@ -60,6 +61,7 @@ uint8_t *ccs__frame_pack(const ProtobufCMessage *msg, size_t *ret_len);
 /* Unpack with a bounded allocator; NULL when malformed or over budget. */
 Ccs__Request *ccs__request_unpack(const uint8_t *data, size_t len);
 Ccs__Reply *ccs__reply_unpack(const uint8_t *data, size_t len);
+Ccs__PeerMsg *ccs__peer_unpack(const uint8_t *data, size_t len);
 
 /* Incremental reader: bytes arrive in any split; whole frames come out. */
 struct ccs__frame_reader {

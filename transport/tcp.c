@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -58,6 +59,7 @@ struct tconn {
 
 struct transport {
   int listen_fd;
+  int wake_fd; /* an eventfd: wake() from other threads */
   struct tconn *conns;
   struct tcompletion *done;
   size_t ndone, cap;
@@ -214,8 +216,17 @@ static void read_messages(struct tconn *c) {
 
 static struct transport *tcp_open(char *err, size_t errlen) {
   struct transport *t = calloc(1, sizeof(*t));
-  if (!t) snprintf(err, errlen, "out of memory");
-  else t->listen_fd = -1;
+  if (!t) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  t->listen_fd = -1;
+  t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (t->wake_fd < 0) {
+    snprintf(err, errlen, "eventfd: %s", strerror(errno));
+    free(t);
+    return NULL;
+  }
   return t;
 }
 
@@ -357,7 +368,7 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
   if (t->ndone == 0) {
     size_t n = 0;
     for (struct tconn *c = t->conns; c; c = c->next) n += !c->dead;
-    struct pollfd *fds = calloc(n + 1, sizeof(*fds));
+    struct pollfd *fds = calloc(n + 3, sizeof(*fds));
     struct tconn **who = calloc(n + 1, sizeof(*who));
     if (!fds || !who) {
       free(fds);
@@ -370,11 +381,19 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
       fds[i] = (struct pollfd){c->fd, (short)(POLLIN | (c->sends ? POLLOUT : 0)), 0};
       who[i++] = c;
     }
-    if (poll(fds, i, timeout_ms) > 0)
-      for (size_t k = 0; k < i; k++) {
+    size_t nconn = i;
+    fds[i++] = (struct pollfd){t->wake_fd, POLLIN, 0};
+    if (t->listen_fd >= 0) fds[i++] = (struct pollfd){t->listen_fd, POLLIN, 0};
+    if (poll(fds, i, timeout_ms) > 0) {
+      if (fds[nconn].revents & POLLIN) {
+        uint64_t v;
+        if (read(t->wake_fd, &v, sizeof(v)) < 0) { /* nothing to do: it was a wake-up */ }
+      }
+      for (size_t k = 0; k < nconn; k++) {
         if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) read_messages(who[k]);
         if (!who[k]->dead && (fds[k].revents & (POLLOUT | POLLERR))) flush_sends(who[k]);
       }
+    }
     free(fds);
     free(who);
   }
@@ -394,12 +413,10 @@ static void tcp_close(struct tconn *c) {
       *p = c->next;
       break;
     }
-  /* completions already queued for c name it: forget them, c is gone */
+  /* completions still to be polled for c no longer name it: c is gone */
   struct transport *t = c->t;
-  size_t keep = 0;
   for (size_t i = 0; i < t->ndone; i++)
-    if (t->done[i].conn != c) t->done[keep++] = t->done[i];
-  t->ndone = keep;
+    if (t->done[i].conn == c) t->done[i].conn = NULL;
   free(c);
 }
 
@@ -407,8 +424,14 @@ static void tcp_free(struct transport *t) {
   if (!t) return;
   while (t->conns) tcp_close(t->conns);
   if (t->listen_fd >= 0) close(t->listen_fd);
+  close(t->wake_fd);
   free(t->done);
   free(t);
+}
+
+static void tcp_wake(struct transport *t) {
+  uint64_t one = 1;
+  if (write(t->wake_fd, &one, sizeof(one)) < 0) { /* the counter is full: a wake-up is pending */ }
 }
 
 const struct transport_ops ccs_transport_tcp = {
@@ -422,4 +445,5 @@ const struct transport_ops ccs_transport_tcp = {
     .poll = tcp_poll,
     .close = tcp_close,
     .free = tcp_free,
+    .wake = tcp_wake,
 };

@@ -35,7 +35,11 @@ struct transport_ops {
   int (*post_recv)(struct tconn *c, void *buf, size_t len, uint64_t tag, void *user);
   /* up to max completions, waiting at most timeout_ms for the first */
   int (*poll)(struct transport *t, int timeout_ms, struct tcompletion *out, int max);
-  void (*close)(struct tconn *c); /* its pending posts complete with -ECANCELED */
+  /* Its pending posts complete with -ECANCELED (and conn NULL: it is gone). */
+  void (*close)(struct tconn *c);
+  /* From any thread: a poll in progress (or the next one) returns at once.
+   * poll also returns when a connection waits to be accepted. */
+  void (*wake)(struct transport *t);
   void (*free)(struct transport *t);
 };
 

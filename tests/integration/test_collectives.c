@@ -29,13 +29,14 @@ struct shared {
   int barrier_count; /* atomically incremented by ranks around barriers */
 };
 static struct shared *sh;
-static int nranks_arg;
+static int nranks_arg, hops_round; /* ranks on several daemons: partial results rounded */
 
 /* Integer-valued inputs: exact in every type, so sums are exact too. */
 static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int rank, size_t e) {
   static uint64_t key_of = UINT64_MAX, key;
   if (op_id != key_of) key = test_mix(sh->seed, op_id), key_of = op_id;
-  return ref_exact_value(t, op, test_mix(key, ((uint64_t)rank << 32) + e));
+  uint64_t h = test_mix(key, ((uint64_t)rank << 32) + e);
+  return hops_round ? ref_hop_exact_value(t, op, h) : ref_exact_value(t, op, h);
 }
 
 /* op over ranks of input(j, e) */
@@ -279,14 +280,23 @@ static int rank_main(int rank, int n, void *arg) {
 }
 
 static void test_all_collectives(void **state) {
-  struct test_daemon d;
-  assert_int_equal(test_daemon_start(&d, NULL), 0);
+  /* CCS_TEST_DAEMONS=D: ranks spread over D daemons (rank r on daemon r % D) */
+  int ndaemons = getenv("CCS_TEST_DAEMONS") ? atoi(getenv("CCS_TEST_DAEMONS")) : 1;
+  struct test_daemon d[8];
+  assert_true(ndaemons >= 1 && ndaemons <= 8);
+  hops_round = ndaemons > 1;
+  if (ndaemons == 1) {
+    assert_int_equal(test_daemon_start(&d[0], NULL), 0);
+  } else {
+    assert_int_equal(test_daemons_start(d, ndaemons, NULL), 0);
+    test_spread_ranks(d, ndaemons);
+  }
   sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(sh != MAP_FAILED);
   sh->seed = test_seed();
   assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
   assert_int_equal(test_run_ranks(nranks_arg, rank_main, NULL, 900, NULL), 0);
-  assert_int_equal(test_daemon_stop(&d), 0);
+  for (int i = 0; i < ndaemons; i++) assert_int_equal(test_daemon_stop(&d[i]), 0);
   munmap(sh, sizeof(*sh));
 }
 

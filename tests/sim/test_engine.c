@@ -23,15 +23,10 @@ struct bufs {
   size_t send_len, recv_len; /* elements */
 };
 
-/* Rank r's input element i. Between daemons partial results are rounded to
- * the type at each hop, so narrow floats get values whose every partial
- * sum or product is exact in them (fp8 e5m2 holds the integers to 8). */
+/* Rank r's input element i (exact also across daemons, where partial
+ * results are rounded at each hop). */
 static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int r, size_t i) {
-  uint64_t h = test_mix(seed, ((uint64_t)r << 40) + i);
-  int narrow = ref_is_float(t) && ccs_dtype_size(t) < 4;
-  if (narrow && (op == CCS_SUM || op == CCS_AVG)) return (double)(h % 3) - 1;
-  if (narrow && op == CCS_PROD) return h % 2 ? 1 : -1;
-  return ref_exact_value(t, op, h);
+  return ref_hop_exact_value(t, op, test_mix(seed, ((uint64_t)r << 40) + i));
 }
 
 /* Buffers as a caller lays them out; in place as NCCL defines it. */

@@ -62,7 +62,7 @@ static int can_connect(const char *path) {
   return ok;
 }
 
-int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
+static int daemon_start(struct test_daemon *d, const char *const *wrap, const char *const *extra_args) {
   if (!owner) {
     owner = getpid();
     atexit(cleanup_at_exit);
@@ -75,15 +75,19 @@ int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
   /* CCSD_PATH in the environment runs another build of the daemon (the
    * ThreadSanitizer one) under the same tests */
   const char *ccsd = getenv("CCSD_PATH") && *getenv("CCSD_PATH") ? getenv("CCSD_PATH") : CCSD_PATH;
-  const char *argv[32] = {ccsd, "--socket", d->socket};
-  int argc = 3;
-  for (int i = 0; extra_args && extra_args[i] && argc < 30; i++) argv[argc++] = extra_args[i];
+  const char *argv[48];
+  int argc = 0;
+  for (int i = 0; wrap && wrap[i]; i++) argv[argc++] = wrap[i];
+  argv[argc++] = ccsd;
+  argv[argc++] = "--socket";
+  argv[argc++] = d->socket;
+  for (int i = 0; extra_args && extra_args[i] && argc < 46; i++) argv[argc++] = extra_args[i];
   argv[argc] = NULL;
   pid_t pid = fork();
   if (pid < 0) return -1;
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    execv(ccsd, (char *const *)argv);
+    execv(argv[0], (char *const *)argv);
     _exit(127);
   }
   d->pid = pid;
@@ -103,6 +107,34 @@ int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
     usleep(5000);
   }
   return -1;
+}
+
+int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
+  return daemon_start(d, NULL, extra_args);
+}
+
+int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_args) {
+  const char *netns = getenv("CCS_TEST_NETNS");
+  for (int i = n - 1; i >= 0; i--) { /* the first last: CCS_SOCKET names it */
+    char ns[64], listen[64];
+    const char *wrap[] = {"/usr/sbin/ip", "netns", "exec", ns, NULL};
+    const char *args[40] = {"--listen", listen};
+    int k = 2;
+    for (int j = 0; extra_args && extra_args[j] && k < 38; j++) args[k++] = extra_args[j];
+    args[k] = NULL;
+    snprintf(ns, sizeof(ns), "%s%d", netns ? netns : "", i);
+    if (netns && *netns) snprintf(listen, sizeof(listen), "10.231.0.%d:7000", i + 1);
+    else snprintf(listen, sizeof(listen), "127.0.0.1:0");
+    if (daemon_start(&d[i], netns && *netns ? wrap : NULL, args)) return -1;
+  }
+  return 0;
+}
+
+static const struct test_daemon *spread;
+static int nspread;
+void test_spread_ranks(const struct test_daemon *d, int n) {
+  spread = d;
+  nspread = n;
 }
 
 static void forget(struct test_daemon *d) {
@@ -161,6 +193,7 @@ int test_run_ranks(int nranks, rank_fn fn, void *arg, double timeout_s, int *sta
     pids[r] = fork();
     if (pids[r] == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (nspread) setenv("CCS_SOCKET", spread[r % nspread].socket, 1);
       int rc = fn(r, nranks, arg);
       fflush(NULL);
       exit(rc < 0 ? 1 : rc > 125 ? 125 : rc);

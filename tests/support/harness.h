@@ -27,6 +27,14 @@ int test_daemon_alive(const struct test_daemon *d);
 /* Open file descriptors of the daemon (from /proc). */
 int test_daemon_fds(const struct test_daemon *d);
 
+/* n daemons that talk to each other (listen on loopback ports, or with
+ * CCS_TEST_NETNS=PREFIX each in network namespace PREFIX<i> at 10.231.0.<i+1>,
+ * namespaces that tests/support/run_netns.sh makes); CCS_SOCKET points at
+ * the first. Returns 0 when all accept connections. */
+int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_args);
+/* Ranks forked from now on connect to daemon r % n of these. */
+void test_spread_ranks(const struct test_daemon *d, int n);
+
 typedef int (*rank_fn)(int rank, int nranks, void *arg);
 /* Forks nranks processes running fn; each exits with fn's result. Waits
  * up to timeout_s; stragglers are killed. Fills statuses (exit codes, or

@@ -47,6 +47,10 @@ void ref_set_int(ccs_dtype_t t, void *buf, size_t i, int64_t v); /* wrapped to t
 /* A random small integer for hash h, exact in every type: for prod from
  * {1, 2, -1, -2, 1, 3}, else from -8..8 (0..16 for unsigned types). */
 double ref_exact_value(ccs_dtype_t t, ccs_redop_t op, uint64_t h);
+/* The same, but exact also where partial results are rounded to the type
+ * at every hop (between daemons): fp8, fp16 and bf16 get -1, 0, 1 (and
+ * +-1 for prod), whose partial sums of up to 8 ranks every one holds. */
+double ref_hop_exact_value(ccs_dtype_t t, ccs_redop_t op, uint64_t h);
 
 /* Integers wrapped to the type's width (sums and products wrap). */
 int64_t ref_wrap(ccs_dtype_t t, int64_t v);

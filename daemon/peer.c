@@ -1,0 +1,655 @@
+/* The network thread (peer.h): every transport call happens here. Other
+ * threads hand it commands through a queue and wake it; it hands the loop
+ * thread events through another queue and a uv_async. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "peer.h"
+#include "transport.h"
+
+#define CONTROL_MAX (1u << 20)
+#define CONNECT_TIMEOUT_S 2.0
+
+enum cmd_kind { CMD_CONTROL, CMD_POST, CMD_COMM_OPEN, CMD_COMM_CLOSE, CMD_COMM_FREE };
+
+struct cmd {
+  struct list link;
+  enum cmd_kind kind;
+  char addr[CCSD_ADDR_MAX];
+  uint8_t *frame; /* CONTROL: a packed PeerMsg */
+  size_t len;
+  struct xop *x; /* POST */
+  size_t task;
+  struct net_comm *nc; /* COMM_* */
+};
+
+struct event {
+  struct list link;
+  char addr[CCSD_ADDR_MAX];
+  Ccs__PeerMsg *msg; /* a control message from addr, or NULL: */
+  char why[256];     /* addr is lost, for this reason */
+};
+
+/* One transport connection to another daemon. */
+struct pconn {
+  struct list link;
+  struct tconn *tc;
+  char addr[CCSD_ADDR_MAX]; /* the peer's, once known */
+  int got_hello, is_data, outbound;
+  uint8_t want[CCS__SECRET_BYTES]; /* data, before its comm is known here */
+  int waiting_comm;
+  struct net_comm *nc; /* data: the comm and node it serves */
+  int node;
+  uint8_t *rx;          /* the posted control receive */
+  double opened, last_rx;
+};
+
+struct net_comm {
+  struct list link;
+  uint8_t secret[CCS__SECRET_BYTES];
+  int nnodes, mynode, closed;
+  char (*addrs)[CCSD_ADDR_MAX];
+  struct pconn **data; /* per node */
+  struct list waiting; /* posts for nodes not connected yet (struct post_rec) */
+};
+
+/* A post in flight: what the completion finishes. */
+struct post_rec {
+  struct list link;
+  struct xop *x;
+  size_t task;
+};
+
+struct peers {
+  struct daemon *d;
+  const struct transport_ops *ops;
+  struct transport *t;
+  char self[CCSD_ADDR_MAX];
+  pthread_t thread;
+  pthread_mutex_t mu;
+  struct list cmds, events; /* under mu */
+  int stop;                 /* under mu */
+  uv_async_t async;
+  /* the network thread's own */
+  struct list conns, comms;
+  double last_beat;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+uint64_t ccsd_peer_tag(uint64_t seq, int from, int to, uint32_t msg, size_t chunk) {
+  uint64_t h = 0x243f6a8885a308d3ull;
+  uint64_t parts[5] = {seq, (uint64_t)(uint32_t)from, (uint64_t)(uint32_t)to, msg, chunk};
+  for (int i = 0; i < 5; i++) {
+    h ^= parts[i] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 31)) * 0xbf58476d1ce4e5b9ull;
+  }
+  return h | 1; /* tag 0 is the control channel */
+}
+
+/* --- to the loop thread ---------------------------------------------------- */
+
+static void emit(struct peers *p, const char *addr, Ccs__PeerMsg *msg, const char *why) {
+  struct event *ev = calloc(1, sizeof(*ev));
+  if (!ev) {
+    if (msg) ccs__peer_msg__free_unpacked(msg, NULL);
+    return;
+  }
+  snprintf(ev->addr, sizeof(ev->addr), "%s", addr);
+  ev->msg = msg;
+  snprintf(ev->why, sizeof(ev->why), "%s", why ? why : "");
+  pthread_mutex_lock(&p->mu);
+  list_insert_tail(&p->events, &ev->link);
+  pthread_mutex_unlock(&p->mu);
+  uv_async_send(&p->async);
+}
+
+static void on_events(uv_async_t *h) {
+  struct peers *p = h->data;
+  struct list got;
+  list_init(&got);
+  pthread_mutex_lock(&p->mu);
+  while (!list_empty(&p->events)) {
+    struct list *it = p->events.next;
+    list_remove(it);
+    list_insert_tail(&got, it);
+  }
+  pthread_mutex_unlock(&p->mu);
+  while (!list_empty(&got)) {
+    struct event *ev = LIST_ENTRY(got.next, struct event, link);
+    list_remove(&ev->link);
+    if (ev->msg) ccsd_span_message(p->d, ev->addr, ev->msg);
+    else ccsd_span_peer_lost(p->d, ev->addr, ev->why);
+    if (ev->msg) ccs__peer_msg__free_unpacked(ev->msg, NULL);
+    free(ev);
+  }
+}
+
+/* --- connections ----------------------------------------------------------- */
+
+static int send_msg(struct peers *p, struct pconn *c, const Ccs__PeerMsg *m) {
+  size_t len = protobuf_c_message_get_packed_size(&m->base);
+  uint8_t *buf = len <= CONTROL_MAX ? malloc(len ? len : 1) : NULL;
+  if (!buf) return -ENOMEM;
+  protobuf_c_message_pack(&m->base, buf);
+  struct post_rec *rec = calloc(1, sizeof(*rec)); /* x NULL: a control send, buf to free */
+  if (!rec) {
+    free(buf);
+    return -ENOMEM;
+  }
+  rec->task = (size_t)(uintptr_t)buf;
+  int rc = p->ops->post_send(c->tc, buf, len, 0, rec);
+  if (rc) {
+    free(buf);
+    free(rec);
+  }
+  return rc;
+}
+
+static int post_control_recv(struct peers *p, struct pconn *c) {
+  if (!c->rx && !(c->rx = malloc(CONTROL_MAX))) return -ENOMEM;
+  return p->ops->post_recv(c->tc, c->rx, CONTROL_MAX, 0, NULL);
+}
+
+static int hello(struct peers *p, struct pconn *c) {
+  Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+  Ccs__PeerHello h = CCS__PEER_HELLO__INIT;
+  h.protocol = CCS__PROTOCOL_VERSION;
+  h.addr = p->self;
+  m.body_case = CCS__PEER_MSG__BODY_HELLO;
+  m.hello = &h;
+  return send_msg(p, c, &m);
+}
+
+static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr) {
+  struct pconn *c = calloc(1, sizeof(*c));
+  if (!c) {
+    p->ops->close(tc);
+    return NULL;
+  }
+  c->tc = tc;
+  c->node = -1;
+  snprintf(c->addr, sizeof(c->addr), "%s", addr ? addr : "");
+  c->opened = c->last_rx = now_s();
+  list_insert_tail(&p->conns, &c->link);
+  if (hello(p, c) || post_control_recv(p, c)) c->addr[0] = 0; /* failed: closed below */
+  return c;
+}
+
+static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
+  if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node] == c) c->nc->data[c->node] = NULL;
+  if (!c->is_data && (c->got_hello || c->outbound) && why) emit(p, c->addr, NULL, why);
+  list_remove(&c->link);
+  p->ops->close(c->tc); /* its posts complete with -ECANCELED: forgotten with it */
+  free(c->rx);
+  free(c);
+}
+
+/* The control connection to addr, connecting if there is none. */
+static struct pconn *control_to(struct peers *p, const char *addr) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &p->conns) {
+    struct pconn *c = LIST_ENTRY(it, struct pconn, link);
+    if (!c->is_data && !strcmp(c->addr, addr)) return c;
+  }
+  char err[256];
+  struct tconn *tc;
+  if (p->ops->connect(p->t, addr, CONNECT_TIMEOUT_S, &tc, err, sizeof(err))) {
+    emit(p, addr, NULL, err);
+    return NULL;
+  }
+  struct pconn *c = adopt(p, tc, addr);
+  if (c) c->outbound = 1;
+  return c;
+}
+
+/* --- data connections and posts ---------------------------------------------- */
+
+static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec);
+
+static void fail_post(struct peers *p, struct post_rec *rec, const char *why) {
+  (void)p;
+  ccsd_xop_net_error(rec->x, why);
+  ccsd_executor_task_done(rec->x->comm->d->exec, rec->x, rec->task);
+  free(rec);
+}
+
+static void attach(struct peers *p, struct net_comm *nc, int node, struct pconn *c) {
+  c->is_data = 1;
+  c->nc = nc;
+  c->node = node;
+  nc->data[node] = c;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
+    struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
+    if (ccsd_xop_peer_node(rec->x, rec->task) != node) continue;
+    list_remove(&rec->link);
+    post_now(p, c, rec);
+  }
+}
+
+static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
+  const struct engine_plan *pl = &rec->x->plan;
+  const struct engine_node *nd = engine_task_node(pl, rec->task);
+  size_t chunk = rec->task - nd->first_task, begin = chunk * pl->chunk_elems;
+  size_t elems = nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
+  size_t off = begin * pl->elem_size, len = elems * pl->elem_size;
+  uint64_t tag = ccsd_peer_tag(rec->x->seq, nd->from, nd->to, nd->msg, chunk);
+  int rc = nd->kind == ENGINE_SEND
+               ? p->ops->post_send(c->tc, (const char *)nd->in[0] + off, len, tag, rec)
+               : p->ops->post_recv(c->tc, (char *)nd->out[0] + off, len, tag, rec);
+  if (rc) fail_post(p, rec, "the data connection is closed");
+}
+
+static void do_post(struct peers *p, struct xop *x, size_t task) {
+  struct post_rec *rec = calloc(1, sizeof(*rec));
+  if (!rec) abort(); /* a lost completion would hang the op: nothing sane left */
+  rec->x = x;
+  rec->task = task;
+  struct net_comm *nc = x->comm->net;
+  int node = ccsd_xop_peer_node(x, task);
+  if (!nc || nc->closed || node < 0 || node >= nc->nnodes) {
+    fail_post(p, rec, "the communicator's connections are closed");
+    return;
+  }
+  if (nc->data[node]) post_now(p, nc->data[node], rec);
+  else list_insert_tail(&nc->waiting, &rec->link);
+}
+
+static void comm_open(struct peers *p, struct net_comm *nc) {
+  list_insert_tail(&p->comms, &nc->link);
+  for (int j = 0; j < nc->nnodes; j++) /* heartbeats with every node of the comm */
+    if (j != nc->mynode) control_to(p, nc->addrs[j]);
+  for (int j = nc->mynode + 1; j < nc->nnodes; j++) { /* the lower node connects */
+    char err[256];
+    struct tconn *tc;
+    if (p->ops->connect(p->t, nc->addrs[j], CONNECT_TIMEOUT_S, &tc, err, sizeof(err))) {
+      emit(p, nc->addrs[j], NULL, err);
+      continue;
+    }
+    struct pconn *c = adopt(p, tc, nc->addrs[j]);
+    if (!c) continue;
+    Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+    Ccs__PeerData dm = CCS__PEER_DATA__INIT;
+    dm.secret.data = nc->secret;
+    dm.secret.len = sizeof(nc->secret);
+    m.body_case = CCS__PEER_MSG__BODY_DATA;
+    m.data = &dm;
+    send_msg(p, c, &m);
+    attach(p, nc, j, c);
+  }
+  /* connections that arrived before this daemon knew the comm */
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &p->conns) {
+    struct pconn *c = LIST_ENTRY(it, struct pconn, link);
+    if (!c->waiting_comm || memcmp(c->want, nc->secret, CCS__SECRET_BYTES)) continue;
+    c->waiting_comm = 0;
+    for (int j = 0; j < nc->mynode; j++)
+      if (!strcmp(nc->addrs[j], c->addr) && !nc->data[j]) attach(p, nc, j, c);
+    if (!c->nc) drop_conn(p, c, NULL);
+  }
+}
+
+static void comm_close(struct peers *p, struct net_comm *nc) {
+  nc->closed = 1;
+  for (int j = 0; j < nc->nnodes; j++)
+    if (nc->data[j]) drop_conn(p, nc->data[j], NULL);
+  while (!list_empty(&nc->waiting)) {
+    struct post_rec *rec = LIST_ENTRY(nc->waiting.next, struct post_rec, link);
+    list_remove(&rec->link);
+    fail_post(p, rec, "the communicator failed");
+  }
+}
+
+static void comm_free(struct peers *p, struct net_comm *nc) {
+  (void)p;
+  if (!nc->closed) comm_close(p, nc);
+  list_remove(&nc->link);
+  free(nc->addrs);
+  free(nc->data);
+  free(nc);
+}
+
+/* --- what arrives ------------------------------------------------------------ */
+
+static struct net_comm *comm_by_secret(struct peers *p, const ProtobufCBinaryData *secret) {
+  if (secret->len != CCS__SECRET_BYTES) return NULL;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &p->comms) {
+    struct net_comm *nc = LIST_ENTRY(it, struct net_comm, link);
+    if (!memcmp(nc->secret, secret->data, CCS__SECRET_BYTES)) return nc;
+  }
+  return NULL;
+}
+
+/* A data connection from node addr for the comm with this secret; one for
+ * a comm this daemon has not heard is ready about yet waits for it. */
+static int accept_data(struct peers *p, struct pconn *c, const ProtobufCBinaryData *secret) {
+  if (secret->len != CCS__SECRET_BYTES) return -1;
+  struct net_comm *nc = comm_by_secret(p, secret);
+  if (!nc) {
+    c->is_data = c->waiting_comm = 1;
+    c->opened = now_s();
+    memcpy(c->want, secret->data, CCS__SECRET_BYTES);
+    return 0;
+  }
+  for (int j = 0; j < nc->nnodes; j++)
+    if (!strcmp(nc->addrs[j], c->addr) && j < nc->mynode && !nc->data[j]) {
+      attach(p, nc, j, c);
+      return 0;
+    }
+  return -1;
+}
+
+static void on_control(struct peers *p, struct pconn *c, size_t len) {
+  Ccs__PeerMsg *m = ccs__peer_unpack(c->rx, len);
+  const char *bad = NULL;
+  char text[300];
+  if (!m) {
+    bad = "a message that does not parse";
+  } else if (!c->got_hello) {
+    if (m->body_case != CCS__PEER_MSG__BODY_HELLO) {
+      bad = "no greeting first";
+    } else if (m->hello->protocol != CCS__PROTOCOL_VERSION) {
+      snprintf(text, sizeof(text), "protocol %u, this daemon speaks %u: refused", m->hello->protocol,
+               CCS__PROTOCOL_VERSION);
+      bad = text;
+    } else if (!m->hello->addr[0] || strlen(m->hello->addr) >= CCSD_ADDR_MAX) {
+      bad = "a greeting without an address";
+    } else {
+      c->got_hello = 1;
+      if (!c->addr[0]) snprintf(c->addr, sizeof(c->addr), "%s", m->hello->addr);
+    }
+  } else if (m->body_case == CCS__PEER_MSG__BODY_DATA) {
+    if (c->is_data || accept_data(p, c, &m->data->secret)) bad = "a data connection for no communicator here";
+  } else if (m->body_case == CCS__PEER_MSG__BODY_HEARTBEAT) {
+    /* last_rx is all it is for */
+  } else if (c->is_data) {
+    bad = "a control message on a data connection";
+  } else if (m->body_case == CCS__PEER_MSG__BODY_JOIN || m->body_case == CCS__PEER_MSG__BODY_READY ||
+             m->body_case == CCS__PEER_MSG__BODY_FAIL) {
+    emit(p, c->addr, m, NULL);
+    m = NULL;
+  } else {
+    bad = "an unknown message";
+  }
+  if (m) ccs__peer_msg__free_unpacked(m, NULL);
+  if (bad) {
+    LOG_WARN("daemon connection from %s: %s: closed", c->addr[0] ? c->addr : "(unknown)", bad);
+    drop_conn(p, c, NULL);
+    return;
+  }
+  if (post_control_recv(p, c)) drop_conn(p, c, "out of memory");
+}
+
+static struct pconn *conn_of(struct peers *p, struct tconn *tc) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &p->conns) {
+    struct pconn *c = LIST_ENTRY(it, struct pconn, link);
+    if (c->tc == tc) return c;
+  }
+  return NULL;
+}
+
+static void on_completion(struct peers *p, const struct tcompletion *tc) {
+  struct pconn *c = conn_of(p, tc->conn);
+  if (c) c->last_rx = now_s();
+  if (tc->tag == 0) {
+    if (tc->is_send) { /* a control message left (or not) */
+      struct post_rec *rec = tc->user;
+      free((void *)(uintptr_t)rec->task);
+      free(rec);
+    } else if (c && tc->status == 0) {
+      on_control(p, c, tc->bytes);
+      return;
+    }
+    if (c && tc->status) {
+      char why[128];
+      snprintf(why, sizeof(why), "connection lost: %s", strerror(-tc->status));
+      drop_conn(p, c, why);
+    }
+    return;
+  }
+  struct post_rec *rec = tc->user;
+  if (tc->status) {
+    char why[160];
+    snprintf(why, sizeof(why), "data connection to %s lost: %s", c ? c->addr : "a daemon",
+             strerror(-tc->status));
+    fail_post(p, rec, why);
+    return;
+  }
+  ccsd_executor_task_done(rec->x->comm->d->exec, rec->x, rec->task);
+  free(rec);
+}
+
+/* Heartbeats out; peers silent too long, and strangers that never greeted,
+ * dropped. */
+static void housekeeping(struct peers *p) {
+  const struct ccsd_config *cfg = &p->d->cfg;
+  double now = now_s();
+  int beat = now - p->last_beat >= cfg->heartbeat_s;
+  if (beat) p->last_beat = now;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &p->conns) {
+    struct pconn *c = LIST_ENTRY(it, struct pconn, link);
+    if ((!c->got_hello || c->waiting_comm) && now - c->opened > cfg->io_timeout_s) {
+      LOG_WARN("daemon connection from %s: %s in %.1f s: closed", c->addr[0] ? c->addr : "(unknown)",
+               c->got_hello ? "no communicator to serve" : "no greeting", cfg->io_timeout_s);
+      drop_conn(p, c, NULL);
+      continue;
+    }
+    if (c->is_data || !c->got_hello) continue;
+    if (now - c->last_rx > cfg->peer_timeout_s) {
+      char why[128];
+      snprintf(why, sizeof(why), "no heartbeat for %.1f s", now - c->last_rx);
+      drop_conn(p, c, why);
+      continue;
+    }
+    if (beat) {
+      Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+      Ccs__PeerHeartbeat hb = CCS__PEER_HEARTBEAT__INIT;
+      m.body_case = CCS__PEER_MSG__BODY_HEARTBEAT;
+      m.heartbeat = &hb;
+      if (send_msg(p, c, &m)) drop_conn(p, c, "cannot send a heartbeat");
+    }
+  }
+}
+
+static void run_cmd(struct peers *p, struct cmd *cmd) {
+  switch (cmd->kind) {
+  case CMD_CONTROL: {
+    struct pconn *c = control_to(p, cmd->addr);
+    Ccs__PeerMsg *m = c ? ccs__peer_unpack(cmd->frame, cmd->len) : NULL;
+    if (m && send_msg(p, c, m)) drop_conn(p, c, "cannot send");
+    if (m) ccs__peer_msg__free_unpacked(m, NULL);
+    free(cmd->frame);
+    break;
+  }
+  case CMD_POST: do_post(p, cmd->x, cmd->task); break;
+  case CMD_COMM_OPEN: comm_open(p, cmd->nc); break;
+  case CMD_COMM_CLOSE: comm_close(p, cmd->nc); break;
+  case CMD_COMM_FREE: comm_free(p, cmd->nc); break;
+  }
+  free(cmd);
+}
+
+static void *net_thread(void *arg) {
+  struct peers *p = arg;
+  struct tcompletion done[64];
+  for (;;) {
+    struct list cmds;
+    list_init(&cmds);
+    pthread_mutex_lock(&p->mu);
+    int stop = p->stop;
+    while (!list_empty(&p->cmds)) {
+      struct list *it = p->cmds.next;
+      list_remove(it);
+      list_insert_tail(&cmds, it);
+    }
+    pthread_mutex_unlock(&p->mu);
+    while (!list_empty(&cmds)) {
+      struct cmd *cmd = LIST_ENTRY(cmds.next, struct cmd, link);
+      list_remove(&cmd->link);
+      run_cmd(p, cmd);
+    }
+    if (stop) break;
+    struct tconn *tc;
+    while (p->ops->accept(p->t, &tc) == 1) adopt(p, tc, NULL);
+    int n = p->ops->poll(p->t, 50, done, 64);
+    for (int i = 0; i < n; i++) on_completion(p, &done[i]);
+    housekeeping(p);
+  }
+  return NULL;
+}
+
+static void enqueue(struct peers *p, struct cmd *cmd) {
+  pthread_mutex_lock(&p->mu);
+  list_insert_tail(&p->cmds, &cmd->link);
+  pthread_mutex_unlock(&p->mu);
+  p->ops->wake(p->t);
+}
+
+/* --- the other threads' side --------------------------------------------------- */
+
+void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m) {
+  struct cmd *cmd = calloc(1, sizeof(*cmd));
+  size_t len = protobuf_c_message_get_packed_size(&m->base);
+  if (cmd) cmd->frame = malloc(len ? len : 1);
+  if (!cmd || !cmd->frame) {
+    free(cmd);
+    LOG_ERROR("out of memory sending to the daemon at %s", addr);
+    return;
+  }
+  protobuf_c_message_pack(&m->base, cmd->frame);
+  cmd->len = len;
+  cmd->kind = CMD_CONTROL;
+  snprintf(cmd->addr, sizeof(cmd->addr), "%s", addr);
+  enqueue(p, cmd);
+}
+
+struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, int nnodes,
+                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX]) {
+  struct net_comm *nc = calloc(1, sizeof(*nc));
+  struct cmd *cmd = calloc(1, sizeof(*cmd));
+  if (nc) {
+    nc->addrs = malloc(sizeof(*nc->addrs) * (size_t)nnodes);
+    nc->data = calloc((size_t)nnodes, sizeof(*nc->data));
+  }
+  if (!nc || !cmd || !nc->addrs || !nc->data) {
+    if (nc) free(nc->addrs), free(nc->data);
+    free(nc);
+    free(cmd);
+    return NULL;
+  }
+  memcpy(nc->secret, secret, CCS__SECRET_BYTES);
+  memcpy(nc->addrs, addrs, sizeof(*nc->addrs) * (size_t)nnodes);
+  nc->nnodes = nnodes;
+  nc->mynode = mynode;
+  list_init(&nc->waiting);
+  cmd->kind = CMD_COMM_OPEN;
+  cmd->nc = nc;
+  enqueue(p, cmd);
+  return nc;
+}
+
+static void comm_cmd(struct peers *p, struct net_comm *nc, enum cmd_kind kind) {
+  struct cmd *cmd = calloc(1, sizeof(*cmd));
+  if (!cmd) abort(); /* a comm whose connections never close would hang its ops */
+  cmd->kind = kind;
+  cmd->nc = nc;
+  enqueue(p, cmd);
+}
+
+void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc, CMD_COMM_CLOSE); }
+void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc, CMD_COMM_FREE); }
+
+void ccsd_peers_post(struct peers *p, struct xop *x, size_t task) {
+  struct cmd *cmd = calloc(1, sizeof(*cmd));
+  if (!cmd) abort(); /* as above: the op would never finish */
+  cmd->kind = CMD_POST;
+  cmd->x = x;
+  cmd->task = task;
+  enqueue(p, cmd);
+}
+
+struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
+  char err[256];
+  struct peers *p = calloc(1, sizeof(*p));
+  if (!p) return NULL;
+  p->d = d;
+  p->ops = &ccs_transport_tcp;
+  list_init(&p->cmds);
+  list_init(&p->events);
+  list_init(&p->conns);
+  list_init(&p->comms);
+  pthread_mutex_init(&p->mu, NULL);
+  p->t = p->ops->open(err, sizeof(err));
+  if (!p->t || p->ops->listen(p->t, d->cfg.listen, bound, boundlen, err, sizeof(err))) {
+    LOG_ERROR("daemons' port: %s", err);
+    if (p->t) p->ops->free(p->t);
+    free(p);
+    return NULL;
+  }
+  if (d->cfg.advertise[0]) snprintf(bound, boundlen, "%s", d->cfg.advertise);
+  snprintf(p->self, sizeof(p->self), "%s", bound);
+  uv_async_init(d->loop, &p->async, on_events);
+  p->async.data = p;
+  p->last_beat = now_s();
+  if (pthread_create(&p->thread, NULL, net_thread, p)) {
+    LOG_ERROR("cannot start the network thread");
+    uv_close((uv_handle_t *)&p->async, NULL);
+    p->ops->free(p->t);
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
+static void on_async_closed(uv_handle_t *h) { free(h->data); }
+
+void ccsd_peers_stop(struct peers *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->stop = 1;
+  pthread_mutex_unlock(&p->mu);
+  p->ops->wake(p->t);
+  pthread_join(p->thread, NULL);
+  /* The thread is gone: what it left is done here. Commands first (comms
+   * closed at shutdown tell their other daemons), then every connection
+   * closed, so that every post completes and every op finishes. */
+  for (;;) {
+    pthread_mutex_lock(&p->mu);
+    struct cmd *cmd = list_empty(&p->cmds) ? NULL : LIST_ENTRY(p->cmds.next, struct cmd, link);
+    if (cmd) list_remove(&cmd->link);
+    pthread_mutex_unlock(&p->mu);
+    if (!cmd) break;
+    run_cmd(p, cmd);
+  }
+  while (!list_empty(&p->conns)) drop_conn(p, LIST_ENTRY(p->conns.next, struct pconn, link), NULL);
+  struct tcompletion done[64];
+  for (int n; (n = p->ops->poll(p->t, 0, done, 64)) > 0;)
+    for (int i = 0; i < n; i++) on_completion(p, &done[i]);
+  while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));
+  on_events(&p->async);
+  while (!list_empty(&p->cmds)) { /* sent by what the events did: too late now */
+    struct cmd *cmd = LIST_ENTRY(p->cmds.next, struct cmd, link);
+    list_remove(&cmd->link);
+    if (cmd->kind == CMD_COMM_FREE) comm_free(p, cmd->nc);
+    free(cmd->frame);
+    free(cmd);
+  }
+  p->ops->free(p->t);
+  pthread_mutex_destroy(&p->mu);
+  uv_close((uv_handle_t *)&p->async, on_async_closed);
+}

@@ -1,0 +1,49 @@
+/* Other nodes' daemons. One thread owns the transport: it accepts and
+ * opens connections, greets (protocol version), sends heartbeats, posts
+ * the ops' SEND and RECV tasks, and hands what arrives to the loop thread
+ * (control messages, lost peers) or to the executor (finished tasks).
+ *
+ * Each pair of daemons keeps a control connection (joins, readiness,
+ * failures, heartbeats); each communicator spanning daemons has its own
+ * data connection per pair, so that failing a communicator is closing its
+ * connections, which completes everything posted on them. */
+#ifndef CCSD_PEER_H
+#define CCSD_PEER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+struct daemon;
+struct xop;
+struct peers;
+struct net_comm;
+
+#define CCSD_ADDR_MAX 64
+
+/* Listens on cfg.listen; bound gets the address other daemons use (the
+ * advertise key, or the bound address). NULL (and a log line) on failure. */
+struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen);
+void ccsd_peers_stop(struct peers *p);
+
+/* Loop thread. A control message to the daemon at addr (connected on
+ * first use; a failure comes back as that peer lost). */
+void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m);
+/* A communicator's data connections to the other nodes (addrs[mynode] is
+ * this daemon); the lower node of each pair connects. */
+struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, int nnodes,
+                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX]);
+void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc); /* pending posts fail */
+void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its last op */
+
+/* Executor threads: a SEND or RECV task of x, finished when the transport
+ * completes it (ccsd_executor_task_done). */
+void ccsd_peers_post(struct peers *p, struct xop *x, size_t task);
+
+/* The data tag of one chunk: ops by number (0: send/recv, from and to are
+ * ranks and msg counts that pair's messages), participants, the message
+ * between them and the chunk, mixed into 64 bits; never 0 (control). */
+uint64_t ccsd_peer_tag(uint64_t seq, int from, int to, uint32_t msg, size_t chunk);
+
+#endif
