@@ -285,6 +285,7 @@ struct xop {
   _Atomic int cancelled;   /* the comm failed: skip the remaining work */
   int *part_node;          /* across daemons: each participant's node */
   void *scratch;           /* a barrier's bytes */
+  uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
   char net_error[160];     /* a network task failed (first reason; under the executor's lock) */
 };
 

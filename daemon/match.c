@@ -139,9 +139,25 @@ void ccsd_comm_check_deadlines(struct comm *c) {
                    send ? "send" : "recv", p->member->rank, (double)(now - p->posted_ms) / 1000.0);
     return;
   }
+  /* an op this daemon launched, waiting for other daemons' data */
+  const struct xop *net = NULL;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &c->running) {
+    const struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
+    if (x->plan.net_nodes && (!net || x->launched_ms < net->launched_ms)) net = x;
+  }
+  if (net && now - net->launched_ms >= limit) {
+    ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
+                   "%s #%llu waited %.1f s for the ranks on other daemons (they have not called "
+                   "it, or a daemon between is stuck)",
+                   ccs__coll_name(net->kind), (unsigned long long)net->seq,
+                   (double)(now - net->launched_ms) / 1000.0);
+    return;
+  }
   uint64_t next = UINT64_MAX;
   if (sl) next = sl->opened_ms + limit;
   if (p && p->posted_ms + limit < next) next = p->posted_ms + limit;
+  if (net && net->launched_ms + limit < next) next = net->launched_ms + limit;
   if (next != UINT64_MAX) uv_timer_start(&c->timer, on_op_timer, next - now, 0);
 }
 

@@ -192,6 +192,8 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   }
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);
+  x->launched_ms = ccsd_now_ms(c->d);
+  if (x->plan.net_nodes && !uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
   /* Small ops run right here: on these machines a blocking wake-up costs
    * 15-40 us and the executor path takes two, while reducing 64 KiB takes
    * a few; the loop stays responsive. Everything else goes to the threads. */

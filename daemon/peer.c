@@ -57,6 +57,7 @@ struct net_comm {
   int nnodes, mynode, closed;
   char (*addrs)[CCSD_ADDR_MAX];
   struct pconn **data; /* per node */
+  uint8_t *gone;       /* per node: its data connection closed (it left the comm) */
   struct list waiting; /* posts for nodes not connected yet (struct post_rec) */
 };
 
@@ -187,8 +188,21 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr) 
   return c;
 }
 
+static void fail_post(struct peers *p, struct post_rec *rec, const char *why);
+
 static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
-  if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node] == c) c->nc->data[c->node] = NULL;
+  if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node] == c) {
+    struct net_comm *nc = c->nc;
+    nc->data[c->node] = NULL;
+    nc->gone[c->node] = 1;
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
+      struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
+      if (ccsd_xop_peer_node(rec->x, rec->task) != c->node) continue;
+      list_remove(&rec->link);
+      fail_post(p, rec, "it closed the communicator's connection");
+    }
+  }
   if (!c->is_data && (c->got_hello || c->outbound) && why) emit(p, c->addr, NULL, why);
   list_remove(&c->link);
   p->ops->close(c->tc); /* its posts complete with -ECANCELED: forgotten with it */
@@ -218,9 +232,21 @@ static struct pconn *control_to(struct peers *p, const char *addr) {
 
 static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec);
 
+/* The op fails, naming the daemon at the other end and its ranks. */
 static void fail_post(struct peers *p, struct post_rec *rec, const char *why) {
-  (void)p;
-  ccsd_xop_net_error(rec->x, why);
+  const struct comm *cm = rec->x->comm; /* its map is fixed once ready */
+  int node = ccsd_xop_peer_node(rec->x, rec->task);
+  char text[512];
+  size_t n = 0;
+  if (cm->node_addr && node >= 0 && node < cm->nnodes) {
+    n = (size_t)snprintf(text, sizeof(text), "the daemon at %s serving rank(s) ", cm->node_addr[node]);
+    int listed = 0;
+    for (int r = 0; r < cm->nranks && n + 16 < sizeof(text); r++)
+      if (cm->node_of_rank[r] == node) n += (size_t)snprintf(text + n, sizeof(text) - n, listed++ ? ",%d" : "%d", r);
+    n += (size_t)snprintf(text + n, sizeof(text) - n, ": ");
+  }
+  snprintf(text + n, sizeof(text) - n, "%s", why);
+  ccsd_xop_net_error(rec->x, text);
   ccsd_executor_task_done(rec->x->comm->d->exec, rec->x, rec->task);
   free(rec);
 }
@@ -264,6 +290,7 @@ static void do_post(struct peers *p, struct xop *x, size_t task) {
     return;
   }
   if (nc->data[node]) post_now(p, nc->data[node], rec);
+  else if (nc->gone[node]) fail_post(p, rec, "it closed the communicator's connection");
   else list_insert_tail(&nc->waiting, &rec->link);
 }
 
@@ -318,6 +345,7 @@ static void comm_free(struct peers *p, struct net_comm *nc) {
   list_remove(&nc->link);
   free(nc->addrs);
   free(nc->data);
+  free(nc->gone);
   free(nc);
 }
 
@@ -404,7 +432,7 @@ static struct pconn *conn_of(struct peers *p, struct tconn *tc) {
 
 static void on_completion(struct peers *p, const struct tcompletion *tc) {
   struct pconn *c = conn_of(p, tc->conn);
-  if (c) c->last_rx = now_s();
+  if (c && !tc->is_send && tc->status == 0) c->last_rx = now_s(); /* a word from the peer */
   if (tc->tag == 0) {
     if (tc->is_send) { /* a control message left (or not) */
       struct post_rec *rec = tc->user;
@@ -423,9 +451,8 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
   }
   struct post_rec *rec = tc->user;
   if (tc->status) {
-    char why[160];
-    snprintf(why, sizeof(why), "data connection to %s lost: %s", c ? c->addr : "a daemon",
-             strerror(-tc->status));
+    char why[80];
+    snprintf(why, sizeof(why), "data connection lost: %s", strerror(-tc->status));
     fail_post(p, rec, why);
     return;
   }
@@ -545,9 +572,10 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, in
   if (nc) {
     nc->addrs = malloc(sizeof(*nc->addrs) * (size_t)nnodes);
     nc->data = calloc((size_t)nnodes, sizeof(*nc->data));
+    nc->gone = calloc((size_t)nnodes, 1);
   }
-  if (!nc || !cmd || !nc->addrs || !nc->data) {
-    if (nc) free(nc->addrs), free(nc->data);
+  if (!nc || !cmd || !nc->addrs || !nc->data || !nc->gone) {
+    if (nc) free(nc->addrs), free(nc->data), free(nc->gone);
     free(nc);
     free(cmd);
     return NULL;

@@ -18,7 +18,7 @@ scripts/setup.sh build-asan -DCCS_SANITIZE=ON
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCCS_TSAN=ON -DCCS_TESTS=OFF >/dev/null
 cmake --build build-tsan -j "$jobs" --target ccsd
 (cd build && CCSD_PATH="$PWD/../build-tsan/daemon/ccsd" TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
-   ctest --output-on-failure -j "$jobs" -L "integration|fault|ops")
+   ctest --output-on-failure -j "$jobs" -L "integration|fault|ops|nodes")
 
 # The fuzzers, briefly, where clang can build them (the corpus replays above).
 if command -v clang >/dev/null; then scripts/fuzz.sh 30; fi

@@ -1,0 +1,272 @@
+/* Faults across daemons: three daemons (on loopback ports, or each in its
+ * own network namespace under tests/support/run_netns.sh), one rank on
+ * each, all_reduce in a loop. A daemon killed with SIGKILL, and a daemon
+ * cut off (its link down in namespaces; stopped with SIGSTOP on loopback,
+ * which silences it the same way), must make the other ranks fail with
+ * CCS_ERR_PEER_LOST naming the lost daemon and its rank within a bound, and
+ * the surviving daemons must serve new communicators. Junk on the daemons'
+ * port is dropped without disturbing them. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "wire.h"
+
+#define ND 3
+#define BOUND_S 10.0 /* PEER_LOST within this of the fault */
+
+struct shared {
+  ccs_unique_id_t id;
+  double fault_at;
+  double failed_at[ND];
+  int code[ND];
+  char text[ND][512];
+};
+static struct shared *sh;
+static struct test_daemon dm[ND];
+static const char *const daemon_args[] = {"--heartbeat", "0.2", "--peer_timeout", "1.5",
+                                          "--init-timeout", "10", "--io-timeout", "1", NULL};
+
+static int setup(void **state) {
+  (void)state;
+  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (sh == MAP_FAILED || test_daemons_start(dm, ND, daemon_args)) return -1;
+  test_spread_ranks(dm, ND);
+  return ccs_get_unique_id(&sh->id) == CCS_OK ? 0 : -1; /* from daemon 0 */
+}
+
+static int teardown(void **state) {
+  (void)state;
+  for (int i = 0; i < ND; i++) {
+    if (dm[i].pid > 0) kill(dm[i].pid, SIGCONT);
+    test_daemon_stop(&dm[i]);
+  }
+  munmap(sh, sizeof(*sh));
+  return 0;
+}
+
+/* all_reduce of 1 MiB until something fails; what failed is recorded */
+static int looping_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 2;
+  enum { COUNT = 1 << 18 };
+  float *buf = malloc(COUNT * sizeof(float));
+  ccs_result_t rc = CCS_OK;
+  for (int i = 0; i < COUNT; i++) buf[i] = 1;
+  double end = test_now() + 60;
+  while (rc == CCS_OK && test_now() < end) rc = ccs_all_reduce(buf, buf, COUNT, CCS_FLOAT32, CCS_MAX, comm, NULL);
+  sh->failed_at[rank] = test_now();
+  sh->code[rank] = rc;
+  snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
+  ccs_comm_destroy(comm);
+  free(buf);
+  return 0;
+}
+
+/* A fresh comm over daemons 0 and 1: one checked all_reduce. */
+static int healthy_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
+  int v = rank + 1, sum = 0;
+  ccs_result_t rc = ccs_all_reduce(&v, &sum, 1, CCS_INT32, CCS_SUM, comm, NULL);
+  ccs_comm_destroy(comm);
+  return rc == CCS_OK && sum == n * (n + 1) / 2 ? 0 : 1;
+}
+
+static void survivors_serve(void) {
+  test_spread_ranks(dm, 2);
+  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  assert_int_equal(test_run_ranks(2, healthy_rank, NULL, 60, NULL), 0);
+  test_spread_ranks(dm, ND);
+}
+
+/* The other ranks got PEER_LOST, in time, naming daemon 2's rank. */
+static void expect_lost(const char *how) {
+  for (int r = 0; r < ND - 1; r++) {
+    fprintf(stderr, "# %s: rank %d: %s after %.2f s: %s\n", how, r, ccs_result_name(sh->code[r]),
+            sh->failed_at[r] - sh->fault_at, sh->text[r]);
+    assert_int_equal(sh->code[r], CCS_ERR_PEER_LOST);
+    assert_true(sh->failed_at[r] - sh->fault_at < BOUND_S);
+    assert_non_null(strstr(sh->text[r], "rank(s) 2"));
+  }
+}
+
+/* In a child: wait, then do the fault; the parent runs the ranks. */
+static pid_t fault_later(void (*fault)(void)) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    usleep(1500 * 1000);
+    sh->fault_at = test_now();
+    fault();
+    _exit(0);
+  }
+  return pid;
+}
+
+static void kill_daemon_2(void) { kill(dm[2].pid, SIGKILL); }
+
+static void test_daemon_killed(void **state) {
+  (void)state;
+  pid_t helper = fault_later(kill_daemon_2);
+  test_run_ranks(ND, looping_rank, NULL, 120, NULL);
+  waitpid(helper, NULL, 0);
+  expect_lost("daemon killed");
+  test_daemon_kill(&dm[2]);
+  survivors_serve();
+}
+
+static void cut_daemon_2(void) {
+  const char *link = getenv("CCS_TEST_NETNS_LINK");
+  char cmd[128];
+  if (link && *link) {
+    snprintf(cmd, sizeof(cmd), "/usr/sbin/ip link set %s2 down", link);
+    if (system(cmd) != 0) fprintf(stderr, "# '%s' failed\n", cmd);
+  } else {
+    kill(dm[2].pid, SIGSTOP); /* silent, its sockets open: what a dead link looks like */
+  }
+}
+
+static void test_daemon_cut_off(void **state) {
+  (void)state;
+  pid_t helper = fault_later(cut_daemon_2);
+  /* rank 2 waits on its silenced daemon: it is let go below */
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(ND, looping_rank, NULL, 120, NULL) > 1);
+  waitpid(helper, NULL, 0);
+  double deadline = test_now() + BOUND_S + 5;
+  while (test_now() < deadline && (!sh->failed_at[0] || !sh->failed_at[1])) usleep(50 * 1000);
+  const char *link = getenv("CCS_TEST_NETNS_LINK");
+  char cmd[128];
+  if (link && *link) {
+    snprintf(cmd, sizeof(cmd), "/usr/sbin/ip link set %s2 up", link);
+    assert_int_equal(system(cmd), 0);
+  } else {
+    kill(dm[2].pid, SIGCONT);
+  }
+  int status;
+  waitpid(ranks, &status, 0);
+  expect_lost("daemon cut off");
+  survivors_serve();
+}
+
+/* Where daemon 0 takes daemons: the address in the unique id. */
+static void port_of_daemon_0(struct sockaddr_in *sa) {
+  struct ccs__unique_id id;
+  memcpy(&id, sh->id.internal, sizeof(id));
+  char host[64];
+  snprintf(host, sizeof(host), "%s", id.root);
+  char *colon = strrchr(host, ':');
+  assert_non_null(colon);
+  *colon = 0;
+  memset(sa, 0, sizeof(*sa));
+  sa->sin_family = AF_INET;
+  sa->sin_port = htons((uint16_t)atoi(colon + 1));
+  assert_int_equal(inet_pton(AF_INET, host, &sa->sin_addr), 1);
+}
+
+/* Connects as a stranger would (from namespace 1 when there are some). */
+static int stranger(const struct sockaddr_in *sa) {
+  const char *netns = getenv("CCS_TEST_NETNS");
+  if (netns && *netns) {
+    char path[128];
+    snprintf(path, sizeof(path), "/run/netns/%s1", netns);
+    int ns = open(path, O_RDONLY);
+    if (ns < 0 || setns(ns, CLONE_NEWNET)) return -1;
+    close(ns);
+  }
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, (const struct sockaddr *)sa, sizeof(*sa))) return -1;
+  return fd;
+}
+
+/* 1 when the daemon closed fd within 5 s */
+static int closed_by_daemon(int fd) {
+  struct pollfd p = {fd, POLLIN, 0};
+  char buf[4096];
+  double end = test_now() + 5;
+  while (test_now() < end) {
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return 1;
+  }
+  return 0;
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void test_junk_on_the_port(void **state) {
+  (void)state;
+  struct sockaddr_in sa;
+  port_of_daemon_0(&sa);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int ok = 1;
+    /* garbage */
+    int fd = stranger(&sa);
+    char junk[300];
+    for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (char)(i * 7 + 3);
+    ok &= fd >= 0 && write(fd, junk, sizeof(junk)) == (ssize_t)sizeof(junk) && closed_by_daemon(fd);
+    close(fd);
+    /* a greeting of another protocol version */
+    fd = stranger(&sa);
+    Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+    Ccs__PeerHello h = CCS__PEER_HELLO__INIT;
+    h.protocol = 999;
+    h.addr = "10.9.9.9:1";
+    m.body_case = CCS__PEER_MSG__BODY_HELLO;
+    m.hello = &h;
+    uint8_t frame[256];
+    size_t len = protobuf_c_message_pack(&m.base, frame + 16);
+    put64(frame, 0);
+    put64(frame + 8, len);
+    ok &= fd >= 0 && write(fd, frame, 16 + len) == (ssize_t)(16 + len) && closed_by_daemon(fd);
+    close(fd);
+    /* a length no daemon takes */
+    fd = stranger(&sa);
+    put64(frame, 0);
+    put64(frame + 8, UINT64_MAX / 2);
+    ok &= fd >= 0 && write(fd, frame, 16) == 16 && closed_by_daemon(fd);
+    close(fd);
+    /* nothing at all: dropped after the io timeout */
+    fd = stranger(&sa);
+    ok &= fd >= 0 && closed_by_daemon(fd);
+    close(fd);
+    _exit(ok ? 0 : 1);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int i = 0; i < ND; i++) assert_true(test_daemon_alive(&dm[i]));
+  survivors_serve();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_junk_on_the_port, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs a command with D network namespaces that stand for D nodes: namespace
+# <prefix><i> has 10.231.0.<i+1>/24 on a veth whose other end, <link><i>,
+# sits on a private bridge. The command sees CCS_TEST_NETNS=<prefix> and
+# CCS_TEST_NETNS_LINK=<link> (test_daemons_start starts daemon i in
+# namespace i). Everything is removed when it exits, also on failure.
+#   run_netns.sh D COMMAND [ARGS...]
+set -euo pipefail
+n=$1; shift
+[ "$(id -u)" = 0 ] || { echo "run_netns.sh: network namespaces need root" >&2; exit 1; }
+tag=$$
+prefix=ccs${tag}n link=cv${tag}l bridge=cb${tag}
+cleanup() {
+  for i in $(seq 0 $((n - 1))); do ip netns del "$prefix$i" 2>/dev/null || true; done
+  ip link del "$bridge" 2>/dev/null || true
+}
+trap cleanup EXIT
+ip link add "$bridge" type bridge
+ip link set "$bridge" up
+for i in $(seq 0 $((n - 1))); do
+  ns=$prefix$i
+  ip netns add "$ns"
+  ip link add "$link$i" type veth peer name eth0 netns "$ns"
+  ip link set "$link$i" master "$bridge" up
+  ip -n "$ns" addr add "10.231.0.$((i + 1))/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+done
+CCS_TEST_NETNS=$prefix CCS_TEST_NETNS_LINK=$link "$@"
