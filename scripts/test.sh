@@ -9,16 +9,18 @@ scripts/setup.sh build
 (cd build && ctest --output-on-failure -j "$jobs")
 
 scripts/setup.sh build-asan -DCCS_SANITIZE=ON
-# (the forced-algorithm runs of the integration suite, label algo, only here:
-# the engine is under the sanitizers through test_engine, every algorithm)
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs" -LE algo)
+# (the forced-algorithm runs of the integration suite, label algo, and the
+# namespace topologies, label netns, only above: the engine is under the
+# sanitizers through test_engine for every algorithm, the daemons' network
+# code through the loopback runs across daemons and test_nodes)
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs" -LE "algo|netns")
 
 # ThreadSanitizer on the daemon (the multi-threaded party): the integration
 # and fault tests again, against a TSan-built ccsd that exits on any race.
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCCS_TSAN=ON -DCCS_TESTS=OFF >/dev/null
 cmake --build build-tsan -j "$jobs" --target ccsd
 (cd build && CCSD_PATH="$PWD/../build-tsan/daemon/ccsd" TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
-   ctest --output-on-failure -j "$jobs" -L "integration|fault|ops|nodes")
+   ctest --output-on-failure -j "$jobs" -L "integration|fault|ops|nodes" -LE netns)
 
 # The fuzzers, briefly, where clang can build them (the corpus replays above).
 if command -v clang >/dev/null; then scripts/fuzz.sh 30; fi
