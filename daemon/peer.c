@@ -66,7 +66,15 @@ struct post_rec {
   struct list link;
   struct xop *x;
   size_t task;
+  double fail_at; /* deferred: a failed data connection */
+  char why[80];
 };
+
+/* A data connection that fails is often the other daemon closing it because
+ * the comm failed there, or dying; its control message or our heartbeat
+ * tells why a moment later. Its posts wait that long before failing with
+ * the connection's own reason. */
+#define FAIL_GRACE_S 0.3
 
 struct peers {
   struct daemon *d;
@@ -80,6 +88,7 @@ struct peers {
   uv_async_t async;
   /* the network thread's own */
   struct list conns, comms;
+  struct list deferred; /* post_recs of failed data connections */
   double last_beat;
 };
 
@@ -330,6 +339,13 @@ static void comm_open(struct peers *p, struct net_comm *nc) {
 
 static void comm_close(struct peers *p, struct net_comm *nc) {
   nc->closed = 1;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &p->deferred) {
+    struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
+    if (rec->x->comm->net != nc) continue;
+    list_remove(&rec->link);
+    fail_post(p, rec, rec->why);
+  }
   for (int j = 0; j < nc->nnodes; j++)
     if (nc->data[j]) drop_conn(p, nc->data[j], NULL);
   while (!list_empty(&nc->waiting)) {
@@ -451,9 +467,9 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
   }
   struct post_rec *rec = tc->user;
   if (tc->status) {
-    char why[80];
-    snprintf(why, sizeof(why), "data connection lost: %s", strerror(-tc->status));
-    fail_post(p, rec, why);
+    snprintf(rec->why, sizeof(rec->why), "data connection lost: %s", strerror(-tc->status));
+    rec->fail_at = now_s() + FAIL_GRACE_S;
+    list_insert_tail(&p->deferred, &rec->link);
     return;
   }
   ccsd_executor_task_done(rec->x->comm->d->exec, rec->x, rec->task);
@@ -468,6 +484,12 @@ static void housekeeping(struct peers *p) {
   int beat = now - p->last_beat >= cfg->heartbeat_s;
   if (beat) p->last_beat = now;
   struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &p->deferred) {
+    struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
+    if (rec->fail_at > now) continue;
+    list_remove(&rec->link);
+    fail_post(p, rec, rec->why);
+  }
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
     if ((!c->got_hello || c->waiting_comm) && now - c->opened > cfg->io_timeout_s) {
@@ -621,6 +643,7 @@ struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
   list_init(&p->events);
   list_init(&p->conns);
   list_init(&p->comms);
+  list_init(&p->deferred);
   pthread_mutex_init(&p->mu, NULL);
   p->t = p->ops->open(err, sizeof(err));
   if (!p->t || p->ops->listen(p->t, d->cfg.listen, bound, boundlen, err, sizeof(err))) {
@@ -668,6 +691,11 @@ void ccsd_peers_stop(struct peers *p) {
   struct tcompletion done[64];
   for (int n; (n = p->ops->poll(p->t, 0, done, 64)) > 0;)
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
+  while (!list_empty(&p->deferred)) {
+    struct post_rec *rec = LIST_ENTRY(p->deferred.next, struct post_rec, link);
+    list_remove(&rec->link);
+    fail_post(p, rec, rec->why);
+  }
   while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));
   on_events(&p->async);
   while (!list_empty(&p->cmds)) { /* sent by what the events did: too late now */

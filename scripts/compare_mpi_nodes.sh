@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# ccs across daemons against Open MPI over TCP, in one run: busbw of
+# all_reduce and all_gather, 1 MiB .. 256 MiB, with 2 and 4 "nodes" of one
+# rank each. Open MPI: its TCP transport on loopback (btl self,tcp). ccs:
+# one daemon per node on loopback ports, and one daemon per node in its own
+# network namespace (veth + bridge; needs root).
+#   scripts/compare_mpi_nodes.sh [ITERS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+iters=${1:-5}
+if [ -z "${CCS_TEST_NETNS:-}" ]; then
+  scripts/setup.sh build >/dev/null
+  if ! command -v mpicc >/dev/null; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+  fi
+  mpicc -O2 -Iclient/tools -Iclient/include tests/bench/mpi_perf.c -o build/mpi-perf
+  exec tests/support/run_netns.sh 4 "$0" "$@"
+fi
+
+dir=$(mktemp -d /tmp/ccs-nodes.XXXXXX)
+pids=()
+stop_daemons() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=(); }
+trap 'stop_daemons; rm -rf "$dir"' EXIT
+
+# start_daemons D netns|lo
+start_daemons() {
+  for i in $(seq 0 $(($1 - 1))); do
+    if [ "$2" = netns ]; then
+      ip netns exec "$CCS_TEST_NETNS$i" build/daemon/ccsd --socket "$dir/$i.sock" --listen "10.231.0.$((i + 1)):7000" &
+    else
+      build/daemon/ccsd --socket "$dir/$i.sock" --listen "127.0.0.1:$((17300 + i))" &
+    fi
+    pids+=($!)
+  done
+  for i in $(seq 0 $(($1 - 1))); do
+    for _ in $(seq 200); do [ -S "$dir/$i.sock" ] && break; sleep 0.05; done
+  done
+}
+
+# ccs_run D COLL: "size busbw" rows, out of place
+ccs_run() {
+  rm -f "$dir/id" "$dir/rows.json"
+  local r ranks=()
+  for r in $(seq 0 $(($1 - 1))); do
+    CCS_SOCKET=$dir/$r.sock CCS_RANK=$r CCS_NRANKS=$1 CCS_UNIQUE_ID_FILE=$dir/id \
+      build/client/ccs-perf "$2" -b 1M -e 256M -f 4 -n "$iters" -w 1 -c 0 -J "$dir/rows.json" >/dev/null &
+    ranks+=($!)
+  done
+  for r in "${ranks[@]}"; do wait "$r"; done
+  sed -n 's/.*"size": \([0-9]*\).*"out_of_place": {[^}]*"busbw": \([0-9.]*\).*/\1 \2/p' "$dir/rows.json"
+}
+
+echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
+echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl self,tcp on lo), float sum, out of place, $iters iterations, busbw in GB/s"
+for nodes in 2 4; do
+  for coll in all_reduce all_gather; do
+    mpi=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+          mpirun --oversubscribe --bind-to none --mca btl self,tcp --mca btl_tcp_if_include lo \
+          -np "$nodes" build/mpi-perf "$coll" 1048576 268435456 4 "$iters" 1 | awk '{print $1, $2}')
+    start_daemons "$nodes" lo
+    lo=$(ccs_run "$nodes" "$coll")
+    stop_daemons
+    start_daemons "$nodes" netns
+    ns=$(ccs_run "$nodes" "$coll")
+    stop_daemons
+    echo
+    echo "## $coll, $nodes nodes of one rank"
+    printf '%12s %12s %12s %12s %10s\n' "size(B)" "OpenMPI-tcp" "ccs-lo" "ccs-netns" "lo/OMPI"
+    join <(echo "$mpi" | sort -k1,1) <(echo "$lo" | sort -k1,1) | join - <(echo "$ns" | sort -k1,1) | sort -n |
+      awk '{r = $2 > 0 ? $3 / $2 : 0; printf "%12d %12.3f %12.3f %12.3f %10.2f\n", $1, $2, $3, $4, r}'
+  done
+done
