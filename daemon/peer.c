@@ -472,6 +472,19 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
     list_insert_tail(&p->deferred, &rec->link);
     return;
   }
+  if (!tc->is_send) { /* whole chunks only: a short one means the ranks disagree */
+    const struct engine_plan *pl = &rec->x->plan;
+    const struct engine_node *nd = engine_task_node(pl, rec->task);
+    size_t begin = (rec->task - nd->first_task) * pl->chunk_elems;
+    size_t want = (nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems) * pl->elem_size;
+    if (tc->bytes != want) {
+      char why[160];
+      snprintf(why, sizeof(why), "a message of %zu bytes where %zu were expected: the ranks called "
+               "this op with different counts", tc->bytes, want);
+      fail_post(p, rec, why);
+      return;
+    }
+  }
   ccsd_executor_task_done(rec->x->comm->d->exec, rec->x, rec->task);
   free(rec);
 }
