@@ -51,6 +51,7 @@ static const struct key keys[] = {
     {"metrics_listen", K_ADDRESS, AT(metrics_listen), 0, 0, "HOST:PORT serving Prometheus metrics over HTTP; empty: off"},
     {"listen", K_ADDRESS, AT(listen), 0, 0, "HOST:PORT where other nodes' daemons connect (port 0: any); empty: this node only"},
     {"advertise", K_ADDRESS, AT(advertise), 0, 0, "HOST:PORT other daemons reach this one at; empty: the listen address (which then must name a host)"},
+    {"peer_connections", K_COUNT, AT(peer_connections), 1, 64, "TCP connections per pair of daemons for one communicator's data (chunks take turns)"},
     {"heartbeat", K_SECONDS, AT(heartbeat_s), 0.01, 3600, "seconds between heartbeats to other daemons"},
     {"peer_timeout", K_SECONDS, AT(peer_timeout_s), 0.05, 1e6, "seconds without a word from another daemon before its comms fail"},
 };
@@ -77,6 +78,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->log_level = CCS_LOG_WARN;
   cfg->log_subsys = CCS_LOG_ALL;
   cfg->heartbeat_s = 1;
+  cfg->peer_connections = 2;
   cfg->peer_timeout_s = 5;
 }
 
@@ -152,7 +154,7 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
   case K_BYTES:
     bad = parse_double(value, k->min, k->max, &x) || x != floor(x);
     if (!bad) {
-      if (k->offset == AT(threads)) *(int *)field = (int)x;
+      if (k->offset == AT(threads) || k->offset == AT(peer_connections)) *(int *)field = (int)x;
       else if (k->offset >= AT(quota) && k->offset < AT(quota) + sizeof(cfg->quota))
         *(uint64_t *)field = (uint64_t)x;
       else *(size_t *)field = (size_t)x;
@@ -263,7 +265,7 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
     case K_PATH: case K_ADDRESS: case K_RULES: snprintf(v, sizeof(v), "%s", (const char *)f); break;
     case K_MODE: snprintf(v, sizeof(v), "%04o", *(const unsigned *)f); break;
     case K_COUNT: case K_BYTES:
-      if (k->offset == AT(threads)) snprintf(v, sizeof(v), "%d", *(const int *)f);
+      if (k->offset == AT(threads) || k->offset == AT(peer_connections)) snprintf(v, sizeof(v), "%d", *(const int *)f);
       else if (k->offset >= AT(quota) && k->offset < AT(quota) + sizeof(cfg->quota))
         snprintf(v, sizeof(v), "%llu", (unsigned long long)*(const uint64_t *)f);
       else snprintf(v, sizeof(v), "%zu", *(const size_t *)f);

@@ -67,6 +67,7 @@ struct ccsd_config {
   char listen[64];         /* HOST:PORT for other daemons, or empty */
   char advertise[64];      /* HOST:PORT they reach this one at */
   double heartbeat_s, peer_timeout_s;
+  int peer_connections; /* data connections per pair of daemons and comm */
 };
 
 /* One per uid with anything charged to it. */
@@ -234,6 +235,7 @@ struct comm {
   int *node_of_rank, *rank_of; /* rank_of: participants ordered by node */
   struct net_comm *net;
   size_t chunk_bytes;       /* the root's: chunks are messages */
+  int lanes;                /* the root's: data connections per pair of daemons */
   struct p2p_count *p2p_counts; /* messages so far per (from, to) rank pair */
   size_t np2p;
   int refs;          /* members, xops, the timer handle */

@@ -44,9 +44,9 @@ struct pconn {
   char addr[CCSD_ADDR_MAX]; /* the peer's, once known */
   int got_hello, is_data, outbound;
   uint8_t want[CCS__SECRET_BYTES]; /* data, before its comm is known here */
-  int waiting_comm;
-  struct net_comm *nc; /* data: the comm and node it serves */
-  int node;
+  int waiting_comm, want_lane;
+  struct net_comm *nc; /* data: the comm, node and lane it serves */
+  int node, lane;
   uint8_t *rx;          /* the posted control receive */
   double opened, last_rx;
 };
@@ -54,9 +54,9 @@ struct pconn {
 struct net_comm {
   struct list link;
   uint8_t secret[CCS__SECRET_BYTES];
-  int nnodes, mynode, closed;
+  int nnodes, mynode, closed, lanes;
   char (*addrs)[CCSD_ADDR_MAX];
-  struct pconn **data; /* per node */
+  struct pconn **data; /* per node and lane: [node * lanes + lane] */
   uint8_t *gone;       /* per node: its data connection closed (it left the comm) */
   struct list waiting; /* posts for nodes not connected yet (struct post_rec) */
 };
@@ -200,9 +200,9 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr) 
 static void fail_post(struct peers *p, struct post_rec *rec, const char *why);
 
 static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
-  if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node] == c) {
+  if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node * c->nc->lanes + c->lane] == c) {
     struct net_comm *nc = c->nc;
-    nc->data[c->node] = NULL;
+    nc->data[c->node * nc->lanes + c->lane] = NULL;
     nc->gone[c->node] = 1;
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
@@ -241,6 +241,10 @@ static struct pconn *control_to(struct peers *p, const char *addr) {
 
 static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec);
 
+static int lane_of(const struct net_comm *nc, const struct post_rec *rec) {
+  return (int)((rec->task - engine_task_node(&rec->x->plan, rec->task)->first_task) % (size_t)nc->lanes);
+}
+
 /* The op fails, naming the daemon at the other end and its ranks. */
 static void fail_post(struct peers *p, struct post_rec *rec, const char *why) {
   const struct comm *cm = rec->x->comm; /* its map is fixed once ready */
@@ -260,15 +264,16 @@ static void fail_post(struct peers *p, struct post_rec *rec, const char *why) {
   free(rec);
 }
 
-static void attach(struct peers *p, struct net_comm *nc, int node, struct pconn *c) {
+static void attach(struct peers *p, struct net_comm *nc, int node, int lane, struct pconn *c) {
   c->is_data = 1;
   c->nc = nc;
   c->node = node;
-  nc->data[node] = c;
+  c->lane = lane;
+  nc->data[node * nc->lanes + lane] = c;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
     struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
-    if (ccsd_xop_peer_node(rec->x, rec->task) != node) continue;
+    if (ccsd_xop_peer_node(rec->x, rec->task) != node || lane_of(nc, rec) != lane) continue;
     list_remove(&rec->link);
     post_now(p, c, rec);
   }
@@ -298,7 +303,8 @@ static void do_post(struct peers *p, struct xop *x, size_t task) {
     fail_post(p, rec, "the communicator's connections are closed");
     return;
   }
-  if (nc->data[node]) post_now(p, nc->data[node], rec);
+  struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
+  if (c) post_now(p, c, rec);
   else if (nc->gone[node]) fail_post(p, rec, "it closed the communicator's connection");
   else list_insert_tail(&nc->waiting, &rec->link);
 }
@@ -307,32 +313,35 @@ static void comm_open(struct peers *p, struct net_comm *nc) {
   list_insert_tail(&p->comms, &nc->link);
   for (int j = 0; j < nc->nnodes; j++) /* heartbeats with every node of the comm */
     if (j != nc->mynode) control_to(p, nc->addrs[j]);
-  for (int j = nc->mynode + 1; j < nc->nnodes; j++) { /* the lower node connects */
-    char err[256];
-    struct tconn *tc;
-    if (p->ops->connect(p->t, nc->addrs[j], CONNECT_TIMEOUT_S, &tc, err, sizeof(err))) {
-      emit(p, nc->addrs[j], NULL, err);
-      continue;
+  for (int j = nc->mynode + 1; j < nc->nnodes; j++) /* the lower node connects */
+    for (int lane = 0; lane < nc->lanes; lane++) {
+      char err[256];
+      struct tconn *tc;
+      if (p->ops->connect(p->t, nc->addrs[j], CONNECT_TIMEOUT_S, &tc, err, sizeof(err))) {
+        emit(p, nc->addrs[j], NULL, err);
+        break;
+      }
+      struct pconn *c = adopt(p, tc, nc->addrs[j]);
+      if (!c) break;
+      Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+      Ccs__PeerData dm = CCS__PEER_DATA__INIT;
+      dm.secret.data = nc->secret;
+      dm.secret.len = sizeof(nc->secret);
+      dm.lane = (uint32_t)lane;
+      m.body_case = CCS__PEER_MSG__BODY_DATA;
+      m.data = &dm;
+      send_msg(p, c, &m);
+      attach(p, nc, j, lane, c);
     }
-    struct pconn *c = adopt(p, tc, nc->addrs[j]);
-    if (!c) continue;
-    Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
-    Ccs__PeerData dm = CCS__PEER_DATA__INIT;
-    dm.secret.data = nc->secret;
-    dm.secret.len = sizeof(nc->secret);
-    m.body_case = CCS__PEER_MSG__BODY_DATA;
-    m.data = &dm;
-    send_msg(p, c, &m);
-    attach(p, nc, j, c);
-  }
   /* connections that arrived before this daemon knew the comm */
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
     if (!c->waiting_comm || memcmp(c->want, nc->secret, CCS__SECRET_BYTES)) continue;
     c->waiting_comm = 0;
-    for (int j = 0; j < nc->mynode; j++)
-      if (!strcmp(nc->addrs[j], c->addr) && !nc->data[j]) attach(p, nc, j, c);
+    for (int j = 0; j < nc->mynode && c->want_lane < nc->lanes; j++)
+      if (!strcmp(nc->addrs[j], c->addr) && !nc->data[j * nc->lanes + c->want_lane])
+        attach(p, nc, j, c->want_lane, c);
     if (!c->nc) drop_conn(p, c, NULL);
   }
 }
@@ -346,8 +355,8 @@ static void comm_close(struct peers *p, struct net_comm *nc) {
     list_remove(&rec->link);
     fail_post(p, rec, rec->why);
   }
-  for (int j = 0; j < nc->nnodes; j++)
-    if (nc->data[j]) drop_conn(p, nc->data[j], NULL);
+  for (int k = 0; k < nc->nnodes * nc->lanes; k++)
+    if (nc->data[k]) drop_conn(p, nc->data[k], NULL);
   while (!list_empty(&nc->waiting)) {
     struct post_rec *rec = LIST_ENTRY(nc->waiting.next, struct post_rec, link);
     list_remove(&rec->link);
@@ -379,18 +388,20 @@ static struct net_comm *comm_by_secret(struct peers *p, const ProtobufCBinaryDat
 
 /* A data connection from node addr for the comm with this secret; one for
  * a comm this daemon has not heard is ready about yet waits for it. */
-static int accept_data(struct peers *p, struct pconn *c, const ProtobufCBinaryData *secret) {
-  if (secret->len != CCS__SECRET_BYTES) return -1;
-  struct net_comm *nc = comm_by_secret(p, secret);
+static int accept_data(struct peers *p, struct pconn *c, const Ccs__PeerData *dm) {
+  if (dm->secret.len != CCS__SECRET_BYTES || dm->lane >= 64) return -1;
+  struct net_comm *nc = comm_by_secret(p, &dm->secret);
   if (!nc) {
     c->is_data = c->waiting_comm = 1;
+    c->want_lane = (int)dm->lane;
     c->opened = now_s();
-    memcpy(c->want, secret->data, CCS__SECRET_BYTES);
+    memcpy(c->want, dm->secret.data, CCS__SECRET_BYTES);
     return 0;
   }
-  for (int j = 0; j < nc->nnodes; j++)
-    if (!strcmp(nc->addrs[j], c->addr) && j < nc->mynode && !nc->data[j]) {
-      attach(p, nc, j, c);
+  int lane = (int)dm->lane;
+  for (int j = 0; j < nc->mynode && lane < nc->lanes; j++)
+    if (!strcmp(nc->addrs[j], c->addr) && !nc->data[j * nc->lanes + lane]) {
+      attach(p, nc, j, lane, c);
       return 0;
     }
   return -1;
@@ -416,7 +427,7 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
       if (!c->addr[0]) snprintf(c->addr, sizeof(c->addr), "%s", m->hello->addr);
     }
   } else if (m->body_case == CCS__PEER_MSG__BODY_DATA) {
-    if (c->is_data || accept_data(p, c, &m->data->secret)) bad = "a data connection for no communicator here";
+    if (c->is_data || accept_data(p, c, m->data)) bad = "a data connection for no communicator here";
   } else if (m->body_case == CCS__PEER_MSG__BODY_HEARTBEAT) {
     /* last_rx is all it is for */
   } else if (c->is_data) {
@@ -601,12 +612,12 @@ void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m) {
 }
 
 struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, int nnodes,
-                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX]) {
+                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes) {
   struct net_comm *nc = calloc(1, sizeof(*nc));
   struct cmd *cmd = calloc(1, sizeof(*cmd));
   if (nc) {
     nc->addrs = malloc(sizeof(*nc->addrs) * (size_t)nnodes);
-    nc->data = calloc((size_t)nnodes, sizeof(*nc->data));
+    nc->data = calloc((size_t)nnodes * (size_t)lanes, sizeof(*nc->data));
     nc->gone = calloc((size_t)nnodes, 1);
   }
   if (!nc || !cmd || !nc->addrs || !nc->data || !nc->gone) {
@@ -619,6 +630,7 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, in
   memcpy(nc->addrs, addrs, sizeof(*nc->addrs) * (size_t)nnodes);
   nc->nnodes = nnodes;
   nc->mynode = mynode;
+  nc->lanes = lanes;
   list_init(&nc->waiting);
   cmd->kind = CMD_COMM_OPEN;
   cmd->nc = nc;

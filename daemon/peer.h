@@ -31,9 +31,10 @@ void ccsd_peers_stop(struct peers *p);
  * first use; a failure comes back as that peer lost). */
 void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m);
 /* A communicator's data connections to the other nodes (addrs[mynode] is
- * this daemon); the lower node of each pair connects. */
+ * this daemon): `lanes` per pair, chunk c on lane c % lanes, so that large
+ * messages use several TCP streams; the lower node of each pair connects. */
 struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, int nnodes,
-                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX]);
+                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes);
 void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc); /* pending posts fail */
 void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its last op */
 

@@ -70,7 +70,7 @@ static int build_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
   c->spans = c->nnodes > 1;
   if (c->spans && c->mynode >= 0)
     c->net = ccsd_peers_comm_open(c->d->peers, c->secret, c->nnodes, c->mynode,
-                                  (const char(*)[CCSD_ADDR_MAX])c->node_addr);
+                                  (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes);
   return c->spans && c->mynode >= 0 && !c->net ? -1 : 0;
 }
 
@@ -90,6 +90,7 @@ void ccsd_span_ready(struct comm *c) {
     ptrs[r] = addrs[r];
   }
   c->chunk_bytes = c->d->cfg.chunk_bytes;
+  c->lanes = c->d->cfg.peer_connections;
   if (build_map(c, addrs)) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory making the communicator ready");
   } else {
@@ -100,6 +101,7 @@ void ccsd_span_ready(struct comm *c) {
     rd.n_addrs = (size_t)n;
     rd.addrs = ptrs;
     rd.chunk_bytes = c->chunk_bytes;
+    rd.lanes = (uint32_t)c->lanes;
     m.body_case = CCS__PEER_MSG__BODY_READY;
     m.ready = &rd;
     for (int k = 0; k < c->nnodes; k++)
@@ -203,7 +205,7 @@ static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) 
 static void on_ready(struct daemon *d, const char *addr, const Ccs__PeerReady *rd) {
   struct comm *c = find(d, &rd->secret);
   if (!c || c->state != COMM_JOINING || strcmp(addr, c->root)) return;
-  if (rd->n_addrs != (size_t)c->nranks || rd->chunk_bytes < 1) {
+  if (rd->n_addrs != (size_t)c->nranks || rd->chunk_bytes < 1 || rd->lanes < 1 || rd->lanes > 64) {
     ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s sent a bad rank map", addr);
     return;
   }
@@ -232,6 +234,7 @@ static void on_ready(struct daemon *d, const char *addr, const Ccs__PeerReady *r
     }
   }
   c->chunk_bytes = rd->chunk_bytes;
+  c->lanes = (int)rd->lanes;
   if (c->state == COMM_JOINING && build_map(c, addrs))
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory");
   free(addrs);
