@@ -37,6 +37,12 @@
 struct engine_rank {
   char *send, *recv;
   int remote; /* run by another daemon: its messages cross the network */
+  /* A participant that stands for several ranks of this daemon (schedules
+   * among daemons; all_reduce, reduce and broadcast): its input is the
+   * reduction of its members' sends (for broadcast, the root member's), its
+   * outputs are their recvs (for reduce, the root member's). */
+  const struct engine_rank *members;
+  int nmembers, root_member;
 };
 
 struct engine_op {
@@ -51,6 +57,7 @@ struct engine_op {
    * (participants ordered by node put neighbours on one node); NULL: p. */
   const int *rank_of;
   size_t chunk_bytes; /* every daemon of a comm must use the same */
+  size_t avg_divisor; /* ranks that contribute (CCS_AVG); 0: n */
 };
 
 enum engine_kind {

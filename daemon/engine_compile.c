@@ -67,6 +67,7 @@ struct compiler {
   struct net_send *net;
   size_t nnet, capnet;
   int *scratch_leaves;
+  int max_leaves; /* contributions to one result: participants, or ranks in groups */
   int *producer; /* per slot of plan->ptrs: the node whose result it is, or -1 */
   struct edge *edges;
   size_t nedges, capedges;
@@ -179,10 +180,14 @@ static int expand(const struct compiler *k, int v, int *out) {
 static int combine(struct compiler *k, int a, int b) {
   int n = expand(k, a, k->scratch_leaves);
   n += expand(k, b, k->scratch_leaves + n);
-  if (n > k->op->n) /* a contribution twice: the checker rules this out */
+  if (n > k->max_leaves) /* a contribution twice: the checker rules this out */
     return fail(k, CCS_ERR_INVALID_ARGUMENT, "%s %s: a block combines %d contributions of %d participants",
                 sched_algo_name(k->op->algo), sched_coll_name(k->op->coll), n, k->op->n);
   return reduce_value(k, k->scratch_leaves, n, 0, k->vals[a].count);
+}
+
+static size_t avg_divisor(const struct compiler *k) {
+  return k->op->avg_divisor ? k->op->avg_divisor : (size_t)k->op->n;
 }
 
 static int finalize(struct compiler *k, int v) {
@@ -190,10 +195,10 @@ static int finalize(struct compiler *k, int v) {
   const struct value *e = &k->vals[v];
   if (e->kind == V_REDUCE && !e->divisor) {
     memcpy(k->scratch_leaves, e->leaves, sizeof(int) * (size_t)e->nleaves);
-    return reduce_value(k, k->scratch_leaves, e->nleaves, (size_t)k->op->n, e->count);
+    return reduce_value(k, k->scratch_leaves, e->nleaves, avg_divisor(k), e->count);
   }
   k->scratch_leaves[0] = v;
-  return reduce_value(k, k->scratch_leaves, 1, (size_t)k->op->n, e->count);
+  return reduce_value(k, k->scratch_leaves, 1, avg_divisor(k), e->count);
 }
 
 /* Where participant p's input holds block b (NULL: it does not). */
@@ -233,6 +238,44 @@ static int net_send(struct compiler *k, int v, int from, int to) {
   if (grow(k, (void **)&k->net, sizeof(*k->net), k->nnet + 1, &k->capnet)) return -1;
   k->net[k->nnet++] = (struct net_send){v, from, to, k->sent[from][to]++, k->nvals};
   return 0;
+}
+
+static int land(struct compiler *k, int v, char *home);
+
+/* A group participant's block b at the start: its members' inputs reduced
+ * (the local phase), or the root member's for broadcast; -1 if none. */
+static int group_input(struct compiler *k, int p, uint32_t b) {
+  const struct engine_rank *g = &k->op->ranks[p];
+  size_t begin, len;
+  block_range(k, b, &begin, &len);
+  int nleaves = 0;
+  for (int m = 0; m < g->nmembers; m++) {
+    if (k->op->coll == SCHED_BROADCAST && (p != k->op->root || m != g->root_member)) continue;
+    if (!g->members[m].send) continue;
+    int v = new_value(k, V_INPUT, len);
+    if (v < 0) return -1;
+    k->vals[v].owner = p;
+    k->vals[v].ptr = g->members[m].send + begin * k->sz;
+    k->scratch_leaves[nleaves++] = v;
+  }
+  if (nleaves <= 1) return nleaves ? k->scratch_leaves[0] : -1;
+  return reduce_value(k, k->scratch_leaves, nleaves, 0, len);
+}
+
+/* ... and at the end every member's output (reduce: the root member's). */
+static void group_land(struct compiler *k, int p, uint32_t b) {
+  const struct engine_rank *g = &k->op->ranks[p];
+  size_t begin, len;
+  block_range(k, b, &begin, &len);
+  for (int m = 0; m < g->nmembers && k->rc == CCS_OK; m++) {
+    if (k->op->coll == SCHED_REDUCE && (p != k->op->root || m != g->root_member)) continue;
+    if (!g->members[m].recv) continue;
+    if (k->cur[p][b] < 0)
+      fail(k, CCS_ERR_INVALID_ARGUMENT, "%s %s: participant %d ends without block %u",
+           sched_algo_name(k->op->algo), sched_coll_name(k->op->coll), p, b);
+    else
+      land(k, k->cur[p][b], g->members[m].recv + begin * k->sz);
+  }
 }
 
 static int run_schedules(struct compiler *k, const struct schedule *s) {
@@ -595,7 +638,10 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
   k.sent = calloc((size_t)n, sizeof(*k.sent));
   k.got = calloc((size_t)n, sizeof(*k.got));
   k.input = calloc((size_t)n, sizeof(*k.input));
-  k.scratch_leaves = malloc(sizeof(int) * (2 * (size_t)n + 2));
+  size_t most = (size_t)n;
+  for (int p = 0; p < n; p++) most += (size_t)op->ranks[p].nmembers;
+  k.scratch_leaves = malloc(sizeof(int) * (2 * most + 2));
+  k.max_leaves = (int)most;
   if (!s || !k.cur || !k.input || !k.scratch_leaves || !k.sent || !k.got) oom(&k);
   for (int p = 0; p < n && k.rc == CCS_OK; p++) {
     if (op->ranks[p].remote) continue;
@@ -630,6 +676,10 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
     for (uint32_t b = 0; b < k.nblocks; b++) {
       int *slot = op->coll == SCHED_ALL_TO_ALL ? &k.input[p][b] : &k.cur[p][b];
       k.cur[p][b] = k.input[p][b] = -1;
+      if (op->ranks[p].nmembers) {
+        *slot = group_input(&k, p, b);
+        continue;
+      }
       char *ptr = input_ptr(&k, p, b, op->coll == SCHED_ALL_TO_ALL);
       if (!ptr) continue;
       size_t begin, len;
@@ -644,6 +694,10 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
   if (k.rc == CCS_OK) run_schedules(&k, s);
   for (int p = 0; p < n && k.rc == CCS_OK; p++)
     for (uint32_t b = 0; b < k.nblocks && k.rc == CCS_OK; b++) {
+      if (op->ranks[p].nmembers) {
+        group_land(&k, p, b);
+        continue;
+      }
       char *home = op->ranks[p].remote ? NULL : home_ptr(&k, p, b);
       if (!home) continue;
       if (k.cur[p][b] < 0) {

@@ -83,6 +83,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
                          .redop = (ccs_redop_t)p0->redop, .ranks = ranks,
                          .chunk_bytes = c->spans ? c->chunk_bytes : cfg->chunk_bytes};
   int from = -1, to = -1;
+  struct engine_rank *members = NULL;
   if (p2p) { /* a broadcast from the sender to the receiver */
     const struct post *send = x->kind == CCS__SEND ? p0 : x->nposts > 1 ? x->posts[1] : NULL;
     const struct post *recv = x->kind == CCS__RECV ? p0 : x->nposts > 1 ? x->posts[1] : NULL;
@@ -98,6 +99,36 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     x->part_node[1] = c->spans ? c->node_of_rank[to] : 0;
     snprintf(x->why, sizeof(x->why), "a send and its receive: %s",
              send && recv ? "one copy" : "one message between daemons");
+  } else if (c->spans && (x->kind == CCS__ALL_REDUCE || x->kind == CCS__REDUCE ||
+                          x->kind == CCS__BROADCAST)) {
+    /* Among daemons: one participant per node, standing for its ranks; this
+     * node's are reduced in one pass before the network and get the result
+     * in one pass after it. */
+    members = calloc((size_t)c->nlocal + 1, sizeof(*members));
+    if (!members) {
+      free(ranks);
+      snprintf(err, errlen, "out of memory planning %s", ccs__coll_name(x->kind));
+      return CCS_ERR_NO_MEMORY;
+    }
+    struct engine_rank *mine = &ranks[c->mynode];
+    mine->root_member = -1;
+    for (int r = 0; r < c->nranks; r++) {
+      const struct post *each = x->posts[r];
+      if (!each) continue;
+      if (r == p0->root) mine->root_member = mine->nmembers;
+      members[mine->nmembers].send = send_ptr(each);
+      members[mine->nmembers++].recv = recv_ptr(each);
+    }
+    mine->members = members;
+    for (int k = 0; k < c->nnodes; k++) {
+      ranks[k].remote = k != c->mynode;
+      x->part_node[k] = k;
+    }
+    op.n = n = c->nnodes;
+    op.coll = coll_of[x->kind];
+    op.root = c->node_of_rank[p0->root];
+    op.avg_divisor = (size_t)c->nranks;
+    op.algo = ccsd_tune(op.coll, n, bytes, &ccsd_link_tcp, &c->rules, x->why, sizeof(x->why));
   } else {
     op.coll = x->kind == CCS__BARRIER ? SCHED_ALL_REDUCE : coll_of[x->kind];
     if (x->kind == CCS__BARRIER) op.count = 1; /* one byte each way: the barrier is its arrival */
@@ -130,6 +161,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   ccs_result_t rc = barrier || x->kind != CCS__BARRIER ? engine_compile(&op, &x->plan, err, errlen)
                                                        : CCS_ERR_NO_MEMORY;
   free(ranks);
+  free(members);
   x->scratch = barrier;
   if (rc == CCS_OK && p2p && x->plan.net_nodes) { /* name the message by its ranks */
     struct engine_node *nd = &x->plan.nodes[0];

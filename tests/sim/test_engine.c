@@ -44,7 +44,7 @@ static void setup(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t 
     b->recv[r] = calloc(b->recv_len + 1, sz);
     b->copy[r] = calloc(b->send_len + 1, sz);
     memset(b->recv[r], 0x5a, b->recv_len * sz); /* garbage where nothing is written */
-    ranks[r].remote = 0;
+    memset(&ranks[r], 0, sizeof(ranks[r]));
     ranks[r].send = has_in ? b->send[r] : NULL;
     ranks[r].recv = has_out ? b->recv[r] : NULL;
     if (in_place && has_in && has_out) {
@@ -324,6 +324,72 @@ static void test_every_algorithm_across_daemons(void **state) {
   assert_true(ran > 500);
 }
 
+/* Schedules among daemons (all_reduce, reduce, broadcast): participant d
+ * stands for daemon d's ranks (r % D == d), reduced locally before the
+ * network and landing in every member after it. */
+static void test_groups_across_daemons(void **state) {
+  (void)state;
+  uint64_t seed = test_seed();
+  static const enum sched_coll colls[] = {SCHED_ALL_REDUCE, SCHED_REDUCE, SCHED_BROADCAST};
+  int ran = 0, k = 0;
+  for (int a = 0; a < SCHED_ALGO_COUNT; a++)
+    for (int ci = 0; ci < 3; ci++)
+      for (int n = 2; n <= 8; n++)
+        for (int D = 2; D <= 3 && D <= n; D++) {
+          enum sched_coll c = colls[ci];
+          size_t sizes[3] = {1, (size_t)n + 3, 1001};
+          for (int si = 0; si < 3; si++, k++) {
+            ccs_dtype_t t = (ccs_dtype_t)(k % CCS_DTYPE_COUNT);
+            ccs_redop_t op = (ccs_redop_t)((k / CCS_DTYPE_COUNT) % CCS_REDOP_COUNT);
+            int in_place = k % 2, root_rank = (a + ci + n + si) % n;
+            struct bufs b;
+            struct engine_rank ranks[17], members[3][17], parts[3][3];
+            setup(c, n, root_rank, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks);
+            int nm[3] = {0};
+            int root_member = 0;
+            for (int r = 0; r < n; r++) {
+              if (r == root_rank) root_member = nm[r % D];
+              members[r % D][nm[r % D]++] = ranks[r];
+            }
+            struct engine_plan pl[3];
+            char err[256], what[200];
+            snprintf(what, sizeof(what), "%s %s of %d ranks on %d daemons as groups, root=%d count=%zu %s %s %s",
+                     sched_algo_name(a), sched_coll_name(c), n, D, root_rank, sizes[si],
+                     ccs_dtype_name(t), ccs_redop_name(op), in_place ? "in place" : "out of place");
+            ccs_result_t rc = CCS_OK;
+            int built = 0;
+            for (int d = 0; d < D && rc == CCS_OK; d++) {
+              for (int q = 0; q < D; q++) {
+                memset(&parts[d][q], 0, sizeof(parts[d][q]));
+                parts[d][q].remote = q != d;
+                if (q != d) continue;
+                parts[d][q].members = members[q];
+                parts[d][q].nmembers = nm[q];
+                parts[d][q].root_member = q == root_rank % D ? root_member : -1;
+              }
+              struct engine_op eo = {c, (enum sched_algo)a, D, root_rank % D, 1 + k % 3, sizes[si], t, op,
+                                     parts[d], NULL, (size_t)256 << (k % 5), (size_t)n};
+              rc = engine_compile(&eo, &pl[d], err, sizeof(err));
+              built += rc == CCS_OK;
+            }
+            if (rc != CCS_OK) {
+              for (int d = 0; d < built; d++) engine_plan_free(&pl[d]);
+              free_bufs(&b, n);
+              if (rc == CCS_ERR_UNSUPPORTED) break;
+              fail_msg("%s: %s", what, err);
+            }
+            run_daemons(pl, D, seed ^ (uint64_t)k, what);
+            int wrong = check(c, n, root_rank, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks, what);
+            for (int d = 0; d < D; d++) engine_plan_free(&pl[d]);
+            free_bufs(&b, n);
+            if (wrong) fail_msg("%s: %d wrong", what, wrong);
+            ran++;
+          }
+        }
+  fprintf(stderr, "# %d ops of grouped ranks across daemons run and checked\n", ran);
+  assert_true(ran > 100);
+}
+
 /* Ranks that pass the same output buffer get some answer, never a hang. */
 static void test_overlapping_outputs_terminate(void **state) {
   (void)state;
@@ -350,6 +416,7 @@ int main(void) {
       cmocka_unit_test(test_every_algorithm_on_buffers),
       cmocka_unit_test(test_all_reduce_moves_each_byte_once),
       cmocka_unit_test(test_every_algorithm_across_daemons),
+      cmocka_unit_test(test_groups_across_daemons),
       cmocka_unit_test(test_overlapping_outputs_terminate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
