@@ -8,14 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-20}
 scripts/setup.sh build >/dev/null
-if ! command -v mpicc >/dev/null; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
-fi
-mpicc -O2 -Iclient/tools -Iclient/include tests/bench/mpi_perf.c -o build/mpi-perf
-
 . scripts/daemon.sh
+mpi_perf_build
 start_daemon
 dir=$(dirname "$CCS_SOCKET")
 

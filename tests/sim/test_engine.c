@@ -123,6 +123,38 @@ static void free_bufs(struct bufs *b, int n) {
   }
 }
 
+static void run_daemons(struct engine_plan *pl, int D, uint64_t seed, const char *what);
+
+/* Compiles each daemon's op (one: all participants here), runs the plans
+ * together in random order and checks every rank's output against the
+ * reference; frees the buffers. 1 when it ran, 0 when the algorithm does
+ * not build this collective. */
+static int compile_run_check(const struct engine_op *ops, int D, int nranks, int root_rank,
+                             uint64_t seed, int in_place, struct bufs *b,
+                             const struct engine_rank *ranks, const char *what) {
+  struct engine_plan pl[3];
+  char err[256];
+  ccs_result_t rc = CCS_OK;
+  int built = 0;
+  for (int d = 0; d < D && rc == CCS_OK; d++) {
+    rc = engine_compile(&ops[d], &pl[d], err, sizeof(err));
+    built += rc == CCS_OK;
+  }
+  int wrong = 0;
+  if (rc == CCS_OK) {
+    if (D == 1) run_shuffled(&pl[0], seed ^ 0x5eed);
+    else run_daemons(pl, D, seed ^ 0x5eed, what);
+    wrong = check(ops[0].coll, nranks, root_rank, ops[0].count, ops[0].dtype, ops[0].redop, seed,
+                  in_place, b, ranks, what);
+  }
+  for (int d = 0; d < built; d++) engine_plan_free(&pl[d]);
+  free_bufs(b, nranks);
+  if (rc == CCS_ERR_UNSUPPORTED) return 0;
+  if (rc != CCS_OK) fail_msg("%s: %s", what, err);
+  if (wrong) fail_msg("%s: %d wrong", what, wrong);
+  return 1;
+}
+
 static void test_every_algorithm_on_buffers(void **state) {
   (void)state;
   uint64_t seed = test_seed();
@@ -141,23 +173,11 @@ static void test_every_algorithm_on_buffers(void **state) {
             setup((enum sched_coll)c, n, root, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks);
             struct engine_op eo = {(enum sched_coll)c, (enum sched_algo)a, n, root, 1 + k % 3,
                                    sizes[si], t, op, ranks, NULL, (size_t)8 << (k % 8)};
-            struct engine_plan pl;
-            char err[256], what[160];
+            char what[160];
             snprintf(what, sizeof(what), "%s %s n=%d root=%d count=%zu %s %s %s",
                      sched_algo_name(a), sched_coll_name(c), n, root, sizes[si],
                      ccs_dtype_name(t), ccs_redop_name(op), in_place ? "in place" : "out of place");
-            ccs_result_t rc = engine_compile(&eo, &pl, err, sizeof(err));
-            if (rc == CCS_ERR_UNSUPPORTED) {
-              free_bufs(&b, n);
-              break;
-            }
-            if (rc != CCS_OK) fail_msg("%s: %s", what, err);
-            run_shuffled(&pl, seed ^ (uint64_t)k);
-            int wrong = check((enum sched_coll)c, n, root, sizes[si], t, op, seed + (uint64_t)k,
-                              in_place, &b, ranks, what);
-            engine_plan_free(&pl);
-            free_bufs(&b, n);
-            if (wrong) fail_msg("%s: %d wrong", what, wrong);
+            if (!compile_run_check(&eo, 1, n, root, seed + (uint64_t)k, in_place, &b, ranks, what)) break;
             ran++;
           }
         }
@@ -287,36 +307,21 @@ static void test_every_algorithm_across_daemons(void **state) {
             struct bufs b;
             struct engine_rank ranks[17], pr[3][17];
             setup((enum sched_coll)c, n, root_rank, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks);
-            struct engine_plan pl[3];
-            char err[256], what[200];
+            struct engine_op eo[3];
+            char what[200];
             snprintf(what, sizeof(what), "%s %s n=%d on %d daemons root=%d count=%zu %s %s %s",
                      sched_algo_name(a), sched_coll_name(c), n, D, root_rank, sizes[si],
                      ccs_dtype_name(t), ccs_redop_name(op), in_place ? "in place" : "out of place");
-            ccs_result_t rc = CCS_OK;
-            int built = 0;
-            for (int d = 0; d < D && rc == CCS_OK; d++) {
+            for (int d = 0; d < D; d++) {
               for (int p = 0; p < n; p++) {
                 pr[d][p] = ranks[rank_of[p]];
                 pr[d][p].remote = rank_of[p] % D != d;
                 if (pr[d][p].remote) pr[d][p].send = pr[d][p].recv = NULL;
               }
-              struct engine_op eo = {(enum sched_coll)c, (enum sched_algo)a, n, root, 1 + k % 3,
-                                     sizes[si], t, op, pr[d], rank_of, (size_t)256 << (k % 5)};
-              rc = engine_compile(&eo, &pl[d], err, sizeof(err));
-              built += rc == CCS_OK;
+              eo[d] = (struct engine_op){(enum sched_coll)c, (enum sched_algo)a, n, root, 1 + k % 3,
+                                         sizes[si], t, op, pr[d], rank_of, (size_t)256 << (k % 5)};
             }
-            if (rc != CCS_OK) {
-              for (int d = 0; d < built; d++) engine_plan_free(&pl[d]);
-              free_bufs(&b, n);
-              if (rc == CCS_ERR_UNSUPPORTED) break;
-              fail_msg("%s: %s", what, err);
-            }
-            run_daemons(pl, D, seed ^ (uint64_t)k, what);
-            int wrong = check((enum sched_coll)c, n, root_rank, sizes[si], t, op, seed + (uint64_t)k,
-                              in_place, &b, ranks, what);
-            for (int d = 0; d < D; d++) engine_plan_free(&pl[d]);
-            free_bufs(&b, n);
-            if (wrong) fail_msg("%s: %d wrong", what, wrong);
+            if (!compile_run_check(eo, D, n, root_rank, seed + (uint64_t)k, in_place, &b, ranks, what)) break;
             ran++;
           }
         }
@@ -351,14 +356,12 @@ static void test_groups_across_daemons(void **state) {
               if (r == root_rank) root_member = nm[r % D];
               members[r % D][nm[r % D]++] = ranks[r];
             }
-            struct engine_plan pl[3];
-            char err[256], what[200];
+            struct engine_op eo[3];
+            char what[200];
             snprintf(what, sizeof(what), "%s %s of %d ranks on %d daemons as groups, root=%d count=%zu %s %s %s",
                      sched_algo_name(a), sched_coll_name(c), n, D, root_rank, sizes[si],
                      ccs_dtype_name(t), ccs_redop_name(op), in_place ? "in place" : "out of place");
-            ccs_result_t rc = CCS_OK;
-            int built = 0;
-            for (int d = 0; d < D && rc == CCS_OK; d++) {
+            for (int d = 0; d < D; d++) {
               for (int q = 0; q < D; q++) {
                 memset(&parts[d][q], 0, sizeof(parts[d][q]));
                 parts[d][q].remote = q != d;
@@ -367,22 +370,10 @@ static void test_groups_across_daemons(void **state) {
                 parts[d][q].nmembers = nm[q];
                 parts[d][q].root_member = q == root_rank % D ? root_member : -1;
               }
-              struct engine_op eo = {c, (enum sched_algo)a, D, root_rank % D, 1 + k % 3, sizes[si], t, op,
-                                     parts[d], NULL, (size_t)256 << (k % 5), (size_t)n};
-              rc = engine_compile(&eo, &pl[d], err, sizeof(err));
-              built += rc == CCS_OK;
+              eo[d] = (struct engine_op){c, (enum sched_algo)a, D, root_rank % D, 1 + k % 3, sizes[si], t, op,
+                                         parts[d], NULL, (size_t)256 << (k % 5), (size_t)n};
             }
-            if (rc != CCS_OK) {
-              for (int d = 0; d < built; d++) engine_plan_free(&pl[d]);
-              free_bufs(&b, n);
-              if (rc == CCS_ERR_UNSUPPORTED) break;
-              fail_msg("%s: %s", what, err);
-            }
-            run_daemons(pl, D, seed ^ (uint64_t)k, what);
-            int wrong = check(c, n, root_rank, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks, what);
-            for (int d = 0; d < D; d++) engine_plan_free(&pl[d]);
-            free_bufs(&b, n);
-            if (wrong) fail_msg("%s: %d wrong", what, wrong);
+            if (!compile_run_check(eo, D, n, root_rank, seed + (uint64_t)k, in_place, &b, ranks, what)) break;
             ran++;
           }
         }

@@ -6,12 +6,9 @@
 #   run_algo.sh CCSD CCS_PERF
 set -euo pipefail
 ccsd=${CCSD_PATH:-$1} perf=$2
-dir=$(mktemp -d /tmp/ccs-algo-test.XXXXXX)
-export CCS_SOCKET=$dir/ccsd.sock
-"$ccsd" --socket "$CCS_SOCKET" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 200); do [ -S "$CCS_SOCKET" ] && break; sleep 0.05; done
+. "$(dirname "$0")/../../scripts/daemon.sh"
+CCSD=$ccsd start_daemon
+dir=$(dirname "$CCS_SOCKET")
 status=0
 expect() { # what, file, pattern
   grep -qE "$3" "$2" || { echo "FAIL: $1: no '$3' in:"; head -20 "$2"; status=1; }

@@ -4,12 +4,9 @@
 #   run_perf.sh CCSD CCS_PERF COLLECTIVE
 set -euo pipefail
 ccsd=${CCSD_PATH:-$1} perf=$2 coll=$3
-dir=$(mktemp -d /tmp/ccs-perf-test.XXXXXX)
-export CCS_SOCKET=$dir/ccsd.sock
-"$ccsd" --socket "$CCS_SOCKET" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 200); do [ -S "$CCS_SOCKET" ] && break; sleep 0.05; done
+. "$(dirname "$0")/../../scripts/daemon.sh"
+CCSD=$ccsd start_daemon
+dir=$(dirname "$CCS_SOCKET")
 status=0
 for np in 1 3; do
   for reg in 1 0; do
