@@ -321,7 +321,9 @@ void ccsd_member_leave(struct member *m, const char *why, int graceful) {
     const struct post *p = LIST_ENTRY(it, struct post, link);
     waited_on |= p->member == m || p->root == m->rank;
   }
-  if (c->state != COMM_FAILED && c->departed < c->nlocal && (!graceful || waited_on))
+  /* ranks that could still need it: all while joining, then this daemon's */
+  int others = c->state == COMM_JOINING || !c->spans ? c->nranks : c->nlocal;
+  if (c->state != COMM_FAILED && c->departed < others && (!graceful || waited_on))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) %s", m->rank, (int)m->pid, why);
   if (m->init) { /* its own init reply cannot be delivered any more */
     struct submission *sub = m->init;
