@@ -14,7 +14,8 @@
 #include "peer.h"
 #include "transport.h"
 
-#define CONTROL_MAX (1u << 20)
+#define CONTROL_MAX (1u << 20) /* a control connection's largest message (a rank map) */
+#define DATA_CONTROL_MAX 4096  /* a data connection's: its greeting */
 #define CONNECT_TIMEOUT_S 2.0
 
 enum cmd_kind { CMD_CONTROL, CMD_POST, CMD_COMM_OPEN, CMD_COMM_CLOSE, CMD_COMM_FREE };
@@ -48,6 +49,7 @@ struct pconn {
   struct net_comm *nc; /* data: the comm, node and lane it serves */
   int node, lane;
   uint8_t *rx;          /* the posted control receive */
+  size_t rx_cap;
   double opened, last_rx;
 };
 
@@ -168,8 +170,8 @@ static int send_msg(struct peers *p, struct pconn *c, const Ccs__PeerMsg *m) {
 }
 
 static int post_control_recv(struct peers *p, struct pconn *c) {
-  if (!c->rx && !(c->rx = malloc(CONTROL_MAX))) return -ENOMEM;
-  return p->ops->post_recv(c->tc, c->rx, CONTROL_MAX, 0, NULL);
+  if (!c->rx && !(c->rx = malloc(c->rx_cap))) return -ENOMEM;
+  return p->ops->post_recv(c->tc, c->rx, c->rx_cap, 0, NULL);
 }
 
 static int hello(struct peers *p, struct pconn *c) {
@@ -182,7 +184,7 @@ static int hello(struct peers *p, struct pconn *c) {
   return send_msg(p, c, &m);
 }
 
-static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr) {
+static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr, int data) {
   struct pconn *c = calloc(1, sizeof(*c));
   if (!c) {
     p->ops->close(tc);
@@ -192,8 +194,10 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr) 
   c->node = -1;
   snprintf(c->addr, sizeof(c->addr), "%s", addr ? addr : "");
   c->opened = c->last_rx = now_s();
+  c->rx_cap = data ? DATA_CONTROL_MAX : CONTROL_MAX;
   list_insert_tail(&p->conns, &c->link);
-  if (hello(p, c) || post_control_recv(p, c)) c->addr[0] = 0; /* failed: closed below */
+  /* a connection that fails at once never greets: housekeeping drops it */
+  if (hello(p, c) || post_control_recv(p, c)) c->addr[0] = 0;
   return c;
 }
 
@@ -232,7 +236,7 @@ static struct pconn *control_to(struct peers *p, const char *addr) {
     emit(p, addr, NULL, err);
     return NULL;
   }
-  struct pconn *c = adopt(p, tc, addr);
+  struct pconn *c = adopt(p, tc, addr, 0);
   if (c) c->outbound = 1;
   return c;
 }
@@ -321,7 +325,7 @@ static void comm_open(struct peers *p, struct net_comm *nc) {
         emit(p, nc->addrs[j], NULL, err);
         break;
       }
-      struct pconn *c = adopt(p, tc, nc->addrs[j]);
+      struct pconn *c = adopt(p, tc, nc->addrs[j], 1);
       if (!c) break;
       Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
       Ccs__PeerData dm = CCS__PEER_DATA__INIT;
@@ -444,6 +448,11 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
     LOG_WARN("daemon connection from %s: %s: closed", c->addr[0] ? c->addr : "(unknown)", bad);
     drop_conn(p, c, NULL);
     return;
+  }
+  if (c->is_data && c->rx_cap > DATA_CONTROL_MAX) { /* no receive is posted into it now */
+    free(c->rx);
+    c->rx = NULL;
+    c->rx_cap = DATA_CONTROL_MAX;
   }
   if (post_control_recv(p, c)) drop_conn(p, c, "out of memory");
 }
@@ -578,7 +587,7 @@ static void *net_thread(void *arg) {
     }
     if (stop) break;
     struct tconn *tc;
-    while (p->ops->accept(p->t, &tc) == 1) adopt(p, tc, NULL);
+    while (p->ops->accept(p->t, &tc) == 1) adopt(p, tc, NULL, 0);
     int n = p->ops->poll(p->t, 50, done, 64);
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
     housekeeping(p);
