@@ -47,16 +47,16 @@ static void render_slot(struct textbuf *t, const struct comm *c, const struct sl
     textbuf_printf(t, "], \"missing\": [");
     n = 0;
     for (int r = 0; r < c->nranks; r++)
-      if (!sl->posts[r])
+      if (!sl->posts[r] && !(c->members[r] && c->members[r]->remote)) /* others': their daemons' */
         textbuf_printf(t, "%s{\"rank\": %d, \"pid\": %d}", n++ ? ", " : "", r,
                        c->members[r] ? (int)c->members[r]->pid : 0);
     textbuf_printf(t, "]}");
   } else {
-    textbuf_printf(t, "  comm %llu %s #%llu: %d/%d ranks in, waiting %.1f s; not called by",
+    textbuf_printf(t, "  comm %llu %s #%llu: %d/%d ranks %sin, waiting %.1f s; not called by",
                    (unsigned long long)c->id, ccs__coll_name(any->kind),
-                   (unsigned long long)sl->seq, sl->nposted, c->nranks, age);
+                   (unsigned long long)sl->seq, sl->nposted, c->nlocal, c->spans ? "of this node " : "", age);
     for (int r = 0; r < c->nranks; r++)
-      if (!sl->posts[r])
+      if (!sl->posts[r] && !(c->members[r] && c->members[r]->remote))
         textbuf_printf(t, " rank %d (pid %d)", r, c->members[r] ? (int)c->members[r]->pid : 0);
     textbuf_printf(t, "\n");
   }
@@ -120,8 +120,10 @@ static void render_comms(struct textbuf *t, struct daemon *d, int all, uid_t uid
       textbuf_printf(t, ", \"ranks\": [");
       for (int r = 0; r < c->nranks; r++) {
         const struct member *m = c->members[r];
-        textbuf_printf(t, "%s{\"rank\": %d, \"pid\": %d, \"connected\": %s}", r ? ", " : "", r,
-                       m ? (int)m->pid : 0, m && m->session ? "true" : "false");
+        textbuf_printf(t, "%s{\"rank\": %d, \"pid\": %d, \"connected\": %s, \"daemon\": ", r ? ", " : "",
+                       r, m ? (int)m->pid : 0, m && (m->session || m->remote) ? "true" : "false");
+        textbuf_json_string(t, m && m->remote ? m->addr : "");
+        textbuf_printf(t, "}");
       }
       textbuf_printf(t, "]}");
     } else {
