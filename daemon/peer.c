@@ -202,6 +202,7 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr, 
 }
 
 static void fail_post(struct peers *p, struct post_rec *rec, const char *why);
+static void fail_later(struct peers *p, struct post_rec *rec, const char *why);
 
 static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
   if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node * c->nc->lanes + c->lane] == c) {
@@ -213,7 +214,7 @@ static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
       struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
       if (ccsd_xop_peer_node(rec->x, rec->task) != c->node) continue;
       list_remove(&rec->link);
-      fail_post(p, rec, "it closed the communicator's connection");
+      fail_later(p, rec, "it closed the communicator's connection");
     }
   }
   if (!c->is_data && (c->got_hello || c->outbound) && why) emit(p, c->addr, NULL, why);
@@ -283,6 +284,13 @@ static void attach(struct peers *p, struct net_comm *nc, int node, int lane, str
   }
 }
 
+/* Fails rec after the grace (see FAIL_GRACE_S): the reason may come. */
+static void fail_later(struct peers *p, struct post_rec *rec, const char *why) {
+  snprintf(rec->why, sizeof(rec->why), "%s", why);
+  rec->fail_at = now_s() + FAIL_GRACE_S;
+  list_insert_tail(&p->deferred, &rec->link);
+}
+
 static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
   const struct engine_plan *pl = &rec->x->plan;
   const struct engine_node *nd = engine_task_node(pl, rec->task);
@@ -293,7 +301,7 @@ static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
   int rc = nd->kind == ENGINE_SEND
                ? p->ops->post_send(c->tc, (const char *)nd->in[0] + off, len, tag, rec)
                : p->ops->post_recv(c->tc, (char *)nd->out[0] + off, len, tag, rec);
-  if (rc) fail_post(p, rec, "the data connection is closed");
+  if (rc) fail_later(p, rec, "its data connection is closed");
 }
 
 static void do_post(struct peers *p, struct xop *x, size_t task) {
@@ -309,7 +317,7 @@ static void do_post(struct peers *p, struct xop *x, size_t task) {
   }
   struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
   if (c) post_now(p, c, rec);
-  else if (nc->gone[node]) fail_post(p, rec, "it closed the communicator's connection");
+  else if (nc->gone[node]) fail_later(p, rec, "it closed the communicator's connection");
   else list_insert_tail(&nc->waiting, &rec->link);
 }
 
@@ -478,18 +486,20 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
       on_control(p, c, tc->bytes);
       return;
     }
-    if (c && tc->status) {
+    if (c && tc->status && !c->is_data) {
       char why[128];
       snprintf(why, sizeof(why), "connection lost: %s", strerror(-tc->status));
       drop_conn(p, c, why);
     }
+    /* a data connection the other daemon closed stays until its comm goes:
+     * what it sent before is still there for the receives to come */
     return;
   }
   struct post_rec *rec = tc->user;
   if (tc->status) {
-    snprintf(rec->why, sizeof(rec->why), "data connection lost: %s", strerror(-tc->status));
-    rec->fail_at = now_s() + FAIL_GRACE_S;
-    list_insert_tail(&p->deferred, &rec->link);
+    char why[80];
+    snprintf(why, sizeof(why), "data connection lost: %s", strerror(-tc->status));
+    fail_later(p, rec, why);
     return;
   }
   if (!tc->is_send) { /* whole chunks only: a short one means the ranks disagree */

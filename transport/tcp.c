@@ -85,9 +85,10 @@ static void fail(struct tconn *c, int status) {
   for (struct op *op = c->recvs, *next; op; op = next) next = op->next, complete(c, op, 0, status, 0);
   if (c->body_op) complete(c, c->body_op, 0, status, 0);
   c->sends = c->sends_tail = c->recvs = c->recvs_tail = c->body_op = NULL;
-  for (struct umsg *u = c->unexp, *next; u; u = next) next = u->next, free(u->data), free(u);
+  /* whole messages that arrived stay for the receives still to come: a
+   * peer that sent everything and closed lost nothing */
   if (c->body_umsg) free(c->body_umsg->data), free(c->body_umsg);
-  c->unexp = c->unexp_tail = c->body_umsg = NULL;
+  c->body_umsg = NULL;
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
 }
@@ -341,7 +342,6 @@ static int tcp_post_send(struct tconn *c, const void *buf, size_t len, uint64_t 
 }
 
 static int tcp_post_recv(struct tconn *c, void *buf, size_t len, uint64_t tag, void *user) {
-  if (c->dead) return -ECONNRESET;
   struct op *op = new_op(NULL, buf, len, tag, user);
   if (!op) return -ENOMEM;
   for (struct umsg **p = &c->unexp, *prev = NULL; *p; prev = *p, p = &(*p)->next) {
@@ -357,6 +357,10 @@ static int tcp_post_recv(struct tconn *c, void *buf, size_t len, uint64_t tag, v
       return rc;
     }
     return 0;
+  }
+  if (c->dead) {
+    free(op);
+    return -ECONNRESET;
   }
   if (c->recvs_tail) c->recvs_tail->next = op;
   else c->recvs = op;
@@ -408,6 +412,7 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
 
 static void tcp_close(struct tconn *c) {
   fail(c, -ECANCELED);
+  for (struct umsg *u = c->unexp, *next; u; u = next) next = u->next, free(u->data), free(u);
   for (struct tconn **p = &c->t->conns; *p; p = &(*p)->next)
     if (*p == c) {
       *p = c->next;

@@ -3,7 +3,7 @@
  * Whoever drives it posts sends and receives, each matched by a tag in
  * order per connection, and polls for completions; nothing blocks but
  * connect and poll's own timeout. A message that arrives before its receive
- * is posted is held until it is. */
+ * is posted is held until it is, also after the connection closed. */
 #ifndef CCS_TRANSPORT_H
 #define CCS_TRANSPORT_H
 
