@@ -1,6 +1,7 @@
 /* The TCP transport over loopback: messages of every size both ways,
  * receives posted before and after their message arrives, order per tag,
- * a peer that goes away, and an address nobody listens on. */
+ * a peer that goes away (what it sent first still arrives), and an address
+ * nobody listens on. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -96,6 +97,31 @@ static void test_messages_both_ways(void **state) {
   for (int i = 0; i < N; i++) free(out_a[i]), free(out_b[i]), free(in_a[i]), free(in_b[i]);
 }
 
+/* A peer that sends and closes at once: what it sent is still received by
+ * receives posted afterwards; a receive nothing will match fails. */
+static void test_messages_outlive_the_close(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  char msg[1000], in[1000];
+  for (size_t i = 0; i < sizeof(msg); i++) msg[i] = (char)(i * 13 + 1);
+  struct tcompletion done[4];
+  assert_int_equal(T->post_send(cb, msg, sizeof(msg), 42, NULL), 0);
+  assert_int_equal(collect(b, b, done, 1), 1); /* written */
+  T->free(b);                                  /* and gone */
+  int sentinel = 0;
+  assert_int_equal(T->post_recv(ca, &sentinel, 0, 7, NULL), 0); /* fails once a sees the close */
+  assert_int_equal(collect(a, a, done, 1), 1);
+  assert_true(done[0].status < 0);
+  assert_int_equal(T->post_recv(ca, in, sizeof(in), 42, in), 0);
+  assert_int_equal(collect(a, a, done, 1), 1);
+  assert_int_equal(done[0].status, 0);
+  assert_int_equal(done[0].bytes, sizeof(msg));
+  assert_memory_equal(in, msg, sizeof(msg));
+  assert_true(T->post_recv(ca, in, sizeof(in), 43, in) < 0);
+  T->free(a);
+}
+
 static void test_bad_addresses(void **state) {
   char err[256], bound[128];
   struct transport *t = T->open(err, sizeof(err));
@@ -114,6 +140,7 @@ static void test_bad_addresses(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_messages_both_ways),
+      cmocka_unit_test(test_messages_outlive_the_close),
       cmocka_unit_test(test_bad_addresses),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
