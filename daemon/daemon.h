@@ -132,6 +132,7 @@ struct daemon {
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
   struct peers *peers;       /* other nodes' daemons, when cfg.listen is set */
+  struct engine_pool *pool;  /* ops' scratch, kept between ops */
   char self[CCSD_ADDR_MAX];  /* the address they reach this one at */
 };
 

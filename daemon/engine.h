@@ -58,7 +58,15 @@ struct engine_op {
   const int *rank_of;
   size_t chunk_bytes; /* every daemon of a comm must use the same */
   size_t avg_divisor; /* ranks that contribute (CCS_AVG); 0: n */
+  struct engine_pool *pool; /* where scratch comes from; NULL: malloc */
 };
+
+/* Scratch memory kept between ops: fresh large allocations cost a page
+ * fault per page on first touch, which dominates an op that receives tens
+ * of MiB from other daemons. One thread at a time (the loop's). */
+struct engine_pool;
+struct engine_pool *engine_pool_new(size_t keep_bytes);
+void engine_pool_free(struct engine_pool *pool);
 
 enum engine_kind {
   ENGINE_COMPUTE, /* reduce or copy, on the executor's threads */
@@ -103,7 +111,9 @@ struct engine_plan {
   size_t net_nodes;                  /* SEND and RECV */
   void **ptrs;                       /* storage behind nodes' in/out */
   void **scratch;                    /* allocations the plan owns */
+  size_t *scratch_bytes;
   size_t nscratch;
+  struct engine_pool *pool;          /* they go back to */
 };
 
 /* Compiles op into plan. CCS_OK; or an error with a text in err: the

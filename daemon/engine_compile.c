@@ -379,13 +379,74 @@ static int add_edge(struct compiler *k, uint32_t from, uint32_t to, int chunkwis
   return 0;
 }
 
+struct pool_block {
+  struct pool_block *next;
+  size_t bytes;
+  void *mem;
+};
+
+struct engine_pool {
+  struct pool_block *blocks;
+  size_t kept, keep;
+};
+
+struct engine_pool *engine_pool_new(size_t keep_bytes) {
+  struct engine_pool *pool = calloc(1, sizeof(*pool));
+  if (pool) pool->keep = keep_bytes;
+  return pool;
+}
+
+void engine_pool_free(struct engine_pool *pool) {
+  if (!pool) return;
+  for (struct pool_block *b = pool->blocks, *next; b; b = next) {
+    next = b->next;
+    free(b->mem);
+    free(b);
+  }
+  free(pool);
+}
+
+/* The smallest kept block that fits without wasting half of it. */
+static void *pool_get(struct engine_pool *pool, size_t bytes, size_t *got) {
+  struct pool_block **best = NULL;
+  for (struct pool_block **b = pool ? &pool->blocks : NULL; b && *b; b = &(*b)->next)
+    if ((*b)->bytes >= bytes && (*b)->bytes / 2 <= bytes && (!best || (*b)->bytes < (*best)->bytes))
+      best = b;
+  if (!best) {
+    *got = bytes;
+    return malloc(bytes ? bytes : 1);
+  }
+  struct pool_block *blk = *best;
+  void *mem = blk->mem;
+  *best = blk->next;
+  *got = blk->bytes;
+  pool->kept -= blk->bytes;
+  free(blk);
+  return mem;
+}
+
+static void pool_put(struct engine_pool *pool, void *mem, size_t bytes) {
+  struct pool_block *blk = pool && pool->kept + bytes <= pool->keep ? malloc(sizeof(*blk)) : NULL;
+  if (!blk) {
+    free(mem);
+    return;
+  }
+  *blk = (struct pool_block){pool->blocks, bytes, mem};
+  pool->blocks = blk;
+  pool->kept += bytes;
+}
+
 static void *scratch(struct compiler *k, size_t bytes) {
   struct engine_plan *pl = k->plan;
   void **grown = realloc(pl->scratch, sizeof(void *) * (pl->nscratch + 1));
-  if (!grown) return oom(k), NULL;
-  pl->scratch = grown;
-  void *p = malloc(bytes ? bytes : 1);
+  size_t *sizes = grown ? realloc(pl->scratch_bytes, sizeof(size_t) * (pl->nscratch + 1)) : NULL;
+  if (grown) pl->scratch = grown;
+  if (!sizes) return oom(k), NULL;
+  pl->scratch_bytes = sizes;
+  size_t got;
+  void *p = pool_get(k->op->pool, bytes, &got);
   if (!p) return oom(k), NULL;
+  pl->scratch_bytes[pl->nscratch] = got;
   return pl->scratch[pl->nscratch++] = p;
 }
 
@@ -628,6 +689,7 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
   k.sz = ccs_dtype_size(op->dtype);
   plan->dtype = op->dtype;
   plan->redop = op->redop;
+  plan->pool = op->pool;
   plan->elem_size = k.sz;
   plan->chunk_elems = op->chunk_bytes / (k.sz ? k.sz : 1);
   if (plan->chunk_elems == 0) plan->chunk_elems = 1;
@@ -738,8 +800,9 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
 }
 
 void engine_plan_free(struct engine_plan *plan) {
-  for (size_t i = 0; i < plan->nscratch; i++) free(plan->scratch[i]);
+  for (size_t i = 0; i < plan->nscratch; i++) pool_put(plan->pool, plan->scratch[i], plan->scratch_bytes[i]);
   free(plan->scratch);
+  free(plan->scratch_bytes);
   free(plan->nodes);
   free(plan->ptrs);
   free(plan->succ);

@@ -34,6 +34,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     LOG_ERROR("getrandom: %s", strerror(errno));
     return -1;
   }
+  d->pool = engine_pool_new((size_t)256 << 20); /* scratch kept between ops */
   d->exec = ccsd_executor_new(d, d->cfg.threads);
   if (!d->exec) {
     LOG_ERROR("cannot start %d executor threads", d->cfg.threads);
@@ -65,6 +66,7 @@ void ccsd_daemon_close(struct daemon *d) {
   ccsd_peers_stop(d->peers);
   ccsd_executor_stop(d->exec);
   uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
+  engine_pool_free(d->pool);
   uv_loop_close(d->loop);
   ccsd_metrics_free(d);
 }

@@ -80,7 +80,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     return CCS_ERR_NO_MEMORY;
   }
   struct engine_op op = {.n = n, .count = p0->count, .dtype = (ccs_dtype_t)p0->dtype,
-                         .redop = (ccs_redop_t)p0->redop, .ranks = ranks,
+                         .redop = (ccs_redop_t)p0->redop, .ranks = ranks, .pool = c->d->pool,
                          .chunk_bytes = c->spans ? c->chunk_bytes : cfg->chunk_bytes};
   int from = -1, to = -1;
   struct engine_rank *members = NULL;
