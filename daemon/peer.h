@@ -5,8 +5,9 @@
  *
  * Each pair of daemons keeps a control connection (joins, readiness,
  * failures, heartbeats); each communicator spanning daemons has its own
- * data connection per pair, so that failing a communicator is closing its
- * connections, which completes everything posted on them. */
+ * data connections per pair (peer_connections of them), so that failing a
+ * communicator is closing its connections, which completes everything
+ * posted on them. */
 #ifndef CCSD_PEER_H
 #define CCSD_PEER_H
 
