@@ -5,7 +5,8 @@
  * which silences it the same way), must make the other ranks fail with
  * CCS_ERR_PEER_LOST naming the lost daemon and its rank within a bound, and
  * the surviving daemons must serve new communicators. Junk on the daemons'
- * port is dropped without disturbing them. */
+ * port is dropped without disturbing them; ranks of different nodes that
+ * pass different counts are told so. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -262,9 +263,38 @@ static void test_junk_on_the_port(void **state) {
   survivors_serve();
 }
 
+/* Ranks of two daemons that call all_reduce with different counts. */
+static int mismatched_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 2;
+  size_t count = rank == 0 ? 1000 : 500;
+  float *buf = calloc(count, sizeof(float));
+  sh->code[rank] = ccs_all_reduce(buf, buf, count, CCS_FLOAT32, CCS_SUM, comm, NULL);
+  snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
+  ccs_comm_destroy(comm);
+  free(buf);
+  return 0;
+}
+
+static void test_counts_differ_across_nodes(void **state) {
+  (void)state;
+  test_spread_ranks(dm, 2);
+  assert_int_equal(test_run_ranks(2, mismatched_rank, NULL, 60, NULL), 0);
+  int named = 0;
+  for (int r = 0; r < 2; r++) {
+    fprintf(stderr, "# counts differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
+    assert_int_equal(sh->code[r], CCS_ERR_PEER_LOST);
+    named += strstr(sh->text[r], "different counts") != NULL;
+  }
+  assert_true(named >= 1);
+  survivors_serve();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_junk_on_the_port, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_counts_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
   };
