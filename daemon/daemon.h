@@ -408,7 +408,6 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads);
  * the executor once the loop has closed its handle. */
 void ccsd_executor_stop(struct executor *e);
 void ccsd_executor_submit(struct executor *e, struct xop *x);
-void ccsd_executor_run_inline(struct xop *x); /* on the calling thread */
 /* A SEND or RECV task completed (the network thread). */
 void ccsd_executor_task_done(struct executor *e, struct xop *x, size_t task);
 /* 1 when tasks finished since *seen (updated) or nothing is waiting */

@@ -45,9 +45,6 @@ static uint64_t now_ns(void) {
 
 double ccsd_executor_busy_seconds(struct executor *e) { return (double)atomic_load(&e->busy_ns) / 1e9; }
 
-/* Small ops: two thread hand-offs cost more than the work itself. */
-void ccsd_executor_run_inline(struct xop *x) { engine_run_all(&x->plan, x->streaming); }
-
 /* The next task under e->mu: the first claimable op of the first tenant
  * that has one; that tenant's turn then passes to the back. */
 static struct xop *claim(struct executor *e, size_t *ret_task) {

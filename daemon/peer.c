@@ -150,23 +150,26 @@ static void on_events(uv_async_t *h) {
 
 /* --- connections ----------------------------------------------------------- */
 
-static int send_msg(struct peers *p, struct pconn *c, const Ccs__PeerMsg *m) {
-  size_t len = protobuf_c_message_get_packed_size(&m->base);
-  uint8_t *buf = len <= CONTROL_MAX ? malloc(len ? len : 1) : NULL;
-  if (!buf) return -ENOMEM;
-  protobuf_c_message_pack(&m->base, buf);
-  struct post_rec *rec = calloc(1, sizeof(*rec)); /* x NULL: a control send, buf to free */
-  if (!rec) {
-    free(buf);
-    return -ENOMEM;
-  }
-  rec->task = (size_t)(uintptr_t)buf;
-  int rc = p->ops->post_send(c->tc, buf, len, 0, rec);
-  if (rc) {
-    free(buf);
-    free(rec);
-  }
+/* A packed control message, which the connection owns from here (freed
+ * when its send completes). */
+static int send_frame(struct peers *p, struct pconn *c, uint8_t *buf, size_t len) {
+  int rc = p->ops->post_send(c->tc, buf, len, 0, buf);
+  if (rc) free(buf);
   return rc;
+}
+
+/* Packs a control message: malloc'ed, NULL when out of memory or too large. */
+static uint8_t *pack(const Ccs__PeerMsg *m, size_t *len) {
+  *len = protobuf_c_message_get_packed_size(&m->base);
+  uint8_t *buf = *len <= CONTROL_MAX ? malloc(*len ? *len : 1) : NULL;
+  if (buf) protobuf_c_message_pack(&m->base, buf);
+  return buf;
+}
+
+static int send_msg(struct peers *p, struct pconn *c, const Ccs__PeerMsg *m) {
+  size_t len;
+  uint8_t *buf = pack(m, &len);
+  return buf ? send_frame(p, c, buf, len) : -ENOMEM;
 }
 
 static int post_control_recv(struct peers *p, struct pconn *c) {
@@ -479,9 +482,7 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
   if (c && !tc->is_send && tc->status == 0) c->last_rx = now_s(); /* a word from the peer */
   if (tc->tag == 0) {
     if (tc->is_send) { /* a control message left (or not) */
-      struct post_rec *rec = tc->user;
-      free((void *)(uintptr_t)rec->task);
-      free(rec);
+      free(tc->user);
     } else if (c && tc->status == 0) {
       on_control(p, c, tc->bytes);
       return;
@@ -562,10 +563,8 @@ static void run_cmd(struct peers *p, struct cmd *cmd) {
   switch (cmd->kind) {
   case CMD_CONTROL: {
     struct pconn *c = control_to(p, cmd->addr);
-    Ccs__PeerMsg *m = c ? ccs__peer_unpack(cmd->frame, cmd->len) : NULL;
-    if (m && send_msg(p, c, m)) drop_conn(p, c, "cannot send");
-    if (m) ccs__peer_msg__free_unpacked(m, NULL);
-    free(cmd->frame);
+    if (!c) free(cmd->frame);
+    else if (send_frame(p, c, cmd->frame, cmd->len)) drop_conn(p, c, "cannot send");
     break;
   }
   case CMD_POST: do_post(p, cmd->x, cmd->task); break;
@@ -616,15 +615,12 @@ static void enqueue(struct peers *p, struct cmd *cmd) {
 
 void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m) {
   struct cmd *cmd = calloc(1, sizeof(*cmd));
-  size_t len = protobuf_c_message_get_packed_size(&m->base);
-  if (cmd) cmd->frame = malloc(len ? len : 1);
+  if (cmd) cmd->frame = pack(m, &cmd->len);
   if (!cmd || !cmd->frame) {
     free(cmd);
     LOG_ERROR("out of memory sending to the daemon at %s", addr);
     return;
   }
-  protobuf_c_message_pack(&m->base, cmd->frame);
-  cmd->len = len;
   cmd->kind = CMD_CONTROL;
   snprintf(cmd->addr, sizeof(cmd->addr), "%s", addr);
   enqueue(p, cmd);
