@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "engine.h"
+#include "gpu.h"
 #include "list.h"
 #include "peer.h"
 #include "tuner.h"
@@ -132,6 +133,8 @@ struct daemon {
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
   struct peers *peers;       /* other nodes' daemons, when cfg.listen is set */
+  struct gpu *gpu;           /* NULL: host-only, for the reason in gpu_absent */
+  char gpu_absent[200];
   struct engine_pool *pool;  /* ops' scratch, kept between ops */
   char self[CCSD_ADDR_MAX];  /* the address they reach this one at */
 };
@@ -139,8 +142,9 @@ struct daemon {
 struct membuf {
   struct list link; /* in session->buffers while registered */
   uint64_t id;      /* unique in the daemon */
-  void *base;
+  void *base;       /* a device address for device memory */
   size_t size;
+  int device;       /* the GPU it lives on; -1: host memory */
   int refs;
   struct tenant *tenant;
 };
@@ -172,6 +176,7 @@ struct session {
   struct list outq;
   size_t out_bytes;
   struct list buffers;
+  struct list events; /* struct gpu_events */
   struct list members;
   struct list submissions;
   uint64_t next_comm_handle;
@@ -261,6 +266,7 @@ struct post {
   uint64_t posted_ms;
   uint64_t posted_ns; /* uv_hrtime, for the latency histogram */
   struct tenant *tenant; /* charged one op in flight */
+  struct gpu_events *events; /* the client's stream order (device buffers) */
 };
 
 struct slot {
@@ -290,6 +296,13 @@ struct xop {
   void *scratch;           /* a barrier's bytes */
   uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
   char net_error[160];     /* a network task failed (first reason; under the executor's lock) */
+  int device;              /* the GPU that runs it; -1: host memory */
+  struct membuf **held;    /* kept for the GPU after early replies (ccsd_xop_enqueued) */
+  int nheld;
+  char gpu_error[160];     /* the GPU could not run it */
+  void *gpu_done;          /* its completion event while on the GPU */
+  int gpu_state;           /* what the GPU threads have for the loop (under their lock) */
+  int announced;           /* ccsd_xop_enqueued ran */
 };
 
 /* tenant.c */
@@ -350,6 +363,9 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64
 ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
                                   size_t errlen);
 /* NULL and CCS_ERR_PERMISSION when another connection registered id */
+ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
+                                         const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
+                                         char *err, size_t errlen);
 struct membuf *ccsd_membuf_find(struct session *s, uint64_t id, ccs_result_t *ret_rc);
 void ccsd_membuf_deregister(struct membuf *b);
 void ccsd_membuf_ref(struct membuf *b);
@@ -390,6 +406,7 @@ void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error);
 /* op.c: a matched op: its algorithm, its graph, where it runs */
 void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq);
 void ccsd_xop_done(struct xop *x);
+void ccsd_xop_enqueued(struct xop *x); /* on a GPU: ranks with events get their reply */
 void ccsd_comm_fail_pending(struct comm *c);
 
 /* span.c: communicators across daemons */

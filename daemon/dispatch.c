@@ -73,7 +73,8 @@ static void on_get_unique_id(struct session *s, uint64_t id) {
   ccsd_session_send(s, &r);
 }
 
-static void on_mem_register(struct session *s, uint64_t id, uint64_t frame_offset) {
+static void on_mem_register(struct session *s, uint64_t id, const Ccs__MemRegister *m,
+                            uint64_t frame_offset) {
   int fd = ccsd_session_take_fd(s, frame_offset);
   if (fd < 0) {
     ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT,
@@ -82,18 +83,28 @@ static void on_mem_register(struct session *s, uint64_t id, uint64_t frame_offse
   }
   char err[256];
   struct membuf *b;
-  ccs_result_t rc = ccsd_membuf_register(s, fd, &b, err, sizeof(err));
+  ccs_result_t rc;
+  if (m->domain == CCS__MEM_HOST) {
+    rc = ccsd_membuf_register(s, fd, &b, err, sizeof(err));
+  } else if (m->domain == CCS__MEM_CUDA) {
+    rc = ccsd_membuf_register_device(s, fd, m->size, m->device.data, m->device.len, &b, err,
+                                     sizeof(err));
+  } else {
+    close(fd);
+    rc = CCS_ERR_INVALID_ARGUMENT;
+    snprintf(err, sizeof(err), "unknown memory domain %u", m->domain);
+  }
   if (rc != CCS_OK) {
     ccsd_session_reply(s, id, rc, err);
     return;
   }
   Ccs__Reply r = CCS__REPLY__INIT;
-  Ccs__MemRegisterReply m = CCS__MEM_REGISTER_REPLY__INIT;
-  m.buffer = b->id;
-  m.size = b->size;
+  Ccs__MemRegisterReply reg = CCS__MEM_REGISTER_REPLY__INIT;
+  reg.buffer = b->id;
+  reg.size = b->size;
   r.id = id;
   r.body_case = CCS__REPLY__BODY_MEM_REGISTER;
-  r.mem_register = &m;
+  r.mem_register = &reg;
   ccsd_session_send(s, &r);
 }
 
@@ -106,6 +117,53 @@ static void on_mem_deregister(struct session *s, uint64_t id, const Ccs__MemDere
     return;
   }
   ccsd_membuf_deregister(b);
+  ccsd_session_reply(s, id, CCS_OK, NULL);
+}
+
+static void on_event_register(struct session *s, uint64_t id, const Ccs__EventRegister *m) {
+  char err[256];
+  struct gpu_events *ev;
+  if (!s->d->gpu) {
+    snprintf(err, sizeof(err), "this daemon runs host-only (%s): no stream order to keep",
+             s->d->gpu_absent);
+    ccsd_session_reply(s, id, CCS_ERR_UNSUPPORTED, err);
+    return;
+  }
+  ccs_result_t rc = ccsd_gpu_events_open(s->d->gpu, m->device.data, m->device.len, m->ready.data,
+                                         m->ready.len, m->done.data, m->done.len, &ev, err,
+                                         sizeof(err));
+  if (rc != CCS_OK) {
+    ccsd_session_reply(s, id, rc, err);
+    return;
+  }
+  ev->id = ++s->d->next_id;
+  list_insert_tail(&s->events, &ev->link);
+  Ccs__Reply r = CCS__REPLY__INIT;
+  Ccs__EventRegisterReply e = CCS__EVENT_REGISTER_REPLY__INIT;
+  e.events = ev->id;
+  r.id = id;
+  r.body_case = CCS__REPLY__BODY_EVENT_REGISTER;
+  r.event_register = &e;
+  ccsd_session_send(s, &r);
+}
+
+static struct gpu_events *find_events(struct session *s, uint64_t events) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &s->events) {
+    struct gpu_events *ev = LIST_ENTRY(it, struct gpu_events, link);
+    if (ev->id == events) return ev;
+  }
+  return NULL;
+}
+
+static void on_event_deregister(struct session *s, uint64_t id, uint64_t events) {
+  struct gpu_events *ev = find_events(s, events);
+  if (!ev) {
+    ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such events on this connection");
+    return;
+  }
+  list_remove(&ev->link);
+  ccsd_gpu_events_unref(ev);
   ccsd_session_reply(s, id, CCS_OK, NULL);
 }
 
@@ -280,6 +338,11 @@ static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
     ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }
+  struct gpu_events *events = m->events ? find_events(s, m->events) : NULL;
+  if (m->events && !events) {
+    ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such events on this connection");
+    return;
+  }
   struct post **posts = calloc(m->n_ops, sizeof(*posts));
   if (!posts) {
     ccsd_session_reply(s, id, CCS_ERR_NO_MEMORY, "out of memory");
@@ -308,6 +371,7 @@ static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
   }
   for (i = 0; i < m->n_ops; i++) {
     posts[i]->sub = sub;
+    if ((posts[i]->events = events) != NULL) events->refs++;
     ccsd_post_submit(posts[i]);
   }
   free(posts);
@@ -334,7 +398,11 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64
   case CCS__REQUEST__BODY_COMM_DESTROY: on_comm_destroy(s, id, req->comm_destroy->comm, 0); break;
   case CCS__REQUEST__BODY_COMM_ABORT: on_comm_destroy(s, id, req->comm_abort->comm, 1); break;
   case CCS__REQUEST__BODY_COMM_QUERY: on_comm_query(s, id, req->comm_query->comm); break;
-  case CCS__REQUEST__BODY_MEM_REGISTER: on_mem_register(s, id, frame_offset); break;
+  case CCS__REQUEST__BODY_MEM_REGISTER: on_mem_register(s, id, req->mem_register, frame_offset); break;
+  case CCS__REQUEST__BODY_EVENT_REGISTER: on_event_register(s, id, req->event_register); break;
+  case CCS__REQUEST__BODY_EVENT_DEREGISTER:
+    on_event_deregister(s, id, req->event_deregister->events);
+    break;
   case CCS__REQUEST__BODY_MEM_DEREGISTER: on_mem_deregister(s, id, req->mem_deregister); break;
   case CCS__REQUEST__BODY_SUBMIT: on_submit(s, id, req->submit); break;
   case CCS__REQUEST__BODY_STATS: on_stats(s, id); break;

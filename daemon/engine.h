@@ -66,6 +66,9 @@ struct engine_op {
  * of MiB from other daemons. One thread at a time (the loop's). */
 struct engine_pool;
 struct engine_pool *engine_pool_new(size_t keep_bytes);
+/* The same over another kind of memory (a GPU's). */
+struct engine_pool *engine_pool_new_with(size_t keep_bytes, void *(*alloc)(size_t bytes, void *ctx),
+                                         void (*release)(void *mem, void *ctx), void *ctx);
 void engine_pool_free(struct engine_pool *pool);
 
 enum engine_kind {
@@ -133,6 +136,8 @@ static inline int engine_done(const struct engine_plan *plan) {
   return plan->finished == plan->ntasks;
 }
 size_t engine_claim(struct engine_plan *plan); /* engine_has_ready first */
+/* Task `task` covers elements [*ret_first, *ret_first + return) of its node. */
+size_t engine_task_span(const struct engine_plan *plan, size_t task, size_t *ret_first);
 void engine_run_task(const struct engine_plan *plan, size_t task, int streaming);
 /* How many tasks it made ready. */
 size_t engine_finish(struct engine_plan *plan, size_t task);

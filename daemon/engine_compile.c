@@ -388,19 +388,30 @@ struct pool_block {
 struct engine_pool {
   struct pool_block *blocks;
   size_t kept, keep;
+  void *(*alloc)(size_t bytes, void *ctx);
+  void (*release)(void *mem, void *ctx);
+  void *ctx;
 };
 
-struct engine_pool *engine_pool_new(size_t keep_bytes) {
+static void *host_alloc(size_t bytes, void *ctx) { return malloc(bytes ? bytes : 1); }
+static void host_release(void *mem, void *ctx) { free(mem); }
+
+struct engine_pool *engine_pool_new_with(size_t keep_bytes, void *(*alloc)(size_t, void *),
+                                         void (*release)(void *, void *), void *ctx) {
   struct engine_pool *pool = calloc(1, sizeof(*pool));
-  if (pool) pool->keep = keep_bytes;
+  if (pool) *pool = (struct engine_pool){NULL, 0, keep_bytes, alloc, release, ctx};
   return pool;
+}
+
+struct engine_pool *engine_pool_new(size_t keep_bytes) {
+  return engine_pool_new_with(keep_bytes, host_alloc, host_release, NULL);
 }
 
 void engine_pool_free(struct engine_pool *pool) {
   if (!pool) return;
   for (struct pool_block *b = pool->blocks, *next; b; b = next) {
     next = b->next;
-    free(b->mem);
+    pool->release(b->mem, pool->ctx);
     free(b);
   }
   free(pool);
@@ -414,7 +425,7 @@ static void *pool_get(struct engine_pool *pool, size_t bytes, size_t *got) {
       best = b;
   if (!best) {
     *got = bytes;
-    return malloc(bytes ? bytes : 1);
+    return pool ? pool->alloc(bytes, pool->ctx) : host_alloc(bytes, NULL);
   }
   struct pool_block *blk = *best;
   void *mem = blk->mem;
@@ -428,7 +439,8 @@ static void *pool_get(struct engine_pool *pool, size_t bytes, size_t *got) {
 static void pool_put(struct engine_pool *pool, void *mem, size_t bytes) {
   struct pool_block *blk = pool && pool->kept + bytes <= pool->keep ? malloc(sizeof(*blk)) : NULL;
   if (!blk) {
-    free(mem);
+    if (pool) pool->release(mem, pool->ctx);
+    else host_release(mem, NULL);
     return;
   }
   *blk = (struct pool_block){pool->blocks, bytes, mem};

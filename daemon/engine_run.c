@@ -44,10 +44,16 @@ size_t engine_finish(struct engine_plan *pl, size_t task) {
   return made;
 }
 
-void engine_run_task(const struct engine_plan *pl, size_t task, int streaming) {
+size_t engine_task_span(const struct engine_plan *pl, size_t task, size_t *ret_first) {
   const struct engine_node *nd = &pl->nodes[pl->task_node[task]];
   size_t begin = (task - nd->first_task) * pl->chunk_elems;
-  size_t n = nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
+  *ret_first = begin;
+  return nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
+}
+
+void engine_run_task(const struct engine_plan *pl, size_t task, int streaming) {
+  const struct engine_node *nd = &pl->nodes[pl->task_node[task]];
+  size_t begin, n = engine_task_span(pl, task, &begin);
   size_t off = begin * pl->elem_size;
   enum { MAX_STACK = 64 };
   const void *in_stack[MAX_STACK];

@@ -40,6 +40,14 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     LOG_ERROR("cannot start %d executor threads", d->cfg.threads);
     return -1;
   }
+  d->gpu = ccsd_gpu_start(d, d->gpu_absent, sizeof(d->gpu_absent));
+  if (d->gpu) {
+    char gpus[512];
+    ccsd_gpu_describe(d->gpu, gpus, sizeof(gpus));
+    LOG_INFO(CCS_LOG_INIT, "device memory: %s", gpus);
+  } else {
+    LOG_INFO(CCS_LOG_INIT, "host-only: %s", d->gpu_absent);
+  }
   if (d->cfg.listen[0]) { /* other nodes' daemons */
     d->peers = ccsd_peers_start(d, d->self, sizeof(d->self));
     if (!d->peers) return -1;
@@ -64,6 +72,7 @@ void ccsd_daemon_close(struct daemon *d) {
   ccsd_metrics_http_stop(d);
   ccsd_server_stop(d);
   ccsd_peers_stop(d->peers);
+  ccsd_gpu_stop(d->gpu);
   ccsd_executor_stop(d->exec);
   uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
   engine_pool_free(d->pool);

@@ -183,7 +183,7 @@ int main(int argc, char **argv) {
   d.sig_term.data = d.sig_int.data = &d;
   uv_signal_start(&d.sig_term, on_signal, SIGTERM);
   uv_signal_start(&d.sig_int, on_signal, SIGINT);
-  LOG_INFO(CCS_LOG_INIT, "listening on %s%s with %d executor threads (host memory only)", d.cfg.socket_path,
+  LOG_INFO(CCS_LOG_INIT, "listening on %s%s with %d executor threads", d.cfg.socket_path,
            d.socket_activated ? " (socket from systemd)" : "", d.cfg.threads);
   ccsd_systemd_ready(&d);
 

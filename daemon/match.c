@@ -15,6 +15,7 @@ void ccsd_post_free(struct post *p) {
   ccsd_membuf_unref(p->sendbuf);
   ccsd_membuf_unref(p->recvbuf);
   ccsd_tenant_release(p->tenant, TENANT_OPS, 1);
+  ccsd_gpu_events_unref(p->events);
   free(p);
 }
 

@@ -1,4 +1,5 @@
-/* Registered host buffers: a client's sealed memfd, mapped once here.
+/* Registered buffers: a client's sealed memfd, or its GPU allocation
+ * (gpu.h), mapped once here.
  *
  * The size comes from fstat, never from the message, and the memfd must be
  * sealed against shrinking and growing: otherwise the client could truncate
@@ -7,6 +8,7 @@
  * client deregistered it or died. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,36 @@
 #include "log.h"
 
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
+static void unmap(struct membuf *b) {
+  if (b->device >= 0) ccsd_gpu_unmap(b->base, b->size);
+  else munmap(b->base, b->size);
+}
+
+/* The mapping at base becomes buffer b of session s (or is undone). */
+static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t size, int device,
+                        struct membuf **ret, char *err, size_t errlen) {
+  struct membuf *b = calloc(1, sizeof(*b));
+  if (!b) {
+    struct membuf undo = {.base = base, .size = size, .device = device};
+    unmap(&undo);
+    ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
+    snprintf(err, errlen, "out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  b->id = ++s->d->next_id;
+  b->tenant = t;
+  b->base = base;
+  b->size = size;
+  b->device = device;
+  b->refs = 1;
+  list_insert_tail(&s->buffers, &b->link);
+  LOG_TRACE(CCS_LOG_MEM, "client %llu registered %s buffer %llu of %zu bytes",
+            (unsigned long long)s->id, device < 0 ? "host" : "device", (unsigned long long)b->id,
+            size);
+  *ret = b;
+  return CCS_OK;
+}
 
 ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
                                   size_t errlen) {
@@ -48,23 +80,37 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
     snprintf(err, errlen, "cannot map %zu bytes: %s", size, strerror(saved));
     return saved == ENOMEM ? CCS_ERR_NO_MEMORY : CCS_ERR_SYSTEM;
   }
-  struct membuf *b = calloc(1, sizeof(*b));
-  if (!b) {
-    munmap(base, size);
-    ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
-    snprintf(err, errlen, "out of memory");
-    return CCS_ERR_NO_MEMORY;
+  return add(s, t, base, size, -1, ret, err, errlen);
+}
+
+ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
+                                         const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
+                                         char *err, size_t errlen) {
+  if (!s->d->gpu) {
+    close(fd);
+    snprintf(err, errlen, "this daemon runs host-only (%s): device buffers are not supported",
+             s->d->gpu_absent);
+    return CCS_ERR_UNSUPPORTED;
   }
-  b->id = ++s->d->next_id;
-  b->tenant = t;
-  b->base = base;
-  b->size = size;
-  b->refs = 1;
-  list_insert_tail(&s->buffers, &b->link);
-  LOG_TRACE(CCS_LOG_MEM, "client %llu registered buffer %llu of %zu bytes", (unsigned long long)s->id,
-            (unsigned long long)b->id, size);
-  *ret = b;
-  return CCS_OK;
+  if (size == 0 || size > SIZE_MAX / 2) {
+    close(fd);
+    snprintf(err, errlen, "a device buffer of %llu bytes", (unsigned long long)size);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct tenant *t;
+  ccs_result_t rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen);
+  if (rc != CCS_OK) {
+    close(fd);
+    return rc;
+  }
+  void *base;
+  int device;
+  if ((rc = ccsd_gpu_map(s->d->gpu, fd, size, uuid, uuid_len, &base, &device, err, errlen)) !=
+      CCS_OK) {
+    ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
+    return rc;
+  }
+  return add(s, t, base, (size_t)size, device, ret, err, errlen);
 }
 
 static struct membuf *find_in(struct session *s, uint64_t id) {
@@ -94,7 +140,7 @@ void ccsd_membuf_ref(struct membuf *b) { b->refs++; }
 
 void ccsd_membuf_unref(struct membuf *b) {
   if (!b || --b->refs > 0) return;
-  munmap(b->base, b->size);
+  unmap(b);
   ccsd_tenant_release(b->tenant, TENANT_REGISTERED_BYTES, b->size);
   free(b);
 }

@@ -36,6 +36,8 @@ static uint64_t op_bytes(const struct post *p, int n) {
 void ccsd_xop_free(struct xop *x) {
   if (!x) return;
   engine_plan_free(&x->plan);
+  for (int i = 0; i < x->nheld; i++) ccsd_membuf_unref(x->held[i]);
+  free(x->held);
   free(x->posts);
   free(x->part_node);
   free(x->scratch);
@@ -82,6 +84,10 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   struct engine_op op = {.n = n, .count = p0->count, .dtype = (ccs_dtype_t)p0->dtype,
                          .redop = (ccs_redop_t)p0->redop, .ranks = ranks, .pool = c->d->pool,
                          .chunk_bytes = c->spans ? c->chunk_bytes : cfg->chunk_bytes};
+  if (x->device >= 0) { /* one stream runs it in order: one launch per node, no chunks */
+    op.pool = ccsd_gpu_pool(c->d->gpu, x->device);
+    op.chunk_bytes = (size_t)1 << 60;
+  }
   int from = -1, to = -1;
   struct engine_rank *members = NULL;
   if (p2p) { /* a broadcast from the sender to the receiver */
@@ -209,7 +215,11 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     x->nposts = nposts;
     x->kind = first_post(x) ? first_post(x)->kind : CCS__BARRIER;
     x->seq = seq;
-    rc = plan(x, err, sizeof(err));
+    static const uint64_t no_gpus[CCSD_GPU_MAX_DEVICES];
+    x->device = ccsd_gpu_op_device(x->posts, nposts, c->spans,
+                                   c->d->gpu ? ccsd_gpu_reach(c->d->gpu) : no_gpus, &rc, err,
+                                   sizeof(err));
+    if (x->device >= -1) rc = plan(x, err, sizeof(err));
   }
   if (rc != CCS_OK) {
     for (int i = 0; i < nposts; i++)
@@ -226,6 +236,10 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   list_insert_tail(&c->running, &x->comm_link);
   x->launched_ms = ccsd_now_ms(c->d);
   if (x->plan.net_nodes && !uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
+  if (x->device >= 0) {
+    ccsd_gpu_submit(c->d->gpu, x);
+    return;
+  }
   /* Small ops run right here: on these machines a blocking wake-up costs
    * 15-40 us and the executor path takes two, while reducing 64 KiB takes
    * a few; the loop stays responsive. Everything else goes to the threads. */
@@ -238,22 +252,45 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   }
 }
 
+/* Replies to posts[i] (NULL afterwards), with how the op ran if asked. */
+static void finish_post(struct xop *x, int i, ccs_result_t status, const char *error, char *info,
+                        size_t infolen) {
+  struct post *p = x->posts[i];
+  if (p->member->debug && p->sub) {
+    if (!info[0]) describe(x, info, infolen);
+    ccsd_submission_note(p->sub, info);
+  }
+  ccsd_post_finish(p, status, error);
+  x->posts[i] = NULL;
+}
+
+void ccsd_xop_enqueued(struct xop *x) {
+  char info[512] = "";
+  if (!x->held && !(x->held = calloc(2 * (size_t)x->nposts, sizeof(*x->held)))) return;
+  for (int i = 0; i < x->nposts; i++) {
+    struct post *p = x->posts[i];
+    if (!p || !p->events) continue;
+    /* its stream waits for the GPU; the buffers stay mapped until it is done */
+    struct membuf *bufs[2] = {p->sendbuf, p->recvbuf};
+    for (int k = 0; k < 2; k++)
+      if (bufs[k]) ccsd_membuf_ref(x->held[x->nheld++] = bufs[k]);
+    finish_post(x, i, CCS_OK, NULL, info, sizeof(info));
+  }
+}
+
 void ccsd_xop_done(struct xop *x) {
   struct comm *c = x->comm;
   list_remove(&x->comm_link);
-  int cancelled = atomic_load(&x->cancelled);
   char info[512] = "";
   if (x->net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "%s", x->net_error);
-  for (int i = 0; i < x->nposts; i++) {
-    struct post *p = x->posts[i];
-    if (!p) continue; /* a rank of another daemon */
-    if (p->member->debug && p->sub) {
-      if (!info[0]) describe(x, info, sizeof(info));
-      ccsd_submission_note(p->sub, info);
-    }
-    ccsd_post_finish(p, cancelled ? c->error : CCS_OK, cancelled ? c->error_text : NULL);
-  }
+  if (x->gpu_error[0] && c->state != COMM_FAILED) /* as NCCL: a CUDA error ends the comm */
+    ccsd_comm_fail(c, CCS_ERR_CUDA, "%s", x->gpu_error);
+  int failed = atomic_load(&x->cancelled) || x->gpu_error[0];
+  for (int i = 0; i < x->nposts; i++)
+    if (x->posts[i]) /* else a rank of another daemon, or answered when queued on a GPU */
+      finish_post(x, i, failed ? c->error : CCS_OK, failed ? c->error_text : NULL, info,
+                  sizeof(info));
   ccsd_xop_free(x);
   ccsd_comm_unref(c);
 }

@@ -75,6 +75,7 @@ void ccsd_session_new(struct daemon *d, int fd) {
   ccs__frame_reader_init(&s->rd, CCS__FRAME_MAX);
   list_init(&s->outq);
   list_init(&s->buffers);
+  list_init(&s->events);
   list_init(&s->members);
   list_init(&s->submissions);
   list_insert_tail(&d->sessions, &s->link);
@@ -119,6 +120,10 @@ void ccsd_session_close(struct session *s, const char *why) {
   ccsd_submission_orphan_all(s);
   LIST_FOREACH_SAFE(it, tmp, &s->buffers) {
     ccsd_membuf_deregister(LIST_ENTRY(it, struct membuf, link));
+  }
+  LIST_FOREACH_SAFE(it, tmp, &s->events) {
+    list_remove(it);
+    ccsd_gpu_events_unref(LIST_ENTRY(it, struct gpu_events, link));
   }
   LIST_FOREACH_SAFE(it, tmp, &s->outq) {
     list_remove(it);

@@ -35,6 +35,11 @@ enum ccs__coll_kind {
   CCS__BARRIER,
   CCS__COLL_KIND_COUNT
 };
+/* Where a registered buffer lives (MemRegister.domain). */
+enum ccs__mem_domain { CCS__MEM_HOST = 0, CCS__MEM_CUDA = 1 };
+#define CCS__UUID_BYTES 16u          /* a GPU's UUID */
+#define CCS__IPC_EVENT_BYTES 64u     /* a cudaIpcEventHandle_t */
+
 const char *ccs__coll_name(uint32_t kind);
 int ccs__coll_has_redop(uint32_t kind);
 int ccs__coll_has_root(uint32_t kind);

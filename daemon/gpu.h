@@ -1,0 +1,83 @@
+/* The daemon's CUDA memory domain (DESIGN.md section 6).
+ *
+ * Clients' device buffers are VMM allocations whose fds the daemon maps
+ * once, readable and writable by every GPU with peer access to them. Ops
+ * whose buffers are on GPUs run as the engine's graph of device kernels on
+ * one stream per GPU, queued by one worker thread per GPU: one launch
+ * order per GPU across all tenants. A client's stream order is kept with a
+ * pair of interprocess events (wait on `ready`, record `done`), so no host
+ * thread waits for a GPU on the client's behalf.
+ *
+ * Without the toolkit at build time, a driver or a GPU at run time, the
+ * daemon runs host-only: ccsd_gpu_start says why and every device request
+ * gets CCS_ERR_UNSUPPORTED with that reason. */
+#ifndef CCSD_GPU_H
+#define CCSD_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ccs.h"
+#include "list.h"
+
+struct daemon;
+struct xop;
+struct post;
+struct engine_pool;
+
+#define CCSD_GPU_MAX_DEVICES 64
+
+struct gpu;
+
+/* The GPUs of this daemon, or NULL with the reason it runs host-only. */
+struct gpu *ccsd_gpu_start(struct daemon *d, char *why, size_t len);
+void ccsd_gpu_stop(struct gpu *g);
+/* "2 GPUs: NVIDIA H200 (0), NVIDIA H200 (1)" */
+void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len);
+
+/* Maps a client's exported allocation (fd, always closed here) of `size`
+ * bytes on the GPU with that UUID. */
+ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *uuid,
+                          size_t uuid_len, void **ret_base, int *ret_device, char *err,
+                          size_t errlen);
+void ccsd_gpu_unmap(void *base, size_t size);
+
+/* A client's pair of interprocess events (EventRegister). */
+struct gpu_events {
+  struct list link; /* in session->events while registered */
+  uint64_t id;
+  int device;
+  int refs; /* the registration, posts */
+  void *ready, *done;
+};
+ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, size_t uuid_len,
+                                  const uint8_t *ready, size_t ready_len, const uint8_t *done,
+                                  size_t done_len, struct gpu_events **ret, char *err,
+                                  size_t errlen);
+void ccsd_gpu_events_unref(struct gpu_events *ev);
+
+/* reach[a] bit b: GPU a can access GPU b's memory. */
+const uint64_t *ccsd_gpu_reach(const struct gpu *g);
+
+/* Scratch of device `device`, kept between ops. */
+struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device);
+
+/* Queues x, compiled over device buffers, on GPU x->device. From the loop
+ * thread; the loop later gets ccsd_xop_enqueued (the ranks that gave
+ * events may go on) and ccsd_xop_done (the GPU finished). */
+void ccsd_gpu_submit(struct gpu *g, struct xop *x);
+
+/* Which GPU runs an op whose local posts are posts[0..n) (NULLs skipped):
+ * -1 when every buffer is host memory; else the device of the first device
+ * buffer, which must reach every other (reach[a] has bit b when GPU a can
+ * access GPU b's memory). -2 with rc and err when the buffers cannot be
+ * used together: host and device mixed, device buffers across daemons,
+ * GPUs without peer access, more ranks than a launch takes. */
+int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64_t *reach,
+                       ccs_result_t *rc, char *err, size_t errlen);
+
+/* Whether a CUDA error leaves the context unusable for every tenant: the
+ * daemon logs it and exits for systemd to restart it. */
+int ccsd_gpu_error_is_sticky(int cuda_error);
+
+#endif

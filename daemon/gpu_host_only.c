@@ -1,0 +1,37 @@
+/* The CUDA memory domain of a daemon built without the CUDA toolkit: it
+ * runs host-only and says so; device requests never get this far (the
+ * registrations are refused with the reason). */
+#include <stdio.h>
+
+#include "daemon.h"
+
+struct gpu *ccsd_gpu_start(struct daemon *d, char *why, size_t len) {
+  snprintf(why, len, "built without the CUDA toolkit");
+  return NULL;
+}
+
+void ccsd_gpu_stop(struct gpu *g) {}
+void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len) { snprintf(buf, len, "none"); }
+
+ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *uuid,
+                          size_t uuid_len, void **ret_base, int *ret_device, char *err,
+                          size_t errlen) {
+  snprintf(err, errlen, "this daemon was built without the CUDA toolkit");
+  return CCS_ERR_UNSUPPORTED;
+}
+
+void ccsd_gpu_unmap(void *base, size_t size) {}
+
+ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, size_t uuid_len,
+                                  const uint8_t *ready, size_t ready_len, const uint8_t *done,
+                                  size_t done_len, struct gpu_events **ret, char *err,
+                                  size_t errlen) {
+  snprintf(err, errlen, "this daemon was built without the CUDA toolkit");
+  return CCS_ERR_UNSUPPORTED;
+}
+
+void ccsd_gpu_events_unref(struct gpu_events *ev) {}
+struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device) { return NULL; }
+const uint64_t *ccsd_gpu_reach(const struct gpu *g) { return NULL; }
+void ccsd_gpu_submit(struct gpu *g, struct xop *x) {}
+int ccsd_gpu_error_is_sticky(int cuda_error) { return 0; }

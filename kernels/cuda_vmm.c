@@ -1,0 +1,205 @@
+/* CUDA virtual memory shared between processes (cuda_vmm.h). */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_vmm.h"
+
+static struct {
+  CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                     unsigned long long);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*address_free)(CUdeviceptr, size_t);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+  CUresult (*export_fd)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                        unsigned long long);
+  CUresult (*import_fd)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+  CUresult (*granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+  CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+  CUresult (*error_string)(CUresult, const char **);
+} cu;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char unusable[256]; /* empty: usable */
+
+static int entry(const char *symbol, void **fn) {
+  enum cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion(symbol, fn, 12000, cudaEnableDefault, &status) !=
+          cudaSuccess ||
+      status != cudaDriverEntryPointSuccess || !*fn) {
+    snprintf(unusable, sizeof(unusable), "the CUDA driver has no %s", symbol);
+    return -1;
+  }
+  return 0;
+}
+
+static void load(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(unusable, sizeof(unusable), "%s (%s)",
+             e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice ? "no CUDA driver or GPU"
+                                                                        : "CUDA unusable",
+             cudaGetErrorString(e));
+    return;
+  }
+  if (n == 0) {
+    snprintf(unusable, sizeof(unusable), "no GPU visible");
+    return;
+  }
+  (void)(entry("cuMemCreate", (void **)&cu.create) || entry("cuMemRelease", (void **)&cu.release) ||
+         entry("cuMemAddressReserve", (void **)&cu.reserve) ||
+         entry("cuMemAddressFree", (void **)&cu.address_free) ||
+         entry("cuMemMap", (void **)&cu.map) || entry("cuMemUnmap", (void **)&cu.unmap) ||
+         entry("cuMemSetAccess", (void **)&cu.set_access) ||
+         entry("cuMemExportToShareableHandle", (void **)&cu.export_fd) ||
+         entry("cuMemImportFromShareableHandle", (void **)&cu.import_fd) ||
+         entry("cuMemGetAllocationGranularity", (void **)&cu.granularity) ||
+         entry("cuMemGetAllocationPropertiesFromHandle", (void **)&cu.props) ||
+         entry("cuGetErrorString", (void **)&cu.error_string));
+}
+
+int ccs__cuda_usable(char *why, size_t len) {
+  pthread_once(&once, load);
+  if (why && len) snprintf(why, len, "%s", unusable);
+  return unusable[0] ? -1 : 0;
+}
+
+static int failed(CUresult r, const char *what, char *err, size_t errlen) {
+  const char *text = NULL;
+  if (cu.error_string) cu.error_string(r, &text);
+  snprintf(err, errlen, "%s: %s (CUDA driver error %d)", what, text ? text : "unknown", (int)r);
+  return -1;
+}
+
+/* Reserves an address range for size bytes of h and maps it, read-write
+ * for the devices given. */
+static int map_handle(CUmemGenericAllocationHandle h, size_t size, size_t align,
+                      const CUmemAccessDesc *access, size_t naccess, void **ret_ptr, char *err,
+                      size_t errlen) {
+  CUdeviceptr va = 0;
+  CUresult r = cu.reserve(&va, size, align, 0, 0);
+  if (r != CUDA_SUCCESS) return failed(r, "cannot reserve device addresses", err, errlen);
+  if ((r = cu.map(va, size, 0, h, 0)) != CUDA_SUCCESS) {
+    cu.address_free(va, size);
+    return failed(r, "cannot map the allocation (is it smaller than claimed?)", err, errlen);
+  }
+  if ((r = cu.set_access(va, size, access, naccess)) != CUDA_SUCCESS) {
+    cu.unmap(va, size);
+    cu.address_free(va, size);
+    return failed(r, "cannot grant access to the allocation", err, errlen);
+  }
+  *ret_ptr = (void *)(uintptr_t)va;
+  return 0;
+}
+
+static CUmemAccessDesc rw_for(int device) {
+  CUmemAccessDesc a;
+  memset(&a, 0, sizeof(a));
+  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.location.id = device;
+  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return a;
+}
+
+int ccs__vmm_alloc(int device, size_t bytes, void **ret_ptr, size_t *ret_size, int *ret_fd,
+                   char *err, size_t errlen) {
+  if (ccs__cuda_usable(err, errlen)) return -1;
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof(prop));
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t gran = 0;
+  CUresult r = cu.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (r != CUDA_SUCCESS || gran == 0) return failed(r, "no allocation granularity", err, errlen);
+  if (bytes > SIZE_MAX - gran) {
+    snprintf(err, errlen, "%zu bytes is more than a device can hold", bytes);
+    return -1;
+  }
+  size_t size = (bytes + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle h;
+  if ((r = cu.create(&h, size, &prop, 0)) != CUDA_SUCCESS)
+    return failed(r, "cannot allocate device memory", err, errlen);
+  CUmemAccessDesc access = rw_for(device);
+  int fd = -1;
+  if (map_handle(h, size, gran, &access, 1, ret_ptr, err, errlen)) {
+    cu.release(h);
+    return -1;
+  }
+  if ((r = cu.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) != CUDA_SUCCESS) {
+    ccs__vmm_unmap(*ret_ptr, size);
+    cu.release(h);
+    return failed(r, "cannot export the allocation as a file descriptor", err, errlen);
+  }
+  cu.release(h); /* the mapping keeps the memory */
+  *ret_size = size;
+  *ret_fd = fd;
+  return 0;
+}
+
+int ccs__vmm_import(int fd, size_t size, const int *devices, int ndevices, void **ret_ptr,
+                    int *ret_device, char *err, size_t errlen) {
+  if (ccs__cuda_usable(err, errlen)) return -1;
+  CUmemGenericAllocationHandle h;
+  CUresult r = cu.import_fd(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS)
+    return failed(r, "not a CUDA allocation exported as a file descriptor", err, errlen);
+  CUmemAllocationProp prop;
+  size_t gran = 0;
+  if ((r = cu.props(&prop, h)) != CUDA_SUCCESS ||
+      (r = cu.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS ||
+      prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    cu.release(h);
+    return failed(r, "cannot read the allocation's properties", err, errlen);
+  }
+  if (size == 0 || !gran || size % gran) {
+    cu.release(h);
+    snprintf(err, errlen, "a device allocation's size is a multiple of %zu bytes, not %zu", gran,
+             size);
+    return -1;
+  }
+  enum { MOST = 64 };
+  CUmemAccessDesc access[MOST];
+  size_t n = 0;
+  access[n++] = rw_for(prop.location.id);
+  for (int i = 0; i < ndevices && n < MOST; i++) {
+    int can = 0;
+    if (devices[i] != prop.location.id &&
+        cudaDeviceCanAccessPeer(&can, devices[i], prop.location.id) == cudaSuccess && can)
+      access[n++] = rw_for(devices[i]);
+  }
+  int rc = map_handle(h, size, gran, access, n, ret_ptr, err, errlen);
+  cu.release(h);
+  *ret_device = prop.location.id;
+  return rc;
+}
+
+void ccs__vmm_unmap(void *ptr, size_t size) {
+  if (!ptr || ccs__cuda_usable(NULL, 0)) return;
+  cu.unmap((CUdeviceptr)(uintptr_t)ptr, size);
+  cu.address_free((CUdeviceptr)(uintptr_t)ptr, size);
+}
+
+int ccs__cuda_uuid_of_device(int device, uint8_t *uuid) {
+  struct cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return -1;
+  memcpy(uuid, p.uuid.bytes, 16);
+  return 0;
+}
+
+int ccs__cuda_device_of_uuid(const uint8_t *uuid) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return -1;
+  for (int d = 0; d < n; d++) {
+    uint8_t each[16];
+    if (ccs__cuda_uuid_of_device(d, each) == 0 && memcmp(each, uuid, 16) == 0) return d;
+  }
+  return -1;
+}

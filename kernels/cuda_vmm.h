@@ -1,0 +1,41 @@
+/* CUDA virtual memory shared between processes: an allocation exported as
+ * a POSIX fd, passed over the Unix socket, imported and mapped by the
+ * daemon (DESIGN.md section 4). Unlike a cudaIpcMemHandle the fd is not a
+ * bearer token, and the memory stays valid until every mapping is gone.
+ *
+ * The driver functions are fetched through the CUDA runtime (linked
+ * statically), so nothing here links against libcuda: a process on a
+ * machine without the driver loads and runs host-only. */
+#ifndef CCS_CUDA_VMM_H
+#define CCS_CUDA_VMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 0 when the driver and at least one GPU are usable; otherwise -1 and why
+ * ("no CUDA driver: ...", "no GPU: ..."). Checked once per process. */
+int ccs__cuda_usable(char *why, size_t len);
+
+/* A new allocation of at least `bytes` on `device`, mapped read-write for
+ * it at *ret_ptr (*ret_size: rounded to the granularity), and its POSIX fd
+ * in *ret_fd (the caller passes it on and closes it). */
+int ccs__vmm_alloc(int device, size_t bytes, void **ret_ptr, size_t *ret_size, int *ret_fd,
+                   char *err, size_t errlen);
+
+/* Imports fd (not closed here) and maps `size` bytes of it, read-write for
+ * the device it lives on (*ret_device) and for every device in
+ * devices[0..ndevices) that has peer access to it. Fails if the allocation
+ * holds less than size. */
+int ccs__vmm_import(int fd, size_t size, const int *devices, int ndevices, void **ret_ptr,
+                    int *ret_device, char *err, size_t errlen);
+
+/* Unmaps what alloc or import mapped (the memory goes once every process
+ * holding a mapping did so). */
+void ccs__vmm_unmap(void *ptr, size_t size);
+
+/* The device ordinal of this process whose UUID is uuid (16 bytes), or -1. */
+int ccs__cuda_device_of_uuid(const uint8_t *uuid);
+/* The UUID of device ordinal `device` into uuid[16]; 0 on success. */
+int ccs__cuda_uuid_of_device(int device, uint8_t *uuid);
+
+#endif
