@@ -25,6 +25,8 @@ struct op {
   int stage_in;   /* copy user -> staging before (send data lies in range) */
   const char *stage2_lo; /* a second, disjoint staged range (send) */
   size_t stage2_len, stage2_off;
+  int device;   /* the GPU holding the buffers; -1: host memory */
+  void *stream; /* cudaStream_t (device buffers) */
 };
 
 static __thread struct {
@@ -39,13 +41,35 @@ static ccs_result_t fail(ccs_comm_t *comm, ccs_result_t rc, const char *fmt, con
   return rc;
 }
 
+/* Device buffers: both on one GPU; a stream only with them. */
+static ccs_result_t check_domain(struct op *o, ccs_stream_t stream) {
+  char why[512];
+  const char *name = ccs__coll_name(o->kind);
+  if (stream && ccs__gpu_usable() != CCS_OK) {
+    snprintf(why, sizeof(why), "%s: a stream was given; %s", name, ccs__error());
+    return fail(o->comm, CCS_ERR_UNSUPPORTED, "%s", why);
+  }
+  int sd = o->send_len ? ccs__gpu_device_of(o->send) : -1;
+  int rd = o->recv_len ? ccs__gpu_device_of(o->recv) : -1;
+  o->device = sd >= 0 ? sd : rd;
+  o->stream = stream;
+  if (o->device >= 0 && o->send_len && o->recv_len && sd != rd) {
+    if (sd < 0 || rd < 0)
+      snprintf(why, sizeof(why), "%s: the %s buffer is host memory, the other is on GPU %d", name,
+               sd < 0 ? "send" : "receive", o->device);
+    else snprintf(why, sizeof(why), "%s: the buffers are on two GPUs (%d and %d)", name, sd, rd);
+    return fail(o->comm, CCS_ERR_INVALID_USAGE, "%s", why);
+  }
+  if (stream && o->device < 0 && (o->send_len || o->recv_len))
+    return fail(o->comm, CCS_ERR_INVALID_USAGE,
+                "%s: with a stream the buffers are device memory; host buffers take a NULL "
+                "stream", name);
+  return CCS_OK;
+}
+
 static ccs_result_t check_op(struct op *o, ccs_stream_t stream) {
   const char *name = ccs__coll_name(o->kind);
   if (!o->comm) return fail(NULL, CCS_ERR_INVALID_ARGUMENT, "%s: communicator is NULL", name);
-  if (stream)
-    return fail(o->comm, CCS_ERR_UNSUPPORTED,
-                "%s: streams come with device buffers, which this build does not support; "
-                "pass NULL", name);
   if ((unsigned)o->dtype >= CCS_DTYPE_COUNT)
     return fail(o->comm, CCS_ERR_INVALID_ARGUMENT, "%s: unknown data type", name);
   if (ccs__coll_has_redop(o->kind) && (unsigned)o->redop >= CCS_REDOP_COUNT)
@@ -59,6 +83,13 @@ static ccs_result_t check_op(struct op *o, ccs_stream_t stream) {
     return fail(o->comm, CCS_ERR_INVALID_ARGUMENT, "%s: count overflows", name);
   if ((o->send_len && !o->send) || (o->recv_len && !o->recv))
     return fail(o->comm, CCS_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
+  return check_domain(o, stream);
+}
+
+/* Staging copies: host memcpy, or queued on the stream for device memory. */
+static ccs_result_t stage_copy(const struct op *o, void *dst, const void *src, size_t len) {
+  if (o->device >= 0) return ccs__gpu_copy(dst, src, len, o->stream);
+  memcpy(dst, src, len);
   return CCS_OK;
 }
 
@@ -117,10 +148,14 @@ static void fill_ref(Ccs__BufRef *ref, const struct op *o, const char *ptr, uint
 
 static ccs_result_t submit(struct op *ops, size_t n) {
   struct ccs__conn *c = ops[0].comm->conn;
+  int device = ops[0].device;
   for (size_t i = 0; i < n; i++) {
     if (ops[i].comm->conn != c)
       return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
                   "a group mixes communicators of different daemon connections");
+    if (ops[i].device != device || ops[i].stream != ops[0].stream)
+      return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
+                  "the ops of a group use one stream and buffers of one GPU (or host memory)");
     if (ops[i].comm->async_error != CCS_OK)
       return fail(ops[i].comm, ops[i].comm->async_error, "%s", ops[i].comm->last_error);
   }
@@ -128,8 +163,14 @@ static ccs_result_t submit(struct op *ops, size_t n) {
   ccs_result_t rc = resolve(c, ops, n, &staged_bytes);
   if (rc != CCS_OK) return rc;
   struct ccs__staging *st = NULL;
-  if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, &st)) != CCS_OK)
+  if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, device, &st)) != CCS_OK)
     return fail(ops[0].comm, rc, "%s", ccs__error());
+  struct ccs__gpu_order order = {0};
+  int submitted = 0;
+  if (device >= 0 && (rc = ccs__gpu_begin(c, device, ops[0].stream, &order)) != CCS_OK) {
+    ccs__staging_release(st, ops[0].stream);
+    return fail(ops[0].comm, rc, "%s", ccs__error());
+  }
 
   Ccs__Op *msgs = calloc(n, sizeof(*msgs));
   Ccs__Op **ptrs = calloc(n, sizeof(*ptrs));
@@ -158,29 +199,40 @@ static ccs_result_t submit(struct op *ops, size_t n) {
       fill_ref(&refs[2 * i + 1], o, o->recv, o->recv_len, o->recv_id, o->recv_off, st);
       m->recv = &refs[2 * i + 1];
     }
-    if (o->stage_lo && o->stage_in)
-      memcpy((char *)st->base + o->stage_off, o->stage_lo, o->stage_len);
-    if (o->stage2_lo) memcpy((char *)st->base + o->stage2_off, o->stage2_lo, o->stage2_len);
+    if (o->stage_lo && o->stage_in &&
+        (rc = stage_copy(o, (char *)st->base + o->stage_off, o->stage_lo, o->stage_len)) != CCS_OK)
+      goto copy_failed;
+    if (o->stage2_lo &&
+        (rc = stage_copy(o, (char *)st->base + o->stage2_off, o->stage2_lo, o->stage2_len)) != CCS_OK)
+      goto copy_failed;
     ptrs[i] = m;
   }
+  if (device >= 0 && (rc = ccs__gpu_ready(&order)) != CCS_OK) goto copy_failed;
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__Submit sub = CCS__SUBMIT__INIT;
   sub.n_ops = n;
   sub.ops = ptrs;
+  sub.events = order.events;
   req.body_case = CCS__REQUEST__BODY_SUBMIT;
   req.submit = &sub;
   Ccs__Reply *reply;
   rc = ccs__conn_call(c, &req, -1, &reply);
   if (rc == CCS_OK) {
+    submitted = 1;
     if (ops[0].comm->debug && reply->info && reply->info[0])
       fprintf(stderr, "ccs INFO rank %d: %s\n", ops[0].comm->rank, reply->info);
     ccs__reply__free_unpacked(reply, NULL);
-    for (size_t i = 0; i < n; i++) {
+    /* device: the stream waits for the daemon's work before the copies out */
+    if (device >= 0 && (rc = ccs__gpu_end(&order, 1)) != CCS_OK) goto copy_failed;
+    for (size_t i = 0; i < n && rc == CCS_OK; i++) {
       struct op *o = &ops[i];
       if (o->stage_lo && o->recv_len) /* the results: only the receive range */
-        memcpy(o->recv, (char *)st->base + o->stage_off + (size_t)(o->recv - o->stage_lo),
-               o->recv_len);
+        rc = stage_copy(o, o->recv,
+                        (char *)st->base + o->stage_off + (size_t)(o->recv - o->stage_lo),
+                        o->recv_len);
     }
+    if (rc == CCS_OK && device >= 0 && !ops[0].stream) rc = ccs__gpu_sync(NULL);
+    if (rc != CCS_OK) goto copy_failed;
   } else {
     for (size_t i = 0; i < n; i++) {
       ccs_comm_t *cm = ops[i].comm;
@@ -194,11 +246,16 @@ static ccs_result_t submit(struct op *ops, size_t n) {
       if (fatal && cm->async_error == CCS_OK) cm->async_error = rc;
     }
   }
+  goto out;
+copy_failed:
+  for (size_t i = 0; i < n; i++)
+    snprintf(ops[i].comm->last_error, sizeof(ops[i].comm->last_error), "%s", ccs__error());
 out:
+  if (order.pair) ccs__gpu_end(&order, submitted);
   free(msgs);
   free(ptrs);
   free(refs);
-  ccs__staging_release(st);
+  ccs__staging_release(st, ops[0].stream);
   return rc;
 }
 

@@ -55,21 +55,55 @@ const char *ccs__error(void);
 int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *ret_id,
                     uint64_t *ret_off);
 
-/* Staging for unregistered buffers: a registered area of at least `bytes`,
- * taken from a per-connection pool (exclusive until released). */
+/* Staging for unregistered buffers: a registered area of at least `bytes`
+ * in host memory (device -1) or on a GPU, taken from a per-connection
+ * pool (exclusive until released; a device area until the GPU work queued
+ * on `stream` at release is done). */
 struct ccs__staging {
   void *base;
   size_t size;
   uint64_t id;
+  int device;
+  void *free_after; /* device: an event recorded at release */
   struct ccs__conn *conn;
   struct ccs__staging *next;
 };
-ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, struct ccs__staging **ret);
-void ccs__staging_release(struct ccs__staging *s);
+ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, int device,
+                               struct ccs__staging **ret);
+void ccs__staging_release(struct ccs__staging *s, void *stream);
 
 /* memfd-backed shared memory, sealed against shrinking and growing. */
 ccs_result_t ccs__memfd_map(size_t bytes, int *ret_fd, void **ret_ptr);
-ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, uint64_t *ret_id);
+/* Registers fd: a memfd (device -1) or a GPU allocation of `size` bytes. */
+ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_t size,
+                                  uint64_t *ret_id);
+
+/* The CUDA domain (gpu.c; gpu_host_only.c without the toolkit). Functions
+ * returning ccs_result_t leave a text in ccs__error() on failure. */
+ccs_result_t ccs__gpu_usable(void); /* CCS_ERR_UNSUPPORTED: no driver, no GPU */
+int ccs__gpu_device_of(const void *ptr); /* -1: not device memory (or no CUDA) */
+ccs_result_t ccs__gpu_uuid(int device, uint8_t *uuid);
+ccs_result_t ccs__gpu_alloc(int device, size_t bytes, void **ret_ptr, size_t *ret_size,
+                            int *ret_fd);
+void ccs__gpu_unmap(void *ptr, size_t size);
+ccs_result_t ccs__gpu_copy(void *dst, const void *src, size_t bytes, void *stream);
+int ccs__gpu_event_done(void *event);
+void ccs__gpu_event_free(void *event);
+ccs_result_t ccs__gpu_record(void **event, int device, void *stream);
+
+/* A submission's stream order: the events the daemon waits on and records. */
+struct ccs__gpu_order {
+  uint64_t events; /* the daemon's id for the pair */
+  void *stream;
+  struct ccs__gpu_pair *pair;
+};
+ccs_result_t ccs__gpu_begin(struct ccs__conn *c, int device, void *stream,
+                            struct ccs__gpu_order *o);
+ccs_result_t ccs__gpu_ready(struct ccs__gpu_order *o); /* after the copies in */
+/* After the reply: the stream waits for the daemon (when submitted), the
+ * pair goes back; a NULL stream then waits for the GPU. */
+ccs_result_t ccs__gpu_end(struct ccs__gpu_order *o, int submitted);
+ccs_result_t ccs__gpu_sync(void *stream);
 void ccs__mem_deregister(struct ccs__conn *c, uint64_t id);
 
 struct ccs_comm {

@@ -1,4 +1,5 @@
-/* Memory the daemon can map: sealed memfds passed over the socket.
+/* Memory the daemon can map: sealed memfds, or GPU allocations exported
+ * as fds (gpu.c), passed over the socket.
  *
  * ccs_mem_alloc'ed buffers are registered once per connection (again,
  * lazily, after a fork or a daemon restart: the fd is kept for that).
@@ -17,6 +18,7 @@ struct allocation {
   char *ptr;
   size_t size;
   int fd;
+  int device; /* -1: host memory */
   struct ccs__conn *conn; /* where id is valid; NULL: not registered */
   uint64_t id;
 };
@@ -48,9 +50,24 @@ ccs_result_t ccs__memfd_map(size_t bytes, int *ret_fd, void **ret_ptr) {
   return CCS_OK;
 }
 
-ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, uint64_t *ret_id) {
+static void unmap(void *ptr, size_t size, int device) {
+  if (device >= 0) ccs__gpu_unmap(ptr, size);
+  else munmap(ptr, size);
+}
+
+ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_t size,
+                                  uint64_t *ret_id) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
+  uint8_t uuid[CCS__UUID_BYTES];
+  if (device >= 0) {
+    ccs_result_t rc = ccs__gpu_uuid(device, uuid);
+    if (rc != CCS_OK) return rc;
+    m.domain = CCS__MEM_CUDA;
+    m.size = size;
+    m.device.data = uuid;
+    m.device.len = sizeof(uuid);
+  }
   req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
   req.mem_register = &m;
   Ccs__Reply *reply;
@@ -77,20 +94,23 @@ void ccs__mem_deregister(struct ccs__conn *c, uint64_t id) {
   if (ccs__conn_call(c, &req, -1, &reply) == CCS_OK) ccs__reply__free_unpacked(reply, NULL);
 }
 
-CCS__API ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes) {
+/* Host memory (device -1) or memory on a GPU, registered with the daemon. */
+static ccs_result_t alloc(void **ptr, size_t bytes, int device) {
   if (!ptr || bytes == 0) {
     ccs__set_error("ccs_mem_alloc needs a pointer to fill and a non-zero size");
     return CCS_ERR_INVALID_ARGUMENT;
   }
   struct ccs__conn *c;
-  ccs_result_t rc = ccs__conn_get(&c);
+  ccs_result_t rc = device >= 0 ? ccs__gpu_usable() : CCS_OK;
   if (rc != CCS_OK) return rc;
+  if ((rc = ccs__conn_get(&c)) != CCS_OK) return rc;
   int fd;
   void *p;
   uint64_t id;
-  if ((rc = ccs__memfd_map(bytes, &fd, &p)) != CCS_OK) goto out;
-  if ((rc = ccs__mem_register_fd(c, fd, &id)) != CCS_OK) {
-    munmap(p, bytes);
+  rc = device >= 0 ? ccs__gpu_alloc(device, bytes, &p, &bytes, &fd) : ccs__memfd_map(bytes, &fd, &p);
+  if (rc != CCS_OK) goto out;
+  if ((rc = ccs__mem_register_fd(c, fd, device, bytes, &id)) != CCS_OK) {
+    unmap(p, bytes, device);
     close(fd);
     goto out;
   }
@@ -101,7 +121,7 @@ CCS__API ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes) {
     if (!grown) {
       pthread_mutex_unlock(&mem_mu);
       ccs__mem_deregister(c, id);
-      munmap(p, bytes);
+      unmap(p, bytes, device);
       close(fd);
       ccs__set_error("out of memory");
       rc = CCS_ERR_NO_MEMORY;
@@ -111,12 +131,22 @@ CCS__API ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes) {
     cap_allocs = cap;
   }
   ccs__conn_ref(c);
-  allocs[nallocs++] = (struct allocation){p, bytes, fd, c, id};
+  allocs[nallocs++] = (struct allocation){p, bytes, fd, device, c, id};
   pthread_mutex_unlock(&mem_mu);
   *ptr = p;
 out:
   ccs__conn_put(c);
   return rc;
+}
+
+CCS__API ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes) { return alloc(ptr, bytes, -1); }
+
+CCS__API ccs_result_t ccs_mem_alloc_device(void **ptr, size_t bytes, int device) {
+  if (device < 0) {
+    ccs__set_error("ccs_mem_alloc_device: device %d", device);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  return alloc(ptr, bytes, device);
 }
 
 CCS__API ccs_result_t ccs_mem_free(void *ptr) {
@@ -137,7 +167,7 @@ CCS__API ccs_result_t ccs_mem_free(void *ptr) {
     ccs__mem_deregister(a.conn, a.id);
     ccs__conn_put(a.conn);
   }
-  munmap(a.ptr, a.size);
+  unmap(a.ptr, a.size, a.device);
   close(a.fd);
   return CCS_OK;
 }
@@ -153,7 +183,7 @@ int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *
     if (a->conn != c) {
       /* Made on an older connection (fork, daemon restart): register here. */
       uint64_t id;
-      if (ccs__mem_register_fd(c, a->fd, &id) != CCS_OK) {
+      if (ccs__mem_register_fd(c, a->fd, a->device, a->size, &id) != CCS_OK) {
         found = -1;
         break;
       }
@@ -187,16 +217,19 @@ static size_t staging_limit(void) {
 static void staging_unmap(struct ccs__staging *s) {
   ccs__mem_deregister(s->conn, s->id);
   ccs__conn_put(s->conn);
-  munmap(s->base, s->size);
+  if (s->free_after) ccs__gpu_event_free(s->free_after);
+  unmap(s->base, s->size, s->device);
   staging_bytes -= s->size;
   free(s);
 }
 
-ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, struct ccs__staging **ret) {
+ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, int device,
+                               struct ccs__staging **ret) {
   pthread_mutex_lock(&staging_mu);
   struct ccs__staging **best = NULL;
   for (struct ccs__staging **p = &free_staging; *p; p = &(*p)->next) {
-    if ((*p)->conn != c || (*p)->conn->broken) continue;
+    if ((*p)->conn != c || (*p)->conn->broken || (*p)->device != device) continue;
+    if ((*p)->free_after && !ccs__gpu_event_done((*p)->free_after)) continue;
     if ((*p)->size >= bytes && (!best || (*p)->size < (*best)->size)) best = p;
   }
   if (best) {
@@ -207,9 +240,13 @@ ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, struct ccs__st
     return CCS_OK;
   }
   /* Make room: drop free areas that are too small or on old connections. */
-  while (free_staging && staging_bytes + bytes > staging_limit()) {
-    struct ccs__staging *s = free_staging;
-    free_staging = s->next;
+  for (struct ccs__staging **p = &free_staging; *p && staging_bytes + bytes > staging_limit();) {
+    struct ccs__staging *s = *p;
+    if (s->free_after && !ccs__gpu_event_done(s->free_after)) { /* the GPU still uses it */
+      p = &s->next;
+      continue;
+    }
+    *p = s->next;
     staging_unmap(s);
   }
   size_t size = (size_t)1 << 20;
@@ -224,11 +261,13 @@ ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, struct ccs__st
   }
   struct ccs__staging *s = calloc(1, sizeof(*s));
   int fd = -1;
-  ccs_result_t rc = s ? ccs__memfd_map(size, &fd, &s->base) : CCS_ERR_NO_MEMORY;
+  ccs_result_t rc = !s                ? CCS_ERR_NO_MEMORY
+                    : device >= 0     ? ccs__gpu_alloc(device, size, &s->base, &size, &fd)
+                                      : ccs__memfd_map(size, &fd, &s->base);
   if (rc == CCS_OK) {
-    rc = ccs__mem_register_fd(c, fd, &s->id);
+    rc = ccs__mem_register_fd(c, fd, device, size, &s->id);
     close(fd);
-    if (rc != CCS_OK) munmap(s->base, size);
+    if (rc != CCS_OK) unmap(s->base, size, device);
   }
   if (rc != CCS_OK) {
     free(s);
@@ -236,6 +275,7 @@ ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, struct ccs__st
     return rc;
   }
   s->size = size;
+  s->device = device;
   s->conn = c;
   ccs__conn_ref(c);
   staging_bytes += size;
@@ -244,8 +284,14 @@ ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, struct ccs__st
   return CCS_OK;
 }
 
-void ccs__staging_release(struct ccs__staging *s) {
+void ccs__staging_release(struct ccs__staging *s, void *stream) {
   if (!s) return;
+  /* without an event the area waits for the whole stream: never reused early */
+  if (s->device >= 0 && ccs__gpu_record(&s->free_after, s->device, stream) != CCS_OK &&
+      ccs__gpu_sync(stream) != CCS_OK) {
+    ccs__set_error("a device staging area was dropped: its stream cannot be waited for");
+    return; /* leaked rather than overwritten under a running copy */
+  }
   pthread_mutex_lock(&staging_mu);
   s->next = free_staging;
   free_staging = s;

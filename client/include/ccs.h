@@ -4,7 +4,7 @@
  * collectives. The API mirrors NCCL's: opaque communicators created from a
  * 128-byte unique id, one result enum for every call, a detail text per
  * communicator. With a NULL stream every call returns when the operation is
- * complete (host buffers).
+ * complete; with a CUDA stream (device buffers) it is ordered on the stream.
  */
 #ifndef CCS_H
 #define CCS_H
@@ -70,7 +70,10 @@ typedef struct {
 } ccs_unique_id_t;
 
 typedef struct ccs_comm ccs_comm_t;
-typedef void *ccs_stream_t; /* NULL: the call returns when the op is complete */
+/* A cudaStream_t, for device buffers: the op runs in the stream's order and
+ * the call returns without waiting for the GPU (as NCCL). NULL: the call
+ * returns when the op is complete (host or device buffers). */
+typedef void *ccs_stream_t;
 
 const char *ccs_strerror(ccs_result_t r);
 const char *ccs_result_name(ccs_result_t r); /* "CCS_ERR_TIMEOUT" */
@@ -87,6 +90,14 @@ const char *ccs_comm_last_error(const ccs_comm_t *comm);
 /* Host memory the daemon maps directly (zero copy). Any other pointer works
  * too, staged through a bounded per-connection area. */
 ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes);
+/* Memory on GPU `device` (an ordinal of this process) that the daemon maps
+ * directly (CUDA virtual memory exported as a file descriptor: no
+ * copies, and not a bearer token). Other device pointers (cudaMalloc,
+ * framework allocators) work too, staged through daemon-mapped device
+ * memory on the caller's stream. CCS_ERR_UNSUPPORTED without a CUDA driver
+ * or GPU here, or with a host-only daemon. */
+ccs_result_t ccs_mem_alloc_device(void **ptr, size_t bytes, int device);
+/* Frees what ccs_mem_alloc or ccs_mem_alloc_device returned. */
 ccs_result_t ccs_mem_free(void *ptr);
 
 ccs_result_t ccs_all_reduce(const void *sendbuf, void *recvbuf, size_t count, ccs_dtype_t dtype,

@@ -1,0 +1,195 @@
+/* The client's CUDA domain: device allocations the daemon maps (VMM fds),
+ * asynchronous copies for staging, and the event pairs that keep a
+ * stream's order around a submission (internal.h).
+ *
+ * An event pair is registered with the daemon once per connection and
+ * device, then reused: the daemon waits on `ready` and records `done`
+ * before it replies, and this side issues its wait on `done` right after
+ * the reply, so a pair is free again once ccs__gpu_end returns. */
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_vmm.h"
+#include "internal.h"
+
+struct ccs__gpu_pair {
+  struct ccs__gpu_pair *next;
+  struct ccs__conn *conn;
+  int device;
+  uint64_t events;
+  cudaEvent_t ready, done;
+};
+
+static pthread_mutex_t pairs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ccs__gpu_pair *free_pairs;
+
+static ccs_result_t cuda_failed(cudaError_t e, const char *what) {
+  ccs__set_error("%s: %s (CUDA error %d)", what, cudaGetErrorString(e), (int)e);
+  return CCS_ERR_CUDA;
+}
+
+ccs_result_t ccs__gpu_usable(void) {
+  char why[256];
+  if (ccs__cuda_usable(why, sizeof(why)) == 0) return CCS_OK;
+  ccs__set_error("device buffers need CUDA, unusable here: %s", why);
+  return CCS_ERR_UNSUPPORTED;
+}
+
+int ccs__gpu_device_of(const void *ptr) {
+  struct cudaPointerAttributes a;
+  if (!ptr || ccs__cuda_usable(NULL, 0)) return -1;
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    cudaGetLastError(); /* not sticky: forget it */
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+}
+
+ccs_result_t ccs__gpu_uuid(int device, uint8_t *uuid) {
+  ccs_result_t rc = ccs__gpu_usable();
+  if (rc != CCS_OK) return rc;
+  if (ccs__cuda_uuid_of_device(device, uuid)) {
+    ccs__set_error("no GPU %d here", device);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  return CCS_OK;
+}
+
+ccs_result_t ccs__gpu_alloc(int device, size_t bytes, void **ret_ptr, size_t *ret_size,
+                            int *ret_fd) {
+  char err[256];
+  if (ccs__vmm_alloc(device, bytes, ret_ptr, ret_size, ret_fd, err, sizeof(err)) == 0)
+    return CCS_OK;
+  ccs__set_error("GPU %d: %s", device, err);
+  return CCS_ERR_CUDA;
+}
+
+void ccs__gpu_unmap(void *ptr, size_t size) { ccs__vmm_unmap(ptr, size); }
+
+ccs_result_t ccs__gpu_copy(void *dst, const void *src, size_t bytes, void *stream) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+  return e == cudaSuccess ? CCS_OK : cuda_failed(e, "staging copy");
+}
+
+int ccs__gpu_event_done(void *event) { return cudaEventQuery((cudaEvent_t)event) != cudaErrorNotReady; }
+
+void ccs__gpu_event_free(void *event) { cudaEventDestroy((cudaEvent_t)event); }
+
+ccs_result_t ccs__gpu_record(void **event, int device, void *stream) {
+  cudaError_t e = cudaSuccess;
+  int was = 0;
+  cudaGetDevice(&was);
+  if (!*event) {
+    e = cudaSetDevice(device);
+    if (e == cudaSuccess)
+      e = cudaEventCreateWithFlags((cudaEvent_t *)event, cudaEventDisableTiming);
+    cudaSetDevice(was);
+  }
+  if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)*event, (cudaStream_t)stream);
+  return e == cudaSuccess ? CCS_OK : cuda_failed(e, "recording an event");
+}
+
+ccs_result_t ccs__gpu_sync(void *stream) {
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  return e == cudaSuccess ? CCS_OK : cuda_failed(e, "waiting for the stream");
+}
+
+static void pair_free(struct ccs__gpu_pair *p) {
+  if (p->ready) cudaEventDestroy(p->ready);
+  if (p->done) cudaEventDestroy(p->done);
+  ccs__conn_put(p->conn);
+  free(p);
+}
+
+/* A new pair on `device`, registered on connection c. */
+static ccs_result_t pair_new(struct ccs__conn *c, int device, struct ccs__gpu_pair **ret) {
+  struct ccs__gpu_pair *p = calloc(1, sizeof(*p));
+  if (!p) {
+    ccs__set_error("out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  ccs__conn_ref(c);
+  p->conn = c;
+  p->device = device;
+  int was = 0;
+  cudaGetDevice(&was);
+  unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
+  cudaIpcEventHandle_t hr, hd;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->ready, flags);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->done, flags);
+  if (e == cudaSuccess) e = cudaIpcGetEventHandle(&hr, p->ready);
+  if (e == cudaSuccess) e = cudaIpcGetEventHandle(&hd, p->done);
+  cudaSetDevice(was);
+  ccs_result_t rc = e == cudaSuccess ? CCS_OK : cuda_failed(e, "interprocess events");
+  uint8_t uuid[CCS__UUID_BYTES];
+  if (rc == CCS_OK) rc = ccs__gpu_uuid(device, uuid);
+  if (rc != CCS_OK) {
+    pair_free(p);
+    return rc;
+  }
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__EventRegister m = CCS__EVENT_REGISTER__INIT;
+  m.device = (ProtobufCBinaryData){sizeof(uuid), uuid};
+  m.ready = (ProtobufCBinaryData){sizeof(hr), (uint8_t *)&hr};
+  m.done = (ProtobufCBinaryData){sizeof(hd), (uint8_t *)&hd};
+  req.body_case = CCS__REQUEST__BODY_EVENT_REGISTER;
+  req.event_register = &m;
+  Ccs__Reply *reply;
+  if ((rc = ccs__conn_call(c, &req, -1, &reply)) != CCS_OK) {
+    pair_free(p);
+    return rc;
+  }
+  if (reply->body_case != CCS__REPLY__BODY_EVENT_REGISTER) {
+    ccs__reply__free_unpacked(reply, NULL);
+    pair_free(p);
+    ccs__set_error("daemon sent no events id");
+    return CCS_ERR_PROTOCOL;
+  }
+  p->events = reply->event_register->events;
+  ccs__reply__free_unpacked(reply, NULL);
+  *ret = p;
+  return CCS_OK;
+}
+
+ccs_result_t ccs__gpu_begin(struct ccs__conn *c, int device, void *stream,
+                            struct ccs__gpu_order *o) {
+  memset(o, 0, sizeof(*o));
+  o->stream = stream;
+  pthread_mutex_lock(&pairs_mu);
+  for (struct ccs__gpu_pair **p = &free_pairs; *p; p = &(*p)->next)
+    if ((*p)->conn == c && (*p)->device == device) {
+      o->pair = *p;
+      *p = o->pair->next;
+      break;
+    }
+  pthread_mutex_unlock(&pairs_mu);
+  if (!o->pair) {
+    ccs_result_t rc = pair_new(c, device, &o->pair);
+    if (rc != CCS_OK) return rc;
+  }
+  o->events = o->pair->events;
+  return CCS_OK;
+}
+
+ccs_result_t ccs__gpu_ready(struct ccs__gpu_order *o) {
+  cudaError_t e = cudaEventRecord(o->pair->ready, (cudaStream_t)o->stream);
+  return e == cudaSuccess ? CCS_OK : cuda_failed(e, "recording the stream's position");
+}
+
+ccs_result_t ccs__gpu_end(struct ccs__gpu_order *o, int submitted) {
+  cudaError_t e = cudaSuccess;
+  if (submitted) e = cudaStreamWaitEvent((cudaStream_t)o->stream, o->pair->done, 0);
+  pthread_mutex_lock(&pairs_mu);
+  if (o->pair->conn->broken) { /* its registration died with the connection */
+    pthread_mutex_unlock(&pairs_mu);
+    pair_free(o->pair);
+  } else {
+    o->pair->next = free_pairs;
+    free_pairs = o->pair;
+    pthread_mutex_unlock(&pairs_mu);
+  }
+  o->pair = NULL;
+  return e == cudaSuccess ? CCS_OK : cuda_failed(e, "making the stream wait for the daemon");
+}
