@@ -1,7 +1,11 @@
 /* Every collective x dtype x op x size, in and out of place, registered and
  * staged buffers, through a real daemon and real rank processes, checked
  * element by element against values each rank recomputes from the seed.
- * Usage: test_collectives NRANKS */
+ * Usage: test_collectives NRANKS
+ * CCS_TEST_MEMORY=device: the same on GPU 0 (builds with CUDA), buffers
+ * from ccs_mem_alloc_device ("registered") and cudaMalloc ("staged"), ops
+ * on a stream (every other one on the NULL stream), results copied back to
+ * be checked on the host. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +17,9 @@
 #include <sys/mman.h>
 
 #include <cmocka.h>
+#ifdef CCS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "harness.h"
 #include "reference.h"
@@ -58,25 +65,70 @@ static int check_elem(ccs_dtype_t t, const void *buf, size_t k, double want, con
   return 1;
 }
 
-struct bufs {
-  void *a, *b;
+static int on_device; /* CCS_TEST_MEMORY=device */
+static void *stream;   /* this rank's cudaStream_t */
+
+/* A test buffer: `host` is where values are written and checked; `ptr` is
+ * what the ccs calls get (the same, or its device copy). */
+struct mem {
+  char *host, *ptr;
+  size_t bytes;
   int registered;
 };
 
-static void *alloc(size_t bytes, int registered) {
-  void *p = NULL;
-  if (bytes == 0) bytes = 64;
-  if (registered) {
-    if (ccs_mem_alloc(&p, bytes) != CCS_OK) return NULL;
-  } else {
-    p = malloc(bytes);
+static int mem_alloc(struct mem *m, size_t bytes, int registered) {
+  m->bytes = bytes ? bytes : 64;
+  m->registered = registered;
+  m->host = m->ptr = NULL;
+  if (!on_device) {
+    if (registered) ccs_mem_alloc((void **)&m->host, m->bytes);
+    else m->host = malloc(m->bytes);
+    m->ptr = m->host;
+    return m->host ? 0 : -1;
   }
-  return p;
+#ifdef CCS_HAVE_CUDA
+  m->host = malloc(m->bytes);
+  if (registered) ccs_mem_alloc_device((void **)&m->ptr, m->bytes, 0);
+  else if (cudaMalloc((void **)&m->ptr, m->bytes) != cudaSuccess) m->ptr = NULL;
+#endif
+  return m->host && m->ptr ? 0 : -1;
 }
 
-static void release(void *p, int registered) {
-  if (registered) ccs_mem_free(p);
-  else free(p);
+static void mem_free(struct mem *m) {
+  if (on_device) {
+#ifdef CCS_HAVE_CUDA
+    if (m->registered) ccs_mem_free(m->ptr);
+    else cudaFree(m->ptr);
+#endif
+    free(m->host);
+  } else if (m->registered) {
+    ccs_mem_free(m->host);
+  } else {
+    free(m->host);
+  }
+}
+
+/* host -> what ccs sees, and back (device memory only) */
+static void mem_push(struct mem *m) {
+#ifdef CCS_HAVE_CUDA
+  if (on_device) cudaMemcpy(m->ptr, m->host, m->bytes, cudaMemcpyHostToDevice);
+#endif
+}
+static void mem_pull(struct mem *m) {
+#ifdef CCS_HAVE_CUDA
+  if (on_device) cudaMemcpy(m->host, m->ptr, m->bytes, cudaMemcpyDeviceToHost);
+#endif
+}
+
+/* The stream an op goes on: every other device op uses the NULL stream,
+ * which makes the call wait for the result. */
+static ccs_stream_t stream_for(uint64_t op_id) { return on_device && op_id % 2 ? stream : NULL; }
+
+/* After the call: the stream's work is done before the host looks. */
+static void settle(ccs_stream_t s) {
+#ifdef CCS_HAVE_CUDA
+  if (s) cudaStreamSynchronize((cudaStream_t)s);
+#endif
 }
 
 /* One call of collective c; returns the number of wrong elements. */
@@ -93,40 +145,51 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   default: break;
   }
   size_t buf_elems = in_place ? (send_elems > recv_elems ? send_elems : recv_elems) : recv_elems;
-  char *buf = alloc(buf_elems * sz, registered);
-  char *sendbuf = in_place ? NULL : alloc(send_elems * sz, registered);
-  if (!buf || (!in_place && !sendbuf)) {
-    fprintf(stderr, "rank %d: allocation failed: %s\n", rank, ccs_comm_last_error(NULL));
+  struct mem bm, sm = {0};
+  if (mem_alloc(&bm, buf_elems * sz, registered) ||
+      (!in_place && mem_alloc(&sm, send_elems * sz, registered))) {
+    fprintf(stderr, "rank %d: allocation failed\n", rank);
     return 1;
   }
-  char *send = sendbuf, *recv = buf;
+  size_t send_at = 0, recv_at = 0; /* where send and recv lie in their buffers */
   if (in_place) {
-    send = buf;
-    if (c == ALL_GATHER) send = buf + (size_t)rank * count * sz;
-    if (c == REDUCE_SCATTER) recv = buf + (size_t)rank * count * sz;
-    if (c == GATHER && is_root) send = buf + (size_t)root * count * sz;
-    if (c == SCATTER && is_root) recv = buf + (size_t)root * count * sz;
+    if (c == ALL_GATHER) send_at = (size_t)rank * count * sz;
+    if (c == REDUCE_SCATTER) recv_at = (size_t)rank * count * sz;
+    if (c == GATHER && is_root) send_at = (size_t)root * count * sz;
+    if (c == SCATTER && is_root) recv_at = (size_t)root * count * sz;
   }
-  memset(buf, 0x5a, buf_elems * sz); /* sentinel where nothing may be written */
-  for (size_t e = 0; e < send_elems; e++) ref_set(t, send, e, input(t, op, op_id, rank, e));
+  struct mem *sbuf = in_place ? &bm : &sm;
+  memset(bm.host, 0x5a, bm.bytes); /* sentinel where nothing may be written */
+  for (size_t e = 0; e < send_elems; e++)
+    ref_set(t, sbuf->host + send_at, e, input(t, op, op_id, rank, e));
+  mem_push(&bm);
+  if (!in_place) mem_push(&sm);
+  char *send = sbuf->ptr + send_at, *recv = bm.ptr + recv_at;
+  ccs_stream_t st = stream_for(op_id);
 
   ccs_result_t rc;
   switch (c) {
-  case ALL_REDUCE: rc = ccs_all_reduce(send, recv, count, t, op, comm, NULL); break;
-  case BROADCAST: rc = ccs_broadcast(send, recv, count, t, root, comm, NULL); break;
-  case REDUCE: rc = ccs_reduce(send, recv, count, t, op, root, comm, NULL); break;
-  case ALL_GATHER: rc = ccs_all_gather(send, recv, count, t, comm, NULL); break;
-  case REDUCE_SCATTER: rc = ccs_reduce_scatter(send, recv, count, t, op, comm, NULL); break;
-  case ALL_TO_ALL: rc = ccs_all_to_all(send, recv, count, t, comm, NULL); break;
-  case GATHER: rc = ccs_gather(send, recv, count, t, root, comm, NULL); break;
-  case SCATTER: rc = ccs_scatter(send, recv, count, t, root, comm, NULL); break;
+  case ALL_REDUCE: rc = ccs_all_reduce(send, recv, count, t, op, comm, st); break;
+  case BROADCAST: rc = ccs_broadcast(send, recv, count, t, root, comm, st); break;
+  case REDUCE: rc = ccs_reduce(send, recv, count, t, op, root, comm, st); break;
+  case ALL_GATHER: rc = ccs_all_gather(send, recv, count, t, comm, st); break;
+  case REDUCE_SCATTER: rc = ccs_reduce_scatter(send, recv, count, t, op, comm, st); break;
+  case ALL_TO_ALL: rc = ccs_all_to_all(send, recv, count, t, comm, st); break;
+  case GATHER: rc = ccs_gather(send, recv, count, t, root, comm, st); break;
+  case SCATTER: rc = ccs_scatter(send, recv, count, t, root, comm, st); break;
   default: rc = CCS_ERR_INVALID_ARGUMENT; break;
   }
+  settle(st);
+  mem_pull(&bm);
+  if (!in_place) mem_pull(&sm);
+  send = sbuf->host + send_at; /* checked on the host from here on */
+  recv = bm.host + recv_at;
   int wrong = 0, reported = 0;
   char what[160];
   snprintf(what, sizeof(what), "rank %d/%d %s %s %s count=%zu %s %s root=%d", rank, n,
            coll_names[c], ccs_dtype_name(t), has_redop(c) ? ccs_redop_name(op) : "-", count,
            in_place ? "in-place" : "out-of-place", registered ? "registered" : "staged", root);
+  if (on_device) strncat(what, st ? " device stream" : " device NULL-stream", sizeof(what) - strlen(what) - 1);
   if (rc != CCS_OK) {
     fprintf(stderr, "%s: %s: %s\n", what, ccs_result_name(rc), ccs_comm_last_error(comm));
     wrong = 1;
@@ -161,8 +224,8 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
       wrong += check_elem(t, send, e, input(t, op, op_id, rank, e), "send buffer", &reported);
   if (wrong) fprintf(stderr, "%s: %d wrong\n", what, wrong);
 out:
-  release(buf, registered);
-  if (sendbuf) release(sendbuf, registered);
+  mem_free(&bm);
+  if (!in_place) mem_free(&sm);
   return wrong;
 }
 
@@ -200,15 +263,24 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
     for (int s = 0; s < 4; s++, op_id++) {
       size_t cnt = counts[s], sz = ccs_dtype_size(t);
       int registered = s & 1;
-      char *sb = alloc((size_t)n * cnt * sz, registered), *rb = alloc((size_t)n * cnt * sz, registered);
+      struct mem smem, rmem;
+      if (mem_alloc(&smem, (size_t)n * cnt * sz, registered) ||
+          mem_alloc(&rmem, (size_t)n * cnt * sz, registered))
+        return 1;
       for (int peer = 0; peer < n; peer++)
         for (size_t e = 0; e < cnt; e++)
-          ref_set(t, sb + (size_t)peer * cnt * sz, e, input(t, CCS_SUM, op_id, rank * n + peer, e));
+          ref_set(t, smem.host + (size_t)peer * cnt * sz, e, input(t, CCS_SUM, op_id, rank * n + peer, e));
+      mem_push(&smem);
+      char *sb = smem.ptr, *rb = rmem.ptr;
+      ccs_stream_t st = stream_for(op_id);
       int next = (rank + 1) % n, prev = (rank + n - 1) % n;
       ccs_group_start();
-      ccs_send(sb + (size_t)next * cnt * sz, cnt, t, next, comm, NULL);
-      ccs_recv(rb, cnt, t, prev, comm, NULL);
+      ccs_send(sb + (size_t)next * cnt * sz, cnt, t, next, comm, st);
+      ccs_recv(rb, cnt, t, prev, comm, st);
       ccs_result_t rc = ccs_group_end();
+      settle(st);
+      mem_pull(&rmem);
+      rb = rmem.host;
       if (rc != CCS_OK) {
         fprintf(stderr, "rank %d ring %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
         wrong++;
@@ -217,10 +289,12 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
         wrong += check_elem(t, rb, e, input(t, CCS_SUM, op_id, prev * n + rank, e), "ring recv", &reported);
       ccs_group_start();
       for (int peer = 0; peer < n; peer++) {
-        ccs_send(sb + (size_t)peer * cnt * sz, cnt, t, peer, comm, NULL);
-        ccs_recv(rb + (size_t)peer * cnt * sz, cnt, t, peer, comm, NULL);
+        ccs_send(sb + (size_t)peer * cnt * sz, cnt, t, peer, comm, st);
+        ccs_recv(rmem.ptr + (size_t)peer * cnt * sz, cnt, t, peer, comm, st);
       }
       rc = ccs_group_end();
+      settle(st);
+      mem_pull(&rmem);
       if (rc != CCS_OK) {
         fprintf(stderr, "rank %d pairs %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
         wrong++;
@@ -229,8 +303,8 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
         for (size_t e = 0; e < cnt; e++)
           wrong += check_elem(t, rb + (size_t)peer * cnt * sz, e,
                               input(t, CCS_SUM, op_id, peer * n + rank, e), "pair recv", &reported);
-      release(sb, registered);
-      release(rb, registered);
+      mem_free(&smem);
+      mem_free(&rmem);
     }
   }
   /* blocking pairs outside groups: even ranks send first, odd receive first */
@@ -264,6 +338,13 @@ static int run_barriers(ccs_comm_t *comm, int rank, int n) {
 
 static int rank_main(int rank, int n, void *arg) {
   ccs_comm_t *comm;
+#ifdef CCS_HAVE_CUDA
+  if (on_device && (cudaSetDevice(0) != cudaSuccess ||
+                    cudaStreamCreateWithFlags((cudaStream_t *)&stream, cudaStreamNonBlocking))) {
+    fprintf(stderr, "rank %d: no GPU 0\n", rank);
+    return 1;
+  }
+#endif
   ccs_result_t rc = ccs_comm_init_rank(&comm, n, sh->id, rank);
   if (rc != CCS_OK) {
     fprintf(stderr, "rank %d: init: %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(NULL));
@@ -304,6 +385,14 @@ static void test_all_collectives(void **state) {
 
 int main(int argc, char **argv) {
   nranks_arg = argc > 1 ? atoi(argv[1]) : 3;
+  const char *memory = getenv("CCS_TEST_MEMORY");
+  on_device = memory && !strcmp(memory, "device");
+#ifndef CCS_HAVE_CUDA
+  if (on_device) {
+    fprintf(stderr, "CCS_TEST_MEMORY=device: this build has no CUDA\n");
+    return 2;
+  }
+#endif
   if (nranks_arg < 1 || nranks_arg > 64) {
     fprintf(stderr, "usage: test_collectives NRANKS\n");
     return 2;
