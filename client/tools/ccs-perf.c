@@ -2,7 +2,7 @@
  *
  *   ccs-perf COLLECTIVE [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
  *            [-m AGG] [-c CHECK] [-o OP] [-d TYPE] [-r ROOT] [-a AVG] [-z 0|1] [-J FILE]
- *            [--np N] [--registered 0|1]
+ *            [--np N] [--registered 0|1] [--device GPU]
  *
  * Ranks: --np N forks N local ranks; otherwise CCS_RANK and CCS_NRANKS say
  * who this process is and CCS_UNIQUE_ID_FILE names the file rank 0 writes
@@ -22,6 +22,7 @@
 #include "ccs.h"
 #include "dtype.h"
 #include "perf_args.h"
+#include "perf_device.h"
 #include "perf_math.h"
 
 
@@ -93,7 +94,19 @@ struct bench {
   ccs_comm_t *comm;
   int rank, n;
   char *sendbuf, *recvbuf;
+  /* --device: the buffers above are on the GPU, these are their host
+   * copies for checking; ops go on `stream` */
+  char *host_send, *host_recv;
+  size_t bytes;
+  void *stream;
 };
+
+/* Where the host copy of a buffer address lies (itself for host memory). */
+static char *host_view(const struct bench *b, char *p) {
+  if (b->o->device < 0) return p;
+  if (p >= b->sendbuf && p < b->sendbuf + b->bytes) return b->host_send + (p - b->sendbuf);
+  return b->host_recv + (p - b->recvbuf);
+}
 
 /* The buffers of one call: out of place, or in place as NCCL lays it out. */
 static void layout(const struct bench *b, struct perf_counts k, size_t sz, int in_place,
@@ -113,19 +126,20 @@ static void layout(const struct bench *b, struct perf_counts k, size_t sz, int i
 static ccs_result_t call(const struct bench *b, struct perf_counts k, ccs_dtype_t t,
                          ccs_redop_t op, char *send, char *recv) {
   int root = b->o->root, n = b->n, r = b->rank;
+  ccs_stream_t s = b->stream;
   switch (b->o->coll) {
-  case PERF_ALL_REDUCE: return ccs_all_reduce(send, recv, k.param, t, op, b->comm, NULL);
-  case PERF_ALL_GATHER: return ccs_all_gather(send, recv, k.param, t, b->comm, NULL);
-  case PERF_REDUCE_SCATTER: return ccs_reduce_scatter(send, recv, k.param, t, op, b->comm, NULL);
-  case PERF_BROADCAST: return ccs_broadcast(send, recv, k.param, t, root, b->comm, NULL);
-  case PERF_REDUCE: return ccs_reduce(send, recv, k.param, t, op, root, b->comm, NULL);
-  case PERF_ALL_TO_ALL: return ccs_all_to_all(send, recv, k.param, t, b->comm, NULL);
-  case PERF_GATHER: return ccs_gather(send, recv, k.param, t, root, b->comm, NULL);
-  case PERF_SCATTER: return ccs_scatter(send, recv, k.param, t, root, b->comm, NULL);
+  case PERF_ALL_REDUCE: return ccs_all_reduce(send, recv, k.param, t, op, b->comm, s);
+  case PERF_ALL_GATHER: return ccs_all_gather(send, recv, k.param, t, b->comm, s);
+  case PERF_REDUCE_SCATTER: return ccs_reduce_scatter(send, recv, k.param, t, op, b->comm, s);
+  case PERF_BROADCAST: return ccs_broadcast(send, recv, k.param, t, root, b->comm, s);
+  case PERF_REDUCE: return ccs_reduce(send, recv, k.param, t, op, root, b->comm, s);
+  case PERF_ALL_TO_ALL: return ccs_all_to_all(send, recv, k.param, t, b->comm, s);
+  case PERF_GATHER: return ccs_gather(send, recv, k.param, t, root, b->comm, s);
+  case PERF_SCATTER: return ccs_scatter(send, recv, k.param, t, root, b->comm, s);
   default:
     ccs_group_start();
-    ccs_send(send, k.param, t, (r + 1) % n, b->comm, NULL);
-    ccs_recv(recv, k.param, t, (r + n - 1) % n, b->comm, NULL);
+    ccs_send(send, k.param, t, (r + 1) % n, b->comm, s);
+    ccs_recv(recv, k.param, t, (r + n - 1) % n, b->comm, s);
     return ccs_group_end();
   }
 }
@@ -139,9 +153,19 @@ static long check_once(const struct bench *b, struct perf_counts k, ccs_dtype_t 
   layout(b, k, sz, in_place, &send, &recv);
   enum perf_coll c = b->o->coll;
   /* element i of send belongs to rank r's input stream at index i */
-  for (size_t i = 0; i < k.send; i++) set_elem(t, send, i, input(t, op, r, i, iter));
+  char *hsend = host_view(b, send), *hrecv = host_view(b, recv);
+  for (size_t i = 0; i < k.send; i++) set_elem(t, hsend, i, input(t, op, r, i, iter));
+  if (b->stream && perf_device_upload(send, hsend, k.send * sz)) {
+    *rc = CCS_ERR_CUDA;
+    return 0;
+  }
   *rc = call(b, k, t, op, send, recv);
   if (*rc != CCS_OK) return 0;
+  if (b->stream && (perf_device_sync(b->stream) || perf_device_download(hrecv, recv, k.recv * sz))) {
+    *rc = CCS_ERR_CUDA;
+    return 0;
+  }
+  recv = hrecv;
   if ((c == PERF_REDUCE || c == PERF_GATHER) && r != root) return 0;
   long wrong = 0;
   size_t p = k.param;
@@ -204,6 +228,7 @@ static int measure(const struct bench *b, struct perf_counts k, ccs_dtype_t t, c
   layout(b, k, sz, in_place, &send, &recv);
   ccs_result_t rc = CCS_OK;
   for (int i = 0; i < o->warmup && rc == CCS_OK; i++) rc = call(b, k, t, op, send, recv);
+  if (rc == CCS_OK && b->stream && perf_device_sync(b->stream)) rc = CCS_ERR_CUDA;
   if (rc == CCS_OK) rc = ccs_barrier(b->comm);
   double t0 = now();
   for (int i = 0; i < o->iters && rc == CCS_OK; i++) {
@@ -212,6 +237,7 @@ static int measure(const struct bench *b, struct perf_counts k, ccs_dtype_t t, c
     if (o->agg > 1 && rc == CCS_OK) rc = ccs_group_end();
     else if (o->agg > 1) ccs_group_end();
   }
+  if (rc == CCS_OK && b->stream && perf_device_sync(b->stream)) rc = CCS_ERR_CUDA;
   double secs = (now() - t0) / ((double)o->iters * o->agg);
   long wrong = 0;
   for (int i = 0; i < o->check && rc == CCS_OK; i++) wrong += check_once(b, k, t, op, in_place, i, &rc);
@@ -259,7 +285,12 @@ static int has_root(enum perf_coll c) {
 }
 
 static int run_rank(const struct perf_opts *o, ccs_unique_id_t id, int rank, int n) {
-  struct bench b = {o, NULL, rank, n, NULL, NULL};
+  struct bench b = {o, NULL, rank, n, NULL, NULL, NULL, NULL, 0, NULL};
+  char err[256];
+  if (o->device >= 0 && perf_device_open(o->device, &b.stream, err, sizeof(err))) {
+    fprintf(stderr, "ccs-perf: rank %d: %s\n", rank, err);
+    return 1;
+  }
   ccs_result_t rc = ccs_comm_init_rank(&b.comm, n, id, rank);
   if (rc != CCS_OK) {
     fprintf(stderr, "ccs-perf: rank %d: init: %s: %s\n", rank, ccs_result_name(rc),
@@ -275,7 +306,20 @@ static int run_rank(const struct perf_opts *o, ccs_unique_id_t id, int rank, int
   struct perf_counts big = perf_counts(o->coll, o->max_bytes, 1, n);
   size_t bytes = big.send > big.recv ? big.send : big.recv;
   bytes = bytes + 64;
-  if (o->registered) {
+  b.bytes = bytes;
+  if (o->device >= 0) {
+    b.sendbuf = perf_device_alloc(bytes, o->registered, o->device);
+    b.recvbuf = perf_device_alloc(bytes, o->registered, o->device);
+    b.host_send = calloc(1, bytes);
+    b.host_recv = calloc(1, bytes);
+    if (!b.sendbuf || !b.recvbuf || !b.host_send || !b.host_recv ||
+        perf_device_upload(b.sendbuf, b.host_send, bytes) ||
+        perf_device_upload(b.recvbuf, b.host_recv, bytes)) {
+      fprintf(stderr, "ccs-perf: rank %d: %zu bytes on GPU %d: %s\n", rank, bytes, o->device,
+              ccs_comm_last_error(NULL));
+      return 1;
+    }
+  } else if (o->registered) {
     if (ccs_mem_alloc((void **)&b.sendbuf, bytes) || ccs_mem_alloc((void **)&b.recvbuf, bytes)) {
       fprintf(stderr, "ccs-perf: ccs_mem_alloc(%zu): %s\n", bytes, ccs_comm_last_error(NULL));
       return 1;
@@ -285,12 +329,20 @@ static int run_rank(const struct perf_opts *o, ccs_unique_id_t id, int rank, int
     b.recvbuf = malloc(bytes);
     if (!b.sendbuf || !b.recvbuf) return 1;
   }
-  memset(b.sendbuf, 0, bytes);
-  memset(b.recvbuf, 0, bytes);
+  if (o->device < 0) {
+    memset(b.sendbuf, 0, bytes);
+    memset(b.recvbuf, 0, bytes);
+  }
   FILE *json = NULL;
   if (rank == 0) {
-    printf("# ccs-perf %s: %d ranks, %s buffers\n", perf_coll_names[o->coll], n,
-           o->registered ? "registered (ccs_mem_alloc)" : "unregistered (staged)");
+    if (o->device >= 0)
+      printf("# ccs-perf %s: %d ranks, buffers on GPU %d, %s; its copy bandwidth: %.1f GB/s\n",
+             perf_coll_names[o->coll], n, o->device,
+             o->registered ? "registered (ccs_mem_alloc_device)" : "cudaMalloc (staged)",
+             perf_device_copy_gbps(bytes));
+    else
+      printf("# ccs-perf %s: %d ranks, %s buffers\n", perf_coll_names[o->coll], n,
+             o->registered ? "registered (ccs_mem_alloc)" : "unregistered (staged)");
     printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d "
            "agg iters: %d validation: %d graph: 0\n#\n", o->min_bytes, o->max_bytes,
            o->step_bytes ? (double)o->step_bytes : o->factor, o->step_bytes ? "bytes" : "factor",
@@ -359,7 +411,12 @@ static int run_rank(const struct perf_opts *o, ccs_unique_id_t id, int rank, int
       fclose(json);
     }
   }
-  if (o->registered) {
+  if (o->device >= 0) {
+    perf_device_free(b.sendbuf, o->registered);
+    perf_device_free(b.recvbuf, o->registered);
+    free(b.host_send);
+    free(b.host_recv);
+  } else if (o->registered) {
     ccs_mem_free(b.sendbuf);
     ccs_mem_free(b.recvbuf);
   } else {

@@ -35,6 +35,8 @@ void perf_usage(FILE *f) {
           "  -J FILE   also write the rows as JSON\n"
           "  --np N    fork N local ranks\n"
           "  --registered 0|1  ccs_mem_alloc buffers (1, default) or malloc (0)\n"
+          "  --device GPU      buffers on that GPU (ccs_mem_alloc_device, or cudaMalloc\n"
+          "                    with --registered 0), ops on a stream\n"
           "environment without --np: CCS_RANK, CCS_NRANKS, CCS_UNIQUE_ID_FILE\n");
 }
 
@@ -94,6 +96,7 @@ int perf_parse_args(int argc, char **argv, struct perf_opts *o) {
   o->min_bytes = o->max_bytes = 32 << 20;
   o->factor = 2;
   o->iters = 20, o->warmup = 1, o->agg = 1, o->check = 1, o->average = 1, o->registered = 1;
+  o->device = -1;
   o->dtypes[0] = CCS_FLOAT32, o->ndtypes = 1;
   o->ops[0] = CCS_SUM, o->nops = 1;
   if (argc < 2 || argv[1][0] == '-') {
@@ -108,9 +111,10 @@ int perf_parse_args(int argc, char **argv, struct perf_opts *o) {
     fprintf(stderr, "ccs-perf: unknown collective '%s'\n", argv[1]);
     return -1;
   }
-  enum { O_NP = 256, O_REGISTERED };
+  enum { O_NP = 256, O_REGISTERED, O_DEVICE };
   static const struct option longs[] = {{"np", required_argument, 0, O_NP},
                                         {"registered", required_argument, 0, O_REGISTERED},
+                                        {"device", required_argument, 0, O_DEVICE},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   optind = 2;
@@ -134,6 +138,7 @@ int perf_parse_args(int argc, char **argv, struct perf_opts *o) {
     case 'J': o->json = optarg; break;
     case O_NP: bad = perf_parse_int(optarg, 1, 256, &o->nprocs); break;
     case O_REGISTERED: bad = perf_parse_int(optarg, 0, 1, &o->registered); break;
+    case O_DEVICE: bad = perf_parse_int(optarg, 0, 1023, &o->device); break;
     case 'h': return 1;
     default: return -1;
     }

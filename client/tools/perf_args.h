@@ -12,6 +12,7 @@ struct perf_opts {
   size_t min_bytes, max_bytes, step_bytes;
   double factor;
   int iters, warmup, agg, check, root, average, blocking, registered, nprocs;
+  int device; /* buffers on this GPU; -1: host memory */
   int dtypes[CCS_DTYPE_COUNT], ndtypes;
   int ops[CCS_REDOP_COUNT], nops;
   const char *json;
