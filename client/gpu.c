@@ -56,6 +56,23 @@ ccs_result_t ccs__gpu_uuid(int device, uint8_t *uuid) {
   return CCS_OK;
 }
 
+ccs_result_t ccs__gpu_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size,
+                                 uint8_t *handle, int *ret_device) {
+  char err[256];
+  ccs_result_t rc = ccs__gpu_usable();
+  if (rc != CCS_OK) return rc;
+  if ((*ret_device = ccs__gpu_device_of(ptr)) < 0) {
+    ccs__set_error("%p is not device memory: host memory is shared with the daemon only when "
+                   "ccs_mem_alloc made it (other host buffers are staged)", ptr);
+    return CCS_ERR_UNSUPPORTED;
+  }
+  if (ccs__cuda_ipc_handle(ptr, ret_base, ret_size, handle, err, sizeof(err))) {
+    ccs__set_error("%s", err);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  return CCS_OK;
+}
+
 ccs_result_t ccs__gpu_alloc(int device, size_t bytes, void **ret_ptr, size_t *ret_size,
                             int *ret_fd) {
   char err[256];

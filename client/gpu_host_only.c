@@ -10,6 +10,10 @@ static ccs_result_t absent(void) {
 ccs_result_t ccs__gpu_usable(void) { return absent(); }
 int ccs__gpu_device_of(const void *ptr) { return -1; }
 ccs_result_t ccs__gpu_uuid(int device, uint8_t *uuid) { return absent(); }
+ccs_result_t ccs__gpu_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size,
+                                 uint8_t *handle, int *ret_device) {
+  return absent();
+}
 ccs_result_t ccs__gpu_alloc(int device, size_t bytes, void **ret_ptr, size_t *ret_size,
                             int *ret_fd) {
   return absent();

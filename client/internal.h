@@ -83,6 +83,9 @@ ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_
 ccs_result_t ccs__gpu_usable(void); /* CCS_ERR_UNSUPPORTED: no driver, no GPU */
 int ccs__gpu_device_of(const void *ptr); /* -1: not device memory (or no CUDA) */
 ccs_result_t ccs__gpu_uuid(int device, uint8_t *uuid);
+/* The legacy IPC handle of the device allocation holding ptr. */
+ccs_result_t ccs__gpu_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size,
+                                 uint8_t *handle, int *ret_device);
 ccs_result_t ccs__gpu_alloc(int device, size_t bytes, void **ret_ptr, size_t *ret_size,
                             int *ret_fd);
 void ccs__gpu_unmap(void *ptr, size_t size);

@@ -19,6 +19,8 @@ struct allocation {
   size_t size;
   int fd;
   int device; /* -1: host memory */
+  int borrowed; /* the job's own device memory (ccs_mem_register): fd -1, handle in ipc */
+  uint8_t ipc[CCS__IPC_MEM_BYTES];
   struct ccs__conn *conn; /* where id is valid; NULL: not registered */
   uint64_t id;
 };
@@ -55,18 +57,21 @@ static void unmap(void *ptr, size_t size, int device) {
   else munmap(ptr, size);
 }
 
-ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_t size,
-                                  uint64_t *ret_id) {
+/* Registers a memfd (device -1), a GPU allocation's fd, or (fd -1) the
+ * legacy IPC handle `ipc` of a GPU allocation. */
+static ccs_result_t register_on(struct ccs__conn *c, int fd, int device, size_t size,
+                                const uint8_t *ipc, uint64_t *ret_id) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
   uint8_t uuid[CCS__UUID_BYTES];
   if (device >= 0) {
     ccs_result_t rc = ccs__gpu_uuid(device, uuid);
     if (rc != CCS_OK) return rc;
-    m.domain = CCS__MEM_CUDA;
+    m.domain = ipc ? CCS__MEM_CUDA_IPC : CCS__MEM_CUDA;
     m.size = size;
     m.device.data = uuid;
     m.device.len = sizeof(uuid);
+    if (ipc) m.ipc_handle = (ProtobufCBinaryData){CCS__IPC_MEM_BYTES, (uint8_t *)ipc};
   }
   req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
   req.mem_register = &m;
@@ -80,6 +85,30 @@ ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_
   }
   *ret_id = reply->mem_register->buffer;
   ccs__reply__free_unpacked(reply, NULL);
+  return CCS_OK;
+}
+
+ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_t size,
+                                  uint64_t *ret_id) {
+  return register_on(c, fd, device, size, NULL, ret_id);
+}
+
+/* Adds a to the table (a->conn's reference becomes the table's). */
+static ccs_result_t remember(const struct allocation *a) {
+  pthread_mutex_lock(&mem_mu);
+  if (nallocs == cap_allocs) {
+    size_t cap = cap_allocs ? 2 * cap_allocs : 16;
+    struct allocation *grown = realloc(allocs, cap * sizeof(*grown));
+    if (!grown) {
+      pthread_mutex_unlock(&mem_mu);
+      ccs__set_error("out of memory");
+      return CCS_ERR_NO_MEMORY;
+    }
+    allocs = grown;
+    cap_allocs = cap;
+  }
+  allocs[nallocs++] = *a;
+  pthread_mutex_unlock(&mem_mu);
   return CCS_OK;
 }
 
@@ -114,25 +143,15 @@ static ccs_result_t alloc(void **ptr, size_t bytes, int device) {
     close(fd);
     goto out;
   }
-  pthread_mutex_lock(&mem_mu);
-  if (nallocs == cap_allocs) {
-    size_t cap = cap_allocs ? 2 * cap_allocs : 16;
-    struct allocation *grown = realloc(allocs, cap * sizeof(*grown));
-    if (!grown) {
-      pthread_mutex_unlock(&mem_mu);
-      ccs__mem_deregister(c, id);
-      unmap(p, bytes, device);
-      close(fd);
-      ccs__set_error("out of memory");
-      rc = CCS_ERR_NO_MEMORY;
-      goto out;
-    }
-    allocs = grown;
-    cap_allocs = cap;
-  }
+  struct allocation a = {.ptr = p, .size = bytes, .fd = fd, .device = device, .conn = c, .id = id};
   ccs__conn_ref(c);
-  allocs[nallocs++] = (struct allocation){p, bytes, fd, device, c, id};
-  pthread_mutex_unlock(&mem_mu);
+  if ((rc = remember(&a)) != CCS_OK) {
+    ccs__conn_put(c);
+    ccs__mem_deregister(c, id);
+    unmap(p, bytes, device);
+    close(fd);
+    goto out;
+  }
   *ptr = p;
 out:
   ccs__conn_put(c);
@@ -149,26 +168,77 @@ CCS__API ccs_result_t ccs_mem_alloc_device(void **ptr, size_t bytes, int device)
   return alloc(ptr, bytes, device);
 }
 
+/* Takes the table's entry starting at ptr, if its kind is `borrowed`. */
+static int take(const void *ptr, int borrowed, struct allocation *ret) {
+  int found = -1;
+  pthread_mutex_lock(&mem_mu);
+  for (size_t i = 0; i < nallocs; i++)
+    if (allocs[i].ptr == ptr && allocs[i].borrowed == borrowed) {
+      *ret = allocs[i];
+      allocs[i] = allocs[--nallocs];
+      found = 0;
+      break;
+    }
+  pthread_mutex_unlock(&mem_mu);
+  return found;
+}
+
+static void forget(struct allocation *a) {
+  if (!a->conn) return;
+  ccs__mem_deregister(a->conn, a->id);
+  ccs__conn_put(a->conn);
+}
+
 CCS__API ccs_result_t ccs_mem_free(void *ptr) {
   if (!ptr) return CCS_OK;
-  pthread_mutex_lock(&mem_mu);
-  size_t i;
-  for (i = 0; i < nallocs && allocs[i].ptr != ptr; i++) {
-  }
-  if (i == nallocs) {
-    pthread_mutex_unlock(&mem_mu);
-    ccs__set_error("ccs_mem_free: %p was not returned by ccs_mem_alloc", ptr);
+  struct allocation a = {0};
+  if (take(ptr, 0, &a)) {
+    ccs__set_error("ccs_mem_free: %p was not returned by ccs_mem_alloc or ccs_mem_alloc_device",
+                   ptr);
     return CCS_ERR_INVALID_ARGUMENT;
   }
-  struct allocation a = allocs[i];
-  allocs[i] = allocs[--nallocs];
-  pthread_mutex_unlock(&mem_mu);
-  if (a.conn) {
-    ccs__mem_deregister(a.conn, a.id);
-    ccs__conn_put(a.conn);
-  }
+  forget(&a);
   unmap(a.ptr, a.size, a.device);
   close(a.fd);
+  return CCS_OK;
+}
+
+CCS__API ccs_result_t ccs_mem_register(void *ptr, size_t bytes) {
+  if (!ptr || bytes == 0) {
+    ccs__set_error("ccs_mem_register needs a pointer and a non-zero size");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct allocation a = {.fd = -1, .borrowed = 1};
+  ccs_result_t rc = ccs__gpu_ipc_handle(ptr, (void **)&a.ptr, &a.size, a.ipc, &a.device);
+  if (rc != CCS_OK) return rc;
+  if ((char *)ptr + bytes > a.ptr + a.size) {
+    ccs__set_error("ccs_mem_register: %zu bytes from %p run past their allocation", bytes, ptr);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct ccs__conn *c;
+  if ((rc = ccs__conn_get(&c)) != CCS_OK) return rc;
+  if ((rc = register_on(c, -1, a.device, a.size, a.ipc, &a.id)) == CCS_OK) {
+    ccs__conn_ref(c);
+    a.conn = c;
+    if ((rc = remember(&a)) != CCS_OK) forget(&a);
+  }
+  ccs__conn_put(c);
+  return rc;
+}
+
+CCS__API ccs_result_t ccs_mem_deregister(void *ptr) {
+  struct allocation a = {0};
+  void *base = NULL;
+  size_t size;
+  uint8_t ipc[CCS__IPC_MEM_BYTES];
+  int device;
+  /* the table holds the allocation's start; ptr may lie inside it */
+  if (ptr && ccs__gpu_ipc_handle(ptr, &base, &size, ipc, &device) != CCS_OK) base = ptr;
+  if (!ptr || take(base, 1, &a)) {
+    ccs__set_error("ccs_mem_deregister: %p was not registered by ccs_mem_register", ptr);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  forget(&a);
   return CCS_OK;
 }
 
@@ -183,7 +253,7 @@ int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *
     if (a->conn != c) {
       /* Made on an older connection (fork, daemon restart): register here. */
       uint64_t id;
-      if (ccs__mem_register_fd(c, a->fd, a->device, a->size, &id) != CCS_OK) {
+      if (register_on(c, a->fd, a->device, a->size, a->borrowed ? a->ipc : NULL, &id) != CCS_OK) {
         found = -1;
         break;
       }

@@ -18,7 +18,7 @@
 #include "tuner.h"
 
 enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_SUBSYS, K_ADDRESS,
-                K_RULES };
+                K_RULES, K_BOOL };
 
 struct key {
   const char *name;
@@ -54,6 +54,7 @@ static const struct key keys[] = {
     {"peer_connections", K_COUNT, AT(peer_connections), 1, 64, "TCP connections per pair of daemons for one communicator's data (chunks take turns)"},
     {"heartbeat", K_SECONDS, AT(heartbeat_s), 0.01, 3600, "seconds between heartbeats to other daemons"},
     {"peer_timeout", K_SECONDS, AT(peer_timeout_s), 0.05, 1e6, "seconds without a word from another daemon before its comms fail"},
+    {"cuda_legacy_ipc", K_BOOL, AT(cuda_legacy_ipc), 0, 1, "accept cudaMalloc'ed buffers by legacy cudaIpcMemHandle (ccs_mem_register): a bearer token, for trusted single-tenant nodes only"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -190,6 +191,12 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
     snprintf(field, sizeof(cfg->algo), "%s", value);
     break;
   }
+  case K_BOOL:
+    bad = 1;
+    for (int i = 0; i < 2; i++)
+      if (!strcasecmp(value, i ? "true" : "false") || !strcmp(value, i ? "1" : "0"))
+        *(int *)field = i, bad = 0;
+    break;
   case K_ADDRESS: {
     const char *colon = strrchr(value, ':');
     bad = *value && (!colon || colon == value || parse_double(colon + 1, 0, 65535, &x) ||
@@ -279,6 +286,7 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
       break;
     }
     case K_LEVEL: snprintf(v, sizeof(v), "%s", levels[*(const int *)f]); break;
+    case K_BOOL: snprintf(v, sizeof(v), "%s", *(const int *)f ? "true" : "false"); break;
     case K_SUBSYS: {
       static const char *const names[] = {"INIT", "CLIENT", "COLL", "MEM", "OPS"};
       int mask = *(const int *)f;

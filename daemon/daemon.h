@@ -69,6 +69,7 @@ struct ccsd_config {
   char advertise[64];      /* HOST:PORT they reach this one at */
   double heartbeat_s, peer_timeout_s;
   int peer_connections; /* data connections per pair of daemons and comm */
+  int cuda_legacy_ipc;  /* accept cudaIpcMemHandle buffers (bearer tokens) */
 };
 
 /* One per uid with anything charged to it. */
@@ -145,6 +146,7 @@ struct membuf {
   void *base;       /* a device address for device memory */
   size_t size;
   int device;       /* the GPU it lives on; -1: host memory */
+  int legacy_ipc;   /* opened from a cudaIpcMemHandle */
   int refs;
   struct tenant *tenant;
 };
@@ -366,6 +368,9 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
 ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
                                          const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
                                          char *err, size_t errlen);
+ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle, size_t handle_len,
+                                      const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
+                                      char *err, size_t errlen);
 struct membuf *ccsd_membuf_find(struct session *s, uint64_t id, ccs_result_t *ret_rc);
 void ccsd_membuf_deregister(struct membuf *b);
 void ccsd_membuf_ref(struct membuf *b);

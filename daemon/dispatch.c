@@ -76,15 +76,18 @@ static void on_get_unique_id(struct session *s, uint64_t id) {
 static void on_mem_register(struct session *s, uint64_t id, const Ccs__MemRegister *m,
                             uint64_t frame_offset) {
   int fd = ccsd_session_take_fd(s, frame_offset);
-  if (fd < 0) {
+  char err[512];
+  struct membuf *b;
+  ccs_result_t rc;
+  if (m->domain == CCS__MEM_CUDA_IPC) { /* the handle is in the message */
+    if (fd >= 0) close(fd);
+    rc = ccsd_membuf_register_ipc(s, m->ipc_handle.data, m->ipc_handle.len, m->device.data,
+                                  m->device.len, &b, err, sizeof(err));
+  } else if (fd < 0) {
     ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT,
                        "memory registration without a file descriptor");
     return;
-  }
-  char err[256];
-  struct membuf *b;
-  ccs_result_t rc;
-  if (m->domain == CCS__MEM_HOST) {
+  } else if (m->domain == CCS__MEM_HOST) {
     rc = ccsd_membuf_register(s, fd, &b, err, sizeof(err));
   } else if (m->domain == CCS__MEM_CUDA) {
     rc = ccsd_membuf_register_device(s, fd, m->size, m->device.data, m->device.len, &b, err,

@@ -41,6 +41,12 @@ ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *u
                           size_t uuid_len, void **ret_base, int *ret_device, char *err,
                           size_t errlen);
 void ccsd_gpu_unmap(void *base, size_t size);
+/* A legacy cudaIpcMemHandle (only where cuda_legacy_ipc is on): the whole
+ * allocation, its size from the driver. */
+ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, size_t handle_len,
+                               const uint8_t *uuid, size_t uuid_len, void **ret_base,
+                               size_t *ret_size, int *ret_device, char *err, size_t errlen);
+void ccsd_gpu_close_ipc(void *base);
 
 /* A client's pair of interprocess events (EventRegister). */
 struct gpu_events {

@@ -371,6 +371,23 @@ ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *u
 
 void ccsd_gpu_unmap(void *base, size_t size) { ccs__vmm_unmap(base, size); }
 
+ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, size_t handle_len,
+                               const uint8_t *uuid, size_t uuid_len, void **ret_base,
+                               size_t *ret_size, int *ret_device, char *err, size_t errlen) {
+  int dev = device_of(g, uuid, uuid_len, err, errlen);
+  if (dev < 0) return CCS_ERR_INVALID_ARGUMENT;
+  if (handle_len != CCS__IPC_MEM_BYTES) {
+    snprintf(err, errlen, "a cudaIpcMemHandle_t is %u bytes", CCS__IPC_MEM_BYTES);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  if (ccs__cuda_ipc_open(handle, dev, ret_base, ret_size, err, errlen))
+    return CCS_ERR_INVALID_ARGUMENT;
+  *ret_device = dev;
+  return CCS_OK;
+}
+
+void ccsd_gpu_close_ipc(void *base) { ccs__cuda_ipc_close(base); }
+
 ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, size_t uuid_len,
                                   const uint8_t *ready, size_t ready_len, const uint8_t *done,
                                   size_t done_len, struct gpu_events **ret, char *err,

@@ -22,16 +22,17 @@
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 
 static void unmap(struct membuf *b) {
-  if (b->device >= 0) ccsd_gpu_unmap(b->base, b->size);
+  if (b->legacy_ipc) ccsd_gpu_close_ipc(b->base);
+  else if (b->device >= 0) ccsd_gpu_unmap(b->base, b->size);
   else munmap(b->base, b->size);
 }
 
 /* The mapping at base becomes buffer b of session s (or is undone). */
 static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t size, int device,
-                        struct membuf **ret, char *err, size_t errlen) {
+                        int legacy_ipc, struct membuf **ret, char *err, size_t errlen) {
   struct membuf *b = calloc(1, sizeof(*b));
   if (!b) {
-    struct membuf undo = {.base = base, .size = size, .device = device};
+    struct membuf undo = {.base = base, .size = size, .device = device, .legacy_ipc = legacy_ipc};
     unmap(&undo);
     ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
     snprintf(err, errlen, "out of memory");
@@ -42,6 +43,7 @@ static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t 
   b->base = base;
   b->size = size;
   b->device = device;
+  b->legacy_ipc = legacy_ipc;
   b->refs = 1;
   list_insert_tail(&s->buffers, &b->link);
   LOG_TRACE(CCS_LOG_MEM, "client %llu registered %s buffer %llu of %zu bytes",
@@ -80,7 +82,7 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
     snprintf(err, errlen, "cannot map %zu bytes: %s", size, strerror(saved));
     return saved == ENOMEM ? CCS_ERR_NO_MEMORY : CCS_ERR_SYSTEM;
   }
-  return add(s, t, base, size, -1, ret, err, errlen);
+  return add(s, t, base, size, -1, 0, ret, err, errlen);
 }
 
 ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
@@ -110,7 +112,36 @@ ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t siz
     ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
     return rc;
   }
-  return add(s, t, base, (size_t)size, device, ret, err, errlen);
+  return add(s, t, base, (size_t)size, device, 0, ret, err, errlen);
+}
+
+ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle, size_t handle_len,
+                                      const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
+                                      char *err, size_t errlen) {
+  if (!s->d->cfg.cuda_legacy_ipc) {
+    snprintf(err, errlen, "legacy CUDA IPC handles are bearer tokens: this daemon accepts them "
+             "only with cuda_legacy_ipc = true (trusted single-tenant nodes); allocate with "
+             "ccs_mem_alloc_device, or pass the buffer unregistered (staged)");
+    return CCS_ERR_PERMISSION;
+  }
+  if (!s->d->gpu) {
+    snprintf(err, errlen, "this daemon runs host-only (%s): device buffers are not supported",
+             s->d->gpu_absent);
+    return CCS_ERR_UNSUPPORTED;
+  }
+  void *base;
+  size_t size;
+  int device;
+  ccs_result_t rc = ccsd_gpu_open_ipc(s->d->gpu, handle, handle_len, uuid, uuid_len, &base, &size,
+                                      &device, err, errlen);
+  if (rc != CCS_OK) return rc;
+  struct tenant *t;
+  if ((rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen)) !=
+      CCS_OK) {
+    ccsd_gpu_close_ipc(base);
+    return rc;
+  }
+  return add(s, t, base, size, device, 1, ret, err, errlen);
 }
 
 static struct membuf *find_in(struct session *s, uint64_t id) {

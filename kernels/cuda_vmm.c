@@ -22,6 +22,7 @@ static struct {
   CUresult (*granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
   CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
   CUresult (*error_string)(CUresult, const char **);
+  CUresult (*address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
 } cu;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -61,7 +62,8 @@ static void load(void) {
          entry("cuMemImportFromShareableHandle", (void **)&cu.import_fd) ||
          entry("cuMemGetAllocationGranularity", (void **)&cu.granularity) ||
          entry("cuMemGetAllocationPropertiesFromHandle", (void **)&cu.props) ||
-         entry("cuGetErrorString", (void **)&cu.error_string));
+         entry("cuGetErrorString", (void **)&cu.error_string) ||
+         entry("cuMemGetAddressRange", (void **)&cu.address_range));
 }
 
 int ccs__cuda_usable(char *why, size_t len) {
@@ -185,6 +187,53 @@ void ccs__vmm_unmap(void *ptr, size_t size) {
   if (!ptr || ccs__cuda_usable(NULL, 0)) return;
   cu.unmap((CUdeviceptr)(uintptr_t)ptr, size);
   cu.address_free((CUdeviceptr)(uintptr_t)ptr, size);
+}
+
+int ccs__cuda_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size, uint8_t *handle,
+                         char *err, size_t errlen) {
+  if (ccs__cuda_usable(err, errlen)) return -1;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = cu.address_range(&base, &size, (CUdeviceptr)(uintptr_t)ptr);
+  if (r != CUDA_SUCCESS) return failed(r, "not device memory", err, errlen);
+  cudaIpcMemHandle_t h;
+  cudaError_t e = cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base);
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "no IPC handle for it: %s", cudaGetErrorString(e));
+    return -1;
+  }
+  memcpy(handle, &h, sizeof(h));
+  *ret_base = (void *)(uintptr_t)base;
+  *ret_size = size;
+  return 0;
+}
+
+int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, size_t *ret_size,
+                       char *err, size_t errlen) {
+  if (ccs__cuda_usable(err, errlen)) return -1;
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle, sizeof(h));
+  void *ptr = NULL;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "cannot open the IPC handle: %s", cudaGetErrorString(e));
+    return -1;
+  }
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = cu.address_range(&base, &size, (CUdeviceptr)(uintptr_t)ptr);
+  if (r != CUDA_SUCCESS) {
+    cudaIpcCloseMemHandle(ptr);
+    return failed(r, "no size for the opened handle", err, errlen);
+  }
+  *ret_ptr = ptr;
+  *ret_size = size;
+  return 0;
+}
+
+void ccs__cuda_ipc_close(void *ptr) {
+  if (ptr && !ccs__cuda_usable(NULL, 0)) cudaIpcCloseMemHandle(ptr);
 }
 
 int ccs__cuda_uuid_of_device(int device, uint8_t *uuid) {

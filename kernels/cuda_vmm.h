@@ -33,6 +33,16 @@ int ccs__vmm_import(int fd, size_t size, const int *devices, int ndevices, void 
  * holding a mapping did so). */
 void ccs__vmm_unmap(void *ptr, size_t size);
 
+/* Legacy CUDA IPC (cudaIpcMemHandle_t, 64 bytes): a bearer token, used
+ * only where the daemon is told to accept it. The handle of the whole
+ * allocation holding ptr, with its base and size; and the importing side,
+ * which takes the size from the driver. */
+int ccs__cuda_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size, uint8_t *handle,
+                         char *err, size_t errlen);
+int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, size_t *ret_size,
+                       char *err, size_t errlen);
+void ccs__cuda_ipc_close(void *ptr);
+
 /* The device ordinal of this process whose UUID is uuid (16 bytes), or -1. */
 int ccs__cuda_device_of_uuid(const uint8_t *uuid);
 /* The UUID of device ordinal `device` into uuid[16]; 0 on success. */

@@ -36,9 +36,10 @@ enum ccs__coll_kind {
   CCS__COLL_KIND_COUNT
 };
 /* Where a registered buffer lives (MemRegister.domain). */
-enum ccs__mem_domain { CCS__MEM_HOST = 0, CCS__MEM_CUDA = 1 };
+enum ccs__mem_domain { CCS__MEM_HOST = 0, CCS__MEM_CUDA = 1, CCS__MEM_CUDA_IPC = 2 };
 #define CCS__UUID_BYTES 16u          /* a GPU's UUID */
 #define CCS__IPC_EVENT_BYTES 64u     /* a cudaIpcEventHandle_t */
+#define CCS__IPC_MEM_BYTES 64u       /* a cudaIpcMemHandle_t */
 
 const char *ccs__coll_name(uint32_t kind);
 int ccs__coll_has_redop(uint32_t kind);

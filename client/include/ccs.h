@@ -99,6 +99,13 @@ ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes);
 ccs_result_t ccs_mem_alloc_device(void **ptr, size_t bytes, int device);
 /* Frees what ccs_mem_alloc or ccs_mem_alloc_device returned. */
 ccs_result_t ccs_mem_free(void *ptr);
+/* Zero copy for device memory the job already has (cudaMalloc): the whole
+ * allocation holding [ptr, ptr+bytes) is shared by a legacy CUDA IPC handle,
+ * a bearer token, which a daemon accepts only where its cuda_legacy_ipc
+ * switch is on (CCS_ERR_PERMISSION otherwise: the buffer is then staged
+ * as before). Deregister before freeing the memory. */
+ccs_result_t ccs_mem_register(void *ptr, size_t bytes);
+ccs_result_t ccs_mem_deregister(void *ptr);
 
 ccs_result_t ccs_all_reduce(const void *sendbuf, void *recvbuf, size_t count, ccs_dtype_t dtype,
                             ccs_redop_t op, ccs_comm_t *comm, ccs_stream_t stream);

@@ -6,6 +6,7 @@
 #      ranks sharing GPU 0, on zero-copy (ccs_mem_alloc_device) and staged
 #      (cudaMalloc) buffers, on a stream and on the NULL stream, checked
 #      element by element against a host reference (test_collectives);
+#      once more with cudaMalloc buffers registered by legacy IPC handle;
 #   3. runs ccs-perf for all_reduce, all_gather and reduce_scatter at
 #      1 MiB .. 1 GiB on 4 ranks and prints busbw beside the GPU's own
 #      device-to-device copy bandwidth.
@@ -56,6 +57,19 @@ for p in 2 3 4; do
   echo "collectives on GPU, $p ranks: $result"
   echo "| every collective x dtype x op, zero-copy and staged | $p | $result | $((SECONDS - t0)) |" >> "$summary"
 done
+
+# cudaMalloc buffers registered by legacy IPC handle, with the switch on
+t0=$SECONDS
+if CCS_CUDA_LEGACY_IPC=true CCS_TEST_MEMORY=device-legacy timeout 150 "$build/tests/test_collectives" 3 \
+    > "$out/collectives_legacy.log" 2>&1; then
+  result=passed
+else
+  result="FAILED (collectives_legacy.log)"
+  status=1
+  tail -20 "$out/collectives_legacy.log"
+fi
+echo "collectives on GPU, cudaMalloc buffers by legacy IPC: $result"
+echo "| the same, cudaMalloc buffers registered by legacy IPC handle | 3 | $result | $((SECONDS - t0)) |" >> "$summary"
 
 # the daemon for ccs-perf
 dir=$(mktemp -d)

@@ -5,7 +5,8 @@
  * CCS_TEST_MEMORY=device: the same on GPU 0 (builds with CUDA), buffers
  * from ccs_mem_alloc_device ("registered") and cudaMalloc ("staged"), ops
  * on a stream (every other one on the NULL stream), results copied back to
- * be checked on the host. */
+ * be checked on the host. CCS_TEST_MEMORY=device-legacy: the cudaMalloc
+ * buffers are ccs_mem_register'ed (the daemon needs cuda_legacy_ipc). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -66,6 +67,7 @@ static int check_elem(ccs_dtype_t t, const void *buf, size_t k, double want, con
 }
 
 static int on_device; /* CCS_TEST_MEMORY=device */
+static int legacy_ipc; /* CCS_TEST_MEMORY=device-legacy */
 static void *stream;   /* this rank's cudaStream_t */
 
 /* A test buffer: `host` is where values are written and checked; `ptr` is
@@ -90,6 +92,10 @@ static int mem_alloc(struct mem *m, size_t bytes, int registered) {
   m->host = malloc(m->bytes);
   if (registered) ccs_mem_alloc_device((void **)&m->ptr, m->bytes, 0);
   else if (cudaMalloc((void **)&m->ptr, m->bytes) != cudaSuccess) m->ptr = NULL;
+  if (!registered && legacy_ipc && m->ptr && ccs_mem_register(m->ptr, m->bytes) != CCS_OK) {
+    fprintf(stderr, "ccs_mem_register of a cudaMalloc buffer failed\n");
+    return -1;
+  }
 #endif
   return m->host && m->ptr ? 0 : -1;
 }
@@ -98,7 +104,8 @@ static void mem_free(struct mem *m) {
   if (on_device) {
 #ifdef CCS_HAVE_CUDA
     if (m->registered) ccs_mem_free(m->ptr);
-    else cudaFree(m->ptr);
+    else if (legacy_ipc && ccs_mem_deregister(m->ptr) != CCS_OK) abort();
+    if (!m->registered) cudaFree(m->ptr);
 #endif
     free(m->host);
   } else if (m->registered) {
@@ -386,7 +393,8 @@ static void test_all_collectives(void **state) {
 int main(int argc, char **argv) {
   nranks_arg = argc > 1 ? atoi(argv[1]) : 3;
   const char *memory = getenv("CCS_TEST_MEMORY");
-  on_device = memory && !strcmp(memory, "device");
+  on_device = memory && !strncmp(memory, "device", 6);
+  legacy_ipc = memory && !strcmp(memory, "device-legacy");
 #ifndef CCS_HAVE_CUDA
   if (on_device) {
     fprintf(stderr, "CCS_TEST_MEMORY=device: this build has no CUDA\n");

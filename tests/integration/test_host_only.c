@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -46,18 +47,20 @@ static ccs_result_t call(int fd, Ccs__Request *req, int pass_fd, const char *say
 }
 
 static ccs_result_t register_as(int fd, uint32_t domain, const char *says) {
-  uint8_t uuid[CCS__UUID_BYTES] = {1, 2, 3};
+  uint8_t uuid[CCS__UUID_BYTES] = {1, 2, 3}, handle[CCS__IPC_MEM_BYTES] = {4, 5, 6};
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
   m.domain = domain;
   m.size = 1 << 21;
   m.device = (ProtobufCBinaryData){sizeof(uuid), uuid};
+  if (domain == CCS__MEM_CUDA_IPC) m.ipc_handle = (ProtobufCBinaryData){sizeof(handle), handle};
   req.id = 11;
   req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
   req.mem_register = &m;
-  int mfd = raw_memfd(1 << 21, F_SEAL_SHRINK | F_SEAL_GROW);
+  /* a legacy handle travels alone; anything else with an fd */
+  int mfd = domain == CCS__MEM_CUDA_IPC ? -1 : raw_memfd(1 << 21, F_SEAL_SHRINK | F_SEAL_GROW);
   ccs_result_t rc = call(fd, &req, mfd, says);
-  close(mfd);
+  if (mfd >= 0) close(mfd);
   return rc;
 }
 
@@ -66,6 +69,8 @@ static void test_daemon_refuses_device_requests(void **state) {
   raw_hello(fd);
   assert_int_equal(register_as(fd, CCS__MEM_CUDA, "host-only"), CCS_ERR_UNSUPPORTED);
   assert_int_equal(register_as(fd, 9, "unknown memory domain"), CCS_ERR_INVALID_ARGUMENT);
+  /* legacy CUDA IPC handles are bearer tokens: off unless the operator says */
+  assert_int_equal(register_as(fd, CCS__MEM_CUDA_IPC, "cuda_legacy_ipc = true"), CCS_ERR_PERMISSION);
 
   uint8_t uuid[CCS__UUID_BYTES] = {0}, handle[CCS__IPC_EVENT_BYTES] = {0};
   Ccs__Request req = CCS__REQUEST__INIT;
@@ -106,6 +111,19 @@ static void test_daemon_refuses_device_requests(void **state) {
   test_daemon_assert_clean(&dmn, &clean);
 }
 
+/* With the switch on, a host-only daemon still has no GPU to open them on. */
+static void test_legacy_ipc_switch(void **state) {
+  struct test_daemon trusting;
+  const char *args[] = {"--cuda-legacy-ipc", "true", NULL};
+  assert_int_equal(test_daemon_start(&trusting, args), 0);
+  int fd = raw_connect(trusting.socket);
+  raw_hello(fd);
+  assert_int_equal(register_as(fd, CCS__MEM_CUDA_IPC, "host-only"), CCS_ERR_UNSUPPORTED);
+  close(fd);
+  assert_int_equal(test_daemon_stop(&trusting), 0);
+  setenv("CCS_SOCKET", dmn.socket, 1); /* test_daemon_start pointed it at the other one */
+}
+
 static int one_rank(int rank, int nranks, void *arg) {
   ccs_unique_id_t id;
   ccs_comm_t *comm;
@@ -113,6 +131,8 @@ static int one_rank(int rank, int nranks, void *arg) {
   int32_t x[4] = {1, 2, 3, 4}, y[4];
   if (ccs_mem_alloc_device(&dev, 4096, 0) != CCS_ERR_UNSUPPORTED || dev) return 1;
   if (ccs_mem_alloc_device(&dev, 4096, -1) != CCS_ERR_INVALID_ARGUMENT) return 2;
+  if (ccs_mem_register(x, sizeof(x)) != CCS_ERR_UNSUPPORTED) return 7; /* host memory, no CUDA */
+  if (ccs_mem_deregister(x) != CCS_ERR_INVALID_ARGUMENT) return 8;
   if (ccs_get_unique_id(&id) || ccs_comm_init_rank(&comm, 1, id, 0)) return 3;
   /* a stream promises device buffers: no CUDA here, and the text says so */
   if (ccs_all_reduce(x, y, 4, CCS_INT32, CCS_SUM, comm, (ccs_stream_t)0x1) != CCS_ERR_UNSUPPORTED)
@@ -134,6 +154,7 @@ static void test_library_refuses_device_requests(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_daemon_refuses_device_requests),
+      cmocka_unit_test(test_legacy_ipc_switch),
       cmocka_unit_test(test_library_refuses_device_requests),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
