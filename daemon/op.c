@@ -196,10 +196,12 @@ void ccsd_xop_net_error(struct xop *x, const char *why) {
 /* "all_reduce #3, 1048576 bytes, 4 ranks: ring (rule 1 (all_reduce:ring)); 4 nodes, 16 tasks" */
 static void describe(const struct xop *x, char *buf, size_t len) {
   int n = x->kind == CCS__SEND || x->kind == CCS__RECV ? 2 : x->comm->nranks;
-  snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks%s: %s (%s); %zu nodes, %zu tasks",
+  char where[32] = "";
+  if (x->device >= 0) snprintf(where, sizeof(where), " on GPU %d", x->device);
+  snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks%s%s: %s (%s); %zu nodes, %zu tasks",
            (unsigned long long)x->comm->id, ccs__coll_name(x->kind), (unsigned long long)x->seq,
            (unsigned long long)op_bytes(first_post(x), n), n,
-           x->comm->spans ? " across daemons" : "", sched_algo_name(x->algo), x->why,
+           x->comm->spans ? " across daemons" : "", where, sched_algo_name(x->algo), x->why,
            x->plan.nnodes, x->plan.ntasks);
 }
 
