@@ -137,6 +137,7 @@ struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id,
   list_init(&c->slots);
   list_init(&c->p2p);
   list_init(&c->running);
+  list_init(&c->agreements);
   uv_timer_init(d->loop, &c->timer);
   c->timer.data = c;
   /* a daemon waiting for another root answers after it would have */

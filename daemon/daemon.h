@@ -245,6 +245,7 @@ struct comm {
   size_t chunk_bytes;       /* the root's: chunks are messages */
   int lanes;                /* the root's: data connections per pair of daemons */
   struct p2p_count *p2p_counts; /* messages so far per (from, to) rank pair */
+  struct list agreements;   /* op_agree.c: ops not yet agreed by every daemon */
   size_t np2p;
   int refs;          /* members, xops, the timer handle */
 };
@@ -270,6 +271,22 @@ struct post {
   struct tenant *tenant; /* charged one op in flight */
   struct gpu_events *events; /* the client's stream order (device buffers) */
 };
+
+/* What a rank called: the arguments every rank of an op must agree on. */
+struct op_sig {
+  uint32_t kind, dtype, redop;
+  uint64_t count;
+  int root;
+};
+struct op_sig ccsd_op_sig_of(const struct post *p);
+int ccsd_op_sig_same(const struct op_sig *a, const struct op_sig *b); /* redop, root where used */
+int ccsd_op_sig_describe(char *buf, size_t len, const struct op_sig *s); /* "all_reduce(count=8, ...)" */
+
+/* op_agree.c: ranks on different daemons agree on each op */
+void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq);
+int ccsd_agree_hold(struct xop *x); /* 1: x waits for the others' word (it is kept) */
+void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m);
+void ccsd_agree_release(struct comm *c); /* the comm failed or goes: held ops finish */
 
 struct slot {
   struct list link;
@@ -298,6 +315,7 @@ struct xop {
   void *scratch;           /* a barrier's bytes */
   uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
   char net_error[160];     /* a network task failed (first reason; under the executor's lock) */
+  ccs_result_t net_status; /* and how */
   int device;              /* the GPU that runs it; -1: host memory */
   struct membuf **held;    /* kept for the GPU after early replies (ccsd_xop_enqueued) */
   int nheld;
@@ -422,7 +440,7 @@ void ccsd_span_ready(struct comm *c);                     /* the root: every ran
 void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
 void ccsd_span_free(struct comm *c);
 int ccsd_xop_peer_node(const struct xop *x, size_t task); /* the other end's node */
-void ccsd_xop_net_error(struct xop *x, const char *why);   /* network thread */
+void ccsd_xop_net_error(struct xop *x, ccs_result_t status, const char *why); /* network thread */
 
 /* executor.c */
 struct executor *ccsd_executor_new(struct daemon *d, int threads);

@@ -46,24 +46,39 @@ void ccsd_comm_fail_pending(struct comm *c) {
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
     atomic_store(&LIST_ENTRY(it, struct xop, comm_link)->cancelled, 1);
   }
+  ccsd_agree_release(c);
 }
 
-/* "all_reduce(count=8, dtype=float, op=sum)" */
-static int describe(char *buf, size_t len, const struct post *p) {
-  int n = snprintf(buf, len, "%s(count=%llu, dtype=%s", ccs__coll_name(p->kind),
-                   (unsigned long long)p->count, ccs_dtype_name(p->dtype));
-  if (ccs__coll_has_redop(p->kind))
-    n += snprintf(buf + n, len - (size_t)n, ", op=%s", ccs_redop_name(p->redop));
-  if (ccs__coll_has_root(p->kind)) n += snprintf(buf + n, len - (size_t)n, ", root=%d", p->root);
+int ccsd_op_sig_describe(char *buf, size_t len, const struct op_sig *s) {
+  int n = snprintf(buf, len, "%s(count=%llu, dtype=%s", ccs__coll_name(s->kind),
+                   (unsigned long long)s->count, ccs_dtype_name((ccs_dtype_t)s->dtype));
+  if (ccs__coll_has_redop(s->kind))
+    n += snprintf(buf + n, len - (size_t)n, ", op=%s", ccs_redop_name((ccs_redop_t)s->redop));
+  if (ccs__coll_has_root(s->kind)) n += snprintf(buf + n, len - (size_t)n, ", root=%d", s->root);
   n += snprintf(buf + n, len - (size_t)n, ")");
   return n;
 }
 
-static int same_op(const struct post *a, const struct post *b) {
+int ccsd_op_sig_same(const struct op_sig *a, const struct op_sig *b) {
   if (a->kind != b->kind || a->count != b->count || a->dtype != b->dtype) return 0;
   if (ccs__coll_has_redop(a->kind) && a->redop != b->redop) return 0;
   if (ccs__coll_has_root(a->kind) && a->root != b->root) return 0;
   return 1;
+}
+
+struct op_sig ccsd_op_sig_of(const struct post *p) {
+  return (struct op_sig){p->kind, p->dtype, p->redop, p->count, p->root};
+}
+
+/* "all_reduce(count=8, dtype=float, op=sum)" */
+static int describe(char *buf, size_t len, const struct post *p) {
+  struct op_sig s = ccsd_op_sig_of(p);
+  return ccsd_op_sig_describe(buf, len, &s);
+}
+
+static int same_op(const struct post *a, const struct post *b) {
+  struct op_sig sa = ccsd_op_sig_of(a), sb = ccsd_op_sig_of(b);
+  return ccsd_op_sig_same(&sa, &sb);
 }
 
 /* Fills err and returns 1 when the posts of op #seq disagree. */

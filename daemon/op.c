@@ -188,8 +188,11 @@ int ccsd_xop_peer_node(const struct xop *x, size_t task) {
   return x->part_node[nd->kind == ENGINE_SEND ? nd->to : nd->from];
 }
 
-void ccsd_xop_net_error(struct xop *x, const char *why) {
-  if (!x->net_error[0]) snprintf(x->net_error, sizeof(x->net_error), "%s", why);
+void ccsd_xop_net_error(struct xop *x, ccs_result_t status, const char *why) {
+  if (!x->net_error[0]) {
+    snprintf(x->net_error, sizeof(x->net_error), "%s", why);
+    x->net_status = status;
+  }
   atomic_store(&x->cancelled, 1);
 }
 
@@ -207,6 +210,11 @@ static void describe(const struct xop *x, char *buf, size_t len) {
 
 void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq) {
   char err[CCS__ERROR_TEXT_MAX] = "out of memory";
+  for (int i = 0; i < nposts; i++)
+    if (posts[i]) { /* the other daemons hear what this one's ranks called */
+      ccsd_agree_launched(c, posts[i], seq);
+      break;
+    }
   ccs_result_t rc = CCS_ERR_NO_MEMORY;
   struct xop *x = calloc(1, sizeof(*x));
   if (x) x->posts = malloc(sizeof(*x->posts) * (size_t)nposts);
@@ -282,10 +290,11 @@ void ccsd_xop_enqueued(struct xop *x) {
 
 void ccsd_xop_done(struct xop *x) {
   struct comm *c = x->comm;
+  if (ccsd_agree_hold(x)) return; /* finished once every daemon agreed on it */
   list_remove(&x->comm_link);
   char info[512] = "";
   if (x->net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
-    ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "%s", x->net_error);
+    ccsd_comm_fail(c, x->net_status, "%s", x->net_error);
   if (x->gpu_error[0] && c->state != COMM_FAILED) /* as NCCL: a CUDA error ends the comm */
     ccsd_comm_fail(c, CCS_ERR_CUDA, "%s", x->gpu_error);
   int failed = atomic_load(&x->cancelled) || x->gpu_error[0];

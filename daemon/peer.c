@@ -204,7 +204,7 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr, 
   return c;
 }
 
-static void fail_post(struct peers *p, struct post_rec *rec, const char *why);
+static void fail_post(struct peers *p, struct post_rec *rec, ccs_result_t status, const char *why);
 static void fail_later(struct peers *p, struct post_rec *rec, const char *why);
 
 static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
@@ -254,7 +254,7 @@ static int lane_of(const struct net_comm *nc, const struct post_rec *rec) {
 }
 
 /* The op fails, naming the daemon at the other end and its ranks. */
-static void fail_post(struct peers *p, struct post_rec *rec, const char *why) {
+static void fail_post(struct peers *p, struct post_rec *rec, ccs_result_t status, const char *why) {
   const struct comm *cm = rec->x->comm; /* its map is fixed once ready */
   int node = ccsd_xop_peer_node(rec->x, rec->task);
   char text[512];
@@ -267,7 +267,7 @@ static void fail_post(struct peers *p, struct post_rec *rec, const char *why) {
     n += (size_t)snprintf(text + n, sizeof(text) - n, ": ");
   }
   snprintf(text + n, sizeof(text) - n, "%s", why);
-  ccsd_xop_net_error(rec->x, text);
+  ccsd_xop_net_error(rec->x, status, text);
   ccsd_executor_task_done(rec->x->comm->d->exec, rec->x, rec->task);
   free(rec);
 }
@@ -315,7 +315,7 @@ static void do_post(struct peers *p, struct xop *x, size_t task) {
   struct net_comm *nc = x->comm->net;
   int node = ccsd_xop_peer_node(x, task);
   if (!nc || nc->closed || node < 0 || node >= nc->nnodes) {
-    fail_post(p, rec, "the communicator's connections are closed");
+    fail_post(p, rec, CCS_ERR_PEER_LOST, "the communicator's connections are closed");
     return;
   }
   struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
@@ -368,14 +368,14 @@ static void comm_close(struct peers *p, struct net_comm *nc) {
     struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
     if (rec->x->comm->net != nc) continue;
     list_remove(&rec->link);
-    fail_post(p, rec, rec->why);
+    fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
   for (int k = 0; k < nc->nnodes * nc->lanes; k++)
     if (nc->data[k]) drop_conn(p, nc->data[k], NULL);
   while (!list_empty(&nc->waiting)) {
     struct post_rec *rec = LIST_ENTRY(nc->waiting.next, struct post_rec, link);
     list_remove(&rec->link);
-    fail_post(p, rec, "the communicator failed");
+    fail_post(p, rec, CCS_ERR_PEER_LOST, "the communicator failed");
   }
 }
 
@@ -448,7 +448,7 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
   } else if (c->is_data) {
     bad = "a control message on a data connection";
   } else if (m->body_case == CCS__PEER_MSG__BODY_JOIN || m->body_case == CCS__PEER_MSG__BODY_READY ||
-             m->body_case == CCS__PEER_MSG__BODY_FAIL) {
+             m->body_case == CCS__PEER_MSG__BODY_FAIL || m->body_case == CCS__PEER_MSG__BODY_OP) {
     emit(p, c->addr, m, NULL);
     m = NULL;
   } else {
@@ -512,7 +512,7 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
       char why[160];
       snprintf(why, sizeof(why), "a message of %zu bytes where %zu were expected: the ranks called "
                "this op with different counts", tc->bytes, want);
-      fail_post(p, rec, why);
+      fail_post(p, rec, CCS_ERR_MISMATCH, why);
       return;
     }
   }
@@ -532,7 +532,7 @@ static void housekeeping(struct peers *p) {
     struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
     if (rec->fail_at > now) continue;
     list_remove(&rec->link);
-    fail_post(p, rec, rec->why);
+    fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
@@ -734,7 +734,7 @@ void ccsd_peers_stop(struct peers *p) {
   while (!list_empty(&p->deferred)) {
     struct post_rec *rec = LIST_ENTRY(p->deferred.next, struct post_rec, link);
     list_remove(&rec->link);
-    fail_post(p, rec, rec->why);
+    fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
   while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));
   on_events(&p->async);

@@ -144,6 +144,7 @@ void ccsd_span_failed(struct comm *c) {
 }
 
 void ccsd_span_free(struct comm *c) {
+  ccsd_agree_release(c);
   if (c->net) ccsd_peers_comm_free(c->d->peers, c->net);
   c->net = NULL;
   free(c->node_addr);
@@ -245,6 +246,11 @@ void ccsd_span_message(struct daemon *d, const char *addr, const Ccs__PeerMsg *m
   switch (m->body_case) {
   case CCS__PEER_MSG__BODY_JOIN: on_join(d, addr, m->join); break;
   case CCS__PEER_MSG__BODY_READY: on_ready(d, addr, m->ready); break;
+  case CCS__PEER_MSG__BODY_OP: {
+    struct comm *c = find(d, &m->op->secret);
+    if (c) ccsd_agree_message(c, addr, m->op);
+    break;
+  }
   case CCS__PEER_MSG__BODY_FAIL: {
     struct comm *c = find(d, &m->fail->secret);
     ccs_result_t status = m->fail->status > 0 && m->fail->status < 64 ? m->fail->status : CCS_ERR_PEER_LOST;

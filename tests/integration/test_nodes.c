@@ -6,7 +6,7 @@
  * CCS_ERR_PEER_LOST naming the lost daemon and its rank within a bound, and
  * the surviving daemons must serve new communicators. Junk on the daemons'
  * port is dropped without disturbing them; ranks of different nodes that
- * pass different counts are told so. */
+ * pass different counts, types or reductions are told so (never a result). */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -263,38 +263,69 @@ static void test_junk_on_the_port(void **state) {
   survivors_serve();
 }
 
-/* Ranks of two daemons that call all_reduce with different counts. */
+/* Ranks of two daemons that call all_reduce differently: what rank 1
+ * changes (count, type or reduction) is arg. */
+enum differ { COUNTS, TYPES, REDUCTIONS };
 static int mismatched_rank(int rank, int n, void *arg) {
-  (void)arg;
+  enum differ what = *(const enum differ *)arg;
   ccs_comm_t *comm;
   if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 2;
-  size_t count = rank == 0 ? 1000 : 500;
+  size_t count = what == COUNTS && rank == 1 ? 500 : 1000;
+  ccs_dtype_t t = what == TYPES && rank == 1 ? CCS_INT32 : CCS_FLOAT32;
+  ccs_redop_t op = what == REDUCTIONS && rank == 1 ? CCS_MAX : CCS_SUM;
   float *buf = calloc(count, sizeof(float));
-  sh->code[rank] = ccs_all_reduce(buf, buf, count, CCS_FLOAT32, CCS_SUM, comm, NULL);
+  sh->code[rank] = ccs_all_reduce(buf, buf, count, t, op, comm, NULL);
   snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
   ccs_comm_destroy(comm);
   free(buf);
   return 0;
 }
 
-static void test_counts_differ_across_nodes(void **state) {
-  (void)state;
+/* Every rank gets CCS_ERR_MISMATCH (none a result), and one at least the
+ * text that names the difference. */
+static void expect_mismatch(enum differ what, const char *named_by, const char *also) {
   test_spread_ranks(dm, 2);
-  assert_int_equal(test_run_ranks(2, mismatched_rank, NULL, 60, NULL), 0);
+  assert_int_equal(test_run_ranks(2, mismatched_rank, &what, 60, NULL), 0);
   int named = 0;
   for (int r = 0; r < 2; r++) {
-    fprintf(stderr, "# counts differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
-    assert_int_equal(sh->code[r], CCS_ERR_PEER_LOST);
-    named += strstr(sh->text[r], "different counts") != NULL;
+    fprintf(stderr, "# differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
+    assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
+    named += strstr(sh->text[r], named_by) && (!also || strstr(sh->text[r], also));
   }
   assert_true(named >= 1);
   survivors_serve();
+}
+
+static void test_counts_differ_across_nodes(void **state) {
+  (void)state;
+  /* the daemons' words or the data, whichever tells first */
+  test_spread_ranks(dm, 2);
+  enum differ what = COUNTS;
+  assert_int_equal(test_run_ranks(2, mismatched_rank, &what, 60, NULL), 0);
+  for (int r = 0; r < 2; r++) {
+    fprintf(stderr, "# counts differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
+    assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
+    assert_true(strstr(sh->text[r], "different counts") || strstr(sh->text[r], "count=500"));
+  }
+  survivors_serve();
+}
+
+static void test_types_differ_across_nodes(void **state) {
+  (void)state;
+  expect_mismatch(TYPES, "differs across daemons", "dtype=int32");
+}
+
+static void test_reductions_differ_across_nodes(void **state) {
+  (void)state;
+  expect_mismatch(REDUCTIONS, "differs across daemons", "op=max");
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_junk_on_the_port, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counts_differ_across_nodes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_types_differ_across_nodes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reductions_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
   };
