@@ -321,8 +321,7 @@ struct xop {
   int nheld;
   char gpu_error[160];     /* the GPU could not run it */
   void *gpu_done;          /* its completion event while on the GPU */
-  int gpu_state;           /* what the GPU threads have for the loop (under their lock) */
-  int announced;           /* ccsd_xop_enqueued ran */
+  int gpu_state;           /* what the GPU threads owe the loop (gpu.h; under their lock) */
 };
 
 /* tenant.c */
@@ -383,12 +382,13 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64
 ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
                                   size_t errlen);
 /* NULL and CCS_ERR_PERMISSION when another connection registered id */
+/* device memory: the fields were checked (ccsd_gpu_check_register) */
 ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
-                                         const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
-                                         char *err, size_t errlen);
-ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle, size_t handle_len,
-                                      const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
-                                      char *err, size_t errlen);
+                                         const uint8_t *uuid, struct membuf **ret, char *err,
+                                         size_t errlen);
+ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
+                                      const uint8_t *uuid, struct membuf **ret, char *err,
+                                      size_t errlen);
 struct membuf *ccsd_membuf_find(struct session *s, uint64_t id, ccs_result_t *ret_rc);
 void ccsd_membuf_deregister(struct membuf *b);
 void ccsd_membuf_ref(struct membuf *b);

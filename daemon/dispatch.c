@@ -79,23 +79,21 @@ static void on_mem_register(struct session *s, uint64_t id, const Ccs__MemRegist
   char err[512];
   struct membuf *b;
   ccs_result_t rc;
-  if (m->domain == CCS__MEM_CUDA_IPC) { /* the handle is in the message */
+  if (m->domain != CCS__MEM_HOST &&
+      (rc = ccsd_gpu_check_register(m->domain, m->size, m->device.len, m->ipc_handle.len, err,
+                                    sizeof(err))) != CCS_OK) {
     if (fd >= 0) close(fd);
-    rc = ccsd_membuf_register_ipc(s, m->ipc_handle.data, m->ipc_handle.len, m->device.data,
-                                  m->device.len, &b, err, sizeof(err));
+  } else if (m->domain == CCS__MEM_CUDA_IPC) { /* the handle is in the message */
+    if (fd >= 0) close(fd);
+    rc = ccsd_membuf_register_ipc(s, m->ipc_handle.data, m->device.data, &b, err, sizeof(err));
   } else if (fd < 0) {
     ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT,
                        "memory registration without a file descriptor");
     return;
   } else if (m->domain == CCS__MEM_HOST) {
     rc = ccsd_membuf_register(s, fd, &b, err, sizeof(err));
-  } else if (m->domain == CCS__MEM_CUDA) {
-    rc = ccsd_membuf_register_device(s, fd, m->size, m->device.data, m->device.len, &b, err,
-                                     sizeof(err));
   } else {
-    close(fd);
-    rc = CCS_ERR_INVALID_ARGUMENT;
-    snprintf(err, sizeof(err), "unknown memory domain %u", m->domain);
+    rc = ccsd_membuf_register_device(s, fd, m->size, m->device.data, &b, err, sizeof(err));
   }
   if (rc != CCS_OK) {
     ccsd_session_reply(s, id, rc, err);
@@ -126,15 +124,20 @@ static void on_mem_deregister(struct session *s, uint64_t id, const Ccs__MemDere
 static void on_event_register(struct session *s, uint64_t id, const Ccs__EventRegister *m) {
   char err[256];
   struct gpu_events *ev;
+  ccs_result_t rc = ccsd_gpu_check_events(m->device.len, m->ready.len, m->done.len, err,
+                                          sizeof(err));
+  if (rc != CCS_OK) {
+    ccsd_session_reply(s, id, rc, err);
+    return;
+  }
   if (!s->d->gpu) {
     snprintf(err, sizeof(err), "this daemon runs host-only (%s): no stream order to keep",
              s->d->gpu_absent);
     ccsd_session_reply(s, id, CCS_ERR_UNSUPPORTED, err);
     return;
   }
-  ccs_result_t rc = ccsd_gpu_events_open(s->d->gpu, m->device.data, m->device.len, m->ready.data,
-                                         m->ready.len, m->done.data, m->done.len, &ev, err,
-                                         sizeof(err));
+  rc = ccsd_gpu_events_open(s->d->gpu, m->device.data, m->ready.data, m->done.data, &ev, err,
+                            sizeof(err));
   if (rc != CCS_OK) {
     ccsd_session_reply(s, id, rc, err);
     return;

@@ -36,16 +36,16 @@ void ccsd_gpu_stop(struct gpu *g);
 void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len);
 
 /* Maps a client's exported allocation (fd, always closed here) of `size`
- * bytes on the GPU with that UUID. */
+ * bytes on the GPU with that UUID. The fields were checked
+ * (ccsd_gpu_check_register, ccsd_gpu_check_events) before these calls. */
 ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *uuid,
-                          size_t uuid_len, void **ret_base, int *ret_device, char *err,
-                          size_t errlen);
+                          void **ret_base, int *ret_device, char *err, size_t errlen);
 void ccsd_gpu_unmap(void *base, size_t size);
 /* A legacy cudaIpcMemHandle (only where cuda_legacy_ipc is on): the whole
  * allocation, its size from the driver. */
-ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, size_t handle_len,
-                               const uint8_t *uuid, size_t uuid_len, void **ret_base,
-                               size_t *ret_size, int *ret_device, char *err, size_t errlen);
+ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8_t *uuid,
+                               void **ret_base, size_t *ret_size, int *ret_device, char *err,
+                               size_t errlen);
 void ccsd_gpu_close_ipc(void *base);
 
 /* A client's pair of interprocess events (EventRegister). */
@@ -56,9 +56,8 @@ struct gpu_events {
   int refs; /* the registration, posts */
   void *ready, *done;
 };
-ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, size_t uuid_len,
-                                  const uint8_t *ready, size_t ready_len, const uint8_t *done,
-                                  size_t done_len, struct gpu_events **ret, char *err,
+ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, const uint8_t *ready,
+                                  const uint8_t *done, struct gpu_events **ret, char *err,
                                   size_t errlen);
 void ccsd_gpu_events_unref(struct gpu_events *ev);
 
@@ -81,6 +80,28 @@ void ccsd_gpu_submit(struct gpu *g, struct xop *x);
  * GPUs without peer access, more ranks than a launch takes. */
 int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64_t *reach,
                        ccs_result_t *rc, char *err, size_t errlen);
+
+/* The fields of a device registration (MemRegister of domain
+ * CCS__MEM_CUDA or _CUDA_IPC) and of EventRegister, before anything is
+ * asked of the driver. */
+ccs_result_t ccsd_gpu_check_register(uint32_t domain, uint64_t size, size_t uuid_len,
+                                     size_t handle_len, char *err, size_t errlen);
+ccs_result_t ccsd_gpu_check_events(size_t uuid_len, size_t ready_len, size_t done_len, char *err,
+                                   size_t errlen);
+
+/* gpu_progress.c: what the GPU threads owe the loop about an op (its
+ * gpu_state, under their lock). mark: the op is queued (ANNOUNCED) or done
+ * (COMPLETED); 1 when it must be put on the loop's list now. take: the loop
+ * took it off the list; what to do now (DO_ANNOUNCE before DO_FINISH). */
+enum {
+  CCSD_GPU_LISTED = 1,
+  CCSD_GPU_ANNOUNCED = 2,
+  CCSD_GPU_COMPLETED = 4,
+  CCSD_GPU_ANNOUNCE_DONE = 8,
+};
+enum { CCSD_GPU_DO_ANNOUNCE = 1, CCSD_GPU_DO_FINISH = 2 };
+int ccsd_gpu_progress_mark(int *state, int flag);
+int ccsd_gpu_progress_take(int *state);
 
 /* Whether a CUDA error leaves the context unusable for every tenant: the
  * daemon logs it and exits for systemd to restart it. */

@@ -45,9 +45,6 @@ struct gpu {
   int stop;
 };
 
-/* What the loop has been told of an xop, and what it is owed. */
-enum { GPU_LISTED = 1, GPU_ANNOUNCED = 2, GPU_COMPLETED = 4 };
-
 int ccsd_gpu_error_is_sticky(int e) {
   switch ((cudaError_t)e) {
   case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorHardwareStackError:
@@ -72,12 +69,9 @@ static void check_sticky(const struct device *dv, cudaError_t e, const char *wha
 }
 
 static void to_loop_locked(struct gpu *g, struct xop *x, int flag) {
-  x->gpu_state |= flag;
-  if (!(x->gpu_state & GPU_LISTED)) {
-    x->gpu_state |= GPU_LISTED;
-    list_insert_tail(&g->to_loop, &x->done_link);
-    uv_async_send(&g->async);
-  }
+  if (!ccsd_gpu_progress_mark(&x->gpu_state, flag)) return; /* listed already */
+  list_insert_tail(&g->to_loop, &x->done_link);
+  uv_async_send(&g->async);
 }
 
 static cudaError_t run_task(const struct engine_plan *pl, size_t task, cudaStream_t stream) {
@@ -163,12 +157,12 @@ static void *submitter(void *arg) {
     if (!atomic_load(&x->cancelled)) queue_op(dv, x);
     pthread_mutex_lock(&g->mu);
     dv->busy = 0;
-    if (!x->gpu_error[0] && !atomic_load(&x->cancelled)) to_loop_locked(g, x, GPU_ANNOUNCED);
+    if (!x->gpu_error[0] && !atomic_load(&x->cancelled)) to_loop_locked(g, x, CCSD_GPU_ANNOUNCED);
     if (x->gpu_done) {
       list_insert_tail(&dv->inflight, &x->link);
       pthread_cond_broadcast(&dv->cv);
     } else {
-      to_loop_locked(g, x, GPU_COMPLETED);
+      to_loop_locked(g, x, CCSD_GPU_COMPLETED);
     }
   }
   pthread_mutex_unlock(&g->mu);
@@ -197,7 +191,7 @@ static void *completer(void *arg) {
     x->gpu_done = NULL;
     pthread_mutex_lock(&g->mu);
     list_remove(&x->link);
-    to_loop_locked(g, x, GPU_COMPLETED);
+    to_loop_locked(g, x, CCSD_GPU_COMPLETED);
   }
   pthread_mutex_unlock(&g->mu);
   return NULL;
@@ -212,15 +206,11 @@ static void drain(struct gpu *g) {
     }
     struct xop *x = LIST_ENTRY(g->to_loop.next, struct xop, done_link);
     list_remove(&x->done_link);
-    x->gpu_state &= ~GPU_LISTED;
-    int state = x->gpu_state;
+    int act = ccsd_gpu_progress_take(&x->gpu_state);
     pthread_mutex_unlock(&g->mu);
     /* the reply to ranks whose streams wait on `done`, then the rest */
-    if ((state & GPU_ANNOUNCED) && !x->announced) {
-      x->announced = 1;
-      ccsd_xop_enqueued(x);
-    }
-    if (state & GPU_COMPLETED) ccsd_xop_done(x);
+    if (act & CCSD_GPU_DO_ANNOUNCE) ccsd_xop_enqueued(x);
+    if (act & CCSD_GPU_DO_FINISH) ccsd_xop_done(x);
   }
 }
 
@@ -337,18 +327,16 @@ void ccsd_gpu_submit(struct gpu *g, struct xop *x) {
   pthread_mutex_unlock(&g->mu);
 }
 
-static int device_of(struct gpu *g, const uint8_t *uuid, size_t uuid_len, char *err,
-                     size_t errlen) {
-  int dev = uuid_len == CCS__UUID_BYTES ? ccs__cuda_device_of_uuid(uuid) : -1;
+static int device_of(struct gpu *g, const uint8_t *uuid, char *err, size_t errlen) {
+  int dev = ccs__cuda_device_of_uuid(uuid);
   if (dev < 0 || dev >= g->ndevices)
     snprintf(err, errlen, "no GPU of this daemon has the UUID the client named");
   return dev < g->ndevices ? dev : -1;
 }
 
 ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *uuid,
-                          size_t uuid_len, void **ret_base, int *ret_device, char *err,
-                          size_t errlen) {
-  int want = device_of(g, uuid, uuid_len, err, errlen), dev = -1, all[CCSD_GPU_MAX_DEVICES];
+                          void **ret_base, int *ret_device, char *err, size_t errlen) {
+  int want = device_of(g, uuid, err, errlen), dev = -1, all[CCSD_GPU_MAX_DEVICES];
   if (want < 0) {
     close(fd);
     return CCS_ERR_INVALID_ARGUMENT;
@@ -371,15 +359,11 @@ ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *u
 
 void ccsd_gpu_unmap(void *base, size_t size) { ccs__vmm_unmap(base, size); }
 
-ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, size_t handle_len,
-                               const uint8_t *uuid, size_t uuid_len, void **ret_base,
-                               size_t *ret_size, int *ret_device, char *err, size_t errlen) {
-  int dev = device_of(g, uuid, uuid_len, err, errlen);
+ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8_t *uuid,
+                               void **ret_base, size_t *ret_size, int *ret_device, char *err,
+                               size_t errlen) {
+  int dev = device_of(g, uuid, err, errlen);
   if (dev < 0) return CCS_ERR_INVALID_ARGUMENT;
-  if (handle_len != CCS__IPC_MEM_BYTES) {
-    snprintf(err, errlen, "a cudaIpcMemHandle_t is %u bytes", CCS__IPC_MEM_BYTES);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
   if (ccs__cuda_ipc_open(handle, dev, ret_base, ret_size, err, errlen))
     return CCS_ERR_INVALID_ARGUMENT;
   *ret_device = dev;
@@ -388,17 +372,13 @@ ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, size_t hand
 
 void ccsd_gpu_close_ipc(void *base) { ccs__cuda_ipc_close(base); }
 
-ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, size_t uuid_len,
-                                  const uint8_t *ready, size_t ready_len, const uint8_t *done,
-                                  size_t done_len, struct gpu_events **ret, char *err,
+ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, const uint8_t *ready,
+                                  const uint8_t *done, struct gpu_events **ret, char *err,
                                   size_t errlen) {
-  int dev = device_of(g, uuid, uuid_len, err, errlen);
+  _Static_assert(sizeof(cudaIpcEventHandle_t) == CCS__IPC_EVENT_BYTES, "event handle size");
+  _Static_assert(sizeof(cudaIpcMemHandle_t) == CCS__IPC_MEM_BYTES, "memory handle size");
+  int dev = device_of(g, uuid, err, errlen);
   if (dev < 0) return CCS_ERR_INVALID_ARGUMENT;
-  if (ready_len != sizeof(cudaIpcEventHandle_t) || done_len != sizeof(cudaIpcEventHandle_t)) {
-    snprintf(err, errlen, "an interprocess event handle is %zu bytes",
-             sizeof(cudaIpcEventHandle_t));
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
   struct gpu_events *ev = calloc(1, sizeof(*ev));
   if (!ev) {
     snprintf(err, errlen, "out of memory");

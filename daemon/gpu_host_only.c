@@ -14,24 +14,22 @@ void ccsd_gpu_stop(struct gpu *g) {}
 void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len) { snprintf(buf, len, "none"); }
 
 ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *uuid,
-                          size_t uuid_len, void **ret_base, int *ret_device, char *err,
-                          size_t errlen) {
+                          void **ret_base, int *ret_device, char *err, size_t errlen) {
   snprintf(err, errlen, "this daemon was built without the CUDA toolkit");
   return CCS_ERR_UNSUPPORTED;
 }
 
 void ccsd_gpu_unmap(void *base, size_t size) {}
-ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, size_t handle_len,
-                               const uint8_t *uuid, size_t uuid_len, void **ret_base,
-                               size_t *ret_size, int *ret_device, char *err, size_t errlen) {
+ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8_t *uuid,
+                               void **ret_base, size_t *ret_size, int *ret_device, char *err,
+                               size_t errlen) {
   snprintf(err, errlen, "this daemon was built without the CUDA toolkit");
   return CCS_ERR_UNSUPPORTED;
 }
 void ccsd_gpu_close_ipc(void *base) {}
 
-ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, size_t uuid_len,
-                                  const uint8_t *ready, size_t ready_len, const uint8_t *done,
-                                  size_t done_len, struct gpu_events **ret, char *err,
+ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, const uint8_t *ready,
+                                  const uint8_t *done, struct gpu_events **ret, char *err,
                                   size_t errlen) {
   snprintf(err, errlen, "this daemon was built without the CUDA toolkit");
   return CCS_ERR_UNSUPPORTED;

@@ -86,18 +86,13 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
 }
 
 ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
-                                         const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
-                                         char *err, size_t errlen) {
+                                         const uint8_t *uuid, struct membuf **ret, char *err,
+                                         size_t errlen) {
   if (!s->d->gpu) {
     close(fd);
     snprintf(err, errlen, "this daemon runs host-only (%s): device buffers are not supported",
              s->d->gpu_absent);
     return CCS_ERR_UNSUPPORTED;
-  }
-  if (size == 0 || size > SIZE_MAX / 2) {
-    close(fd);
-    snprintf(err, errlen, "a device buffer of %llu bytes", (unsigned long long)size);
-    return CCS_ERR_INVALID_ARGUMENT;
   }
   struct tenant *t;
   ccs_result_t rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen);
@@ -107,17 +102,16 @@ ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t siz
   }
   void *base;
   int device;
-  if ((rc = ccsd_gpu_map(s->d->gpu, fd, size, uuid, uuid_len, &base, &device, err, errlen)) !=
-      CCS_OK) {
+  if ((rc = ccsd_gpu_map(s->d->gpu, fd, size, uuid, &base, &device, err, errlen)) != CCS_OK) {
     ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
     return rc;
   }
   return add(s, t, base, (size_t)size, device, 0, ret, err, errlen);
 }
 
-ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle, size_t handle_len,
-                                      const uint8_t *uuid, size_t uuid_len, struct membuf **ret,
-                                      char *err, size_t errlen) {
+ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
+                                      const uint8_t *uuid, struct membuf **ret, char *err,
+                                      size_t errlen) {
   if (!s->d->cfg.cuda_legacy_ipc) {
     snprintf(err, errlen, "legacy CUDA IPC handles are bearer tokens: this daemon accepts them "
              "only with cuda_legacy_ipc = true (trusted single-tenant nodes); allocate with "
@@ -132,8 +126,7 @@ ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle, 
   void *base;
   size_t size;
   int device;
-  ccs_result_t rc = ccsd_gpu_open_ipc(s->d->gpu, handle, handle_len, uuid, uuid_len, &base, &size,
-                                      &device, err, errlen);
+  ccs_result_t rc = ccsd_gpu_open_ipc(s->d->gpu, handle, uuid, &base, &size, &device, err, errlen);
   if (rc != CCS_OK) return rc;
   struct tenant *t;
   if ((rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen)) !=

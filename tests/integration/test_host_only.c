@@ -81,6 +81,8 @@ static void test_daemon_refuses_device_requests(void **state) {
   req.body_case = CCS__REQUEST__BODY_EVENT_REGISTER;
   req.event_register = &ev;
   assert_int_equal(call(fd, &req, -1, "host-only"), CCS_ERR_UNSUPPORTED);
+  ev.ready.len = 10; /* malformed is malformed first, GPU or not */
+  assert_int_equal(call(fd, &req, -1, "event handle is 64 bytes"), CCS_ERR_INVALID_ARGUMENT);
 
   Ccs__Request dereg = CCS__REQUEST__INIT;
   Ccs__EventDeregister ed = CCS__EVENT_DEREGISTER__INIT;

@@ -1,5 +1,8 @@
-/* Which memory domain an op runs in (daemon/gpu_domain.c), and which CUDA
- * errors end the daemon (sticky ones poison every tenant's context). */
+/* Which memory domain an op runs in and the fields of device registrations
+ * (daemon/gpu_domain.c), what the GPU
+ * threads owe the loop about an op in every order of events
+ * (gpu_progress.c), and which CUDA errors end the daemon (sticky ones
+ * poison every tenant's context). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -93,6 +96,58 @@ static void test_peer_access(void **state) {
   assert_int_equal(domain(2, 0, &rc, err), -2);
 }
 
+/* The loop's view: each report listed once until taken; announce exactly
+ * once and before finishing; an op that failed to queue is never announced. */
+static void test_progress(void **state) {
+  int st = 0;
+  /* queued, then done, before the loop looks: one listing, both acts */
+  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_ANNOUNCED), 1);
+  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_COMPLETED), 0);
+  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_ANNOUNCE | CCSD_GPU_DO_FINISH);
+
+  /* queued; the loop announces; done later: listed again, finish only */
+  st = 0;
+  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_ANNOUNCED), 1);
+  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_ANNOUNCE);
+  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_COMPLETED), 1);
+  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_FINISH);
+
+  /* could not be queued (error, cancelled): finish only */
+  st = 0;
+  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_COMPLETED), 1);
+  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_FINISH);
+
+  /* taken before anything new: nothing to do twice */
+  st = 0;
+  ccsd_gpu_progress_mark(&st, CCSD_GPU_ANNOUNCED);
+  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_ANNOUNCE);
+  assert_int_equal(ccsd_gpu_progress_take(&st), 0);
+}
+
+/* Device registrations and events are checked before any driver call. */
+static void test_registration_fields(void **state) {
+  char err[256];
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA, 1 << 21, 16, 0, err, sizeof(err)), CCS_OK);
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA_IPC, 0, 16, 64, err, sizeof(err)), CCS_OK);
+  assert_int_equal(ccsd_gpu_check_register(7, 1 << 21, 16, 0, err, sizeof(err)),
+                   CCS_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err, "unknown memory domain 7"));
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA, 1 << 21, 15, 0, err, sizeof(err)),
+                   CCS_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err, "16-byte UUID, not 15 bytes"));
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA, 0, 16, 0, err, sizeof(err)),
+                   CCS_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA, UINT64_MAX, 16, 0, err, sizeof(err)),
+                   CCS_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA_IPC, 0, 16, 63, err, sizeof(err)),
+                   CCS_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err, "64 bytes, not 63"));
+  assert_int_equal(ccsd_gpu_check_events(16, 64, 64, err, sizeof(err)), CCS_OK);
+  assert_int_equal(ccsd_gpu_check_events(0, 64, 64, err, sizeof(err)), CCS_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ccsd_gpu_check_events(16, 64, 65, err, sizeof(err)), CCS_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ccsd_gpu_check_events(16, 0, 64, err, sizeof(err)), CCS_ERR_INVALID_ARGUMENT);
+}
+
 static void test_sticky_errors(void **state) {
 #ifdef CCS_HAVE_CUDA
   /* cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorMisalignedAddress */
@@ -113,6 +168,8 @@ int main(void) {
       cmocka_unit_test(test_host_and_device),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_peer_access),
+      cmocka_unit_test(test_progress),
+      cmocka_unit_test(test_registration_fields),
       cmocka_unit_test(test_sticky_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
