@@ -3,26 +3,16 @@
  * stream's order around a submission (internal.h).
  *
  * An event pair is registered with the daemon once per connection and
- * device, then reused: the daemon waits on `ready` and records `done`
- * before it replies, and this side issues its wait on `done` right after
- * the reply, so a pair is free again once ccs__gpu_end returns. */
+ * device, then reused (event_pairs.c): the daemon waits on `ready` and
+ * records `done` before it replies, and this side issues its wait on
+ * `done` right after the reply, so a pair is free again once ccs__gpu_end
+ * returns. */
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_vmm.h"
 #include "internal.h"
-
-struct ccs__gpu_pair {
-  struct ccs__gpu_pair *next;
-  struct ccs__conn *conn;
-  int device;
-  uint64_t events;
-  cudaEvent_t ready, done;
-};
-
-static pthread_mutex_t pairs_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct ccs__gpu_pair *free_pairs;
 
 static ccs_result_t cuda_failed(cudaError_t e, const char *what) {
   ccs__set_error("%s: %s (CUDA error %d)", what, cudaGetErrorString(e), (int)e);
@@ -113,8 +103,8 @@ ccs_result_t ccs__gpu_sync(void *stream) {
 }
 
 static void pair_free(struct ccs__gpu_pair *p) {
-  if (p->ready) cudaEventDestroy(p->ready);
-  if (p->done) cudaEventDestroy(p->done);
+  if (p->ready) cudaEventDestroy((cudaEvent_t)p->ready);
+  if (p->done) cudaEventDestroy((cudaEvent_t)p->done);
   ccs__conn_put(p->conn);
   free(p);
 }
@@ -134,10 +124,10 @@ static ccs_result_t pair_new(struct ccs__conn *c, int device, struct ccs__gpu_pa
   unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
   cudaIpcEventHandle_t hr, hd;
   cudaError_t e = cudaSetDevice(device);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->ready, flags);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->done, flags);
-  if (e == cudaSuccess) e = cudaIpcGetEventHandle(&hr, p->ready);
-  if (e == cudaSuccess) e = cudaIpcGetEventHandle(&hd, p->done);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags((cudaEvent_t *)&p->ready, flags);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags((cudaEvent_t *)&p->done, flags);
+  if (e == cudaSuccess) e = cudaIpcGetEventHandle(&hr, (cudaEvent_t)p->ready);
+  if (e == cudaSuccess) e = cudaIpcGetEventHandle(&hd, (cudaEvent_t)p->done);
   cudaSetDevice(was);
   ccs_result_t rc = e == cudaSuccess ? CCS_OK : cuda_failed(e, "interprocess events");
   uint8_t uuid[CCS__UUID_BYTES];
@@ -174,15 +164,7 @@ ccs_result_t ccs__gpu_begin(struct ccs__conn *c, int device, void *stream,
                             struct ccs__gpu_order *o) {
   memset(o, 0, sizeof(*o));
   o->stream = stream;
-  pthread_mutex_lock(&pairs_mu);
-  for (struct ccs__gpu_pair **p = &free_pairs; *p; p = &(*p)->next)
-    if ((*p)->conn == c && (*p)->device == device) {
-      o->pair = *p;
-      *p = o->pair->next;
-      break;
-    }
-  pthread_mutex_unlock(&pairs_mu);
-  if (!o->pair) {
+  if (!(o->pair = ccs__pairs_take(c, device))) {
     ccs_result_t rc = pair_new(c, device, &o->pair);
     if (rc != CCS_OK) return rc;
   }
@@ -191,22 +173,14 @@ ccs_result_t ccs__gpu_begin(struct ccs__conn *c, int device, void *stream,
 }
 
 ccs_result_t ccs__gpu_ready(struct ccs__gpu_order *o) {
-  cudaError_t e = cudaEventRecord(o->pair->ready, (cudaStream_t)o->stream);
+  cudaError_t e = cudaEventRecord((cudaEvent_t)o->pair->ready, (cudaStream_t)o->stream);
   return e == cudaSuccess ? CCS_OK : cuda_failed(e, "recording the stream's position");
 }
 
 ccs_result_t ccs__gpu_end(struct ccs__gpu_order *o, int submitted) {
   cudaError_t e = cudaSuccess;
-  if (submitted) e = cudaStreamWaitEvent((cudaStream_t)o->stream, o->pair->done, 0);
-  pthread_mutex_lock(&pairs_mu);
-  if (o->pair->conn->broken) { /* its registration died with the connection */
-    pthread_mutex_unlock(&pairs_mu);
-    pair_free(o->pair);
-  } else {
-    o->pair->next = free_pairs;
-    free_pairs = o->pair;
-    pthread_mutex_unlock(&pairs_mu);
-  }
+  if (submitted) e = cudaStreamWaitEvent((cudaStream_t)o->stream, (cudaEvent_t)o->pair->done, 0);
+  if (!ccs__pairs_give(o->pair)) pair_free(o->pair);
   o->pair = NULL;
   return e == cudaSuccess ? CCS_OK : cuda_failed(e, "making the stream wait for the daemon");
 }

@@ -94,6 +94,19 @@ int ccs__gpu_event_done(void *event);
 void ccs__gpu_event_free(void *event);
 ccs_result_t ccs__gpu_record(void **event, int device, void *stream);
 
+/* A pair of interprocess events registered with the daemon (gpu.c). */
+struct ccs__gpu_pair {
+  struct ccs__gpu_pair *next;
+  struct ccs__conn *conn;
+  int device;
+  uint64_t events;    /* the daemon's id for it */
+  void *ready, *done; /* cudaEvent_t */
+};
+/* event_pairs.c: a free pair of connection c and that GPU, or NULL; and
+ * back (0: its connection broke, the caller frees it). */
+struct ccs__gpu_pair *ccs__pairs_take(struct ccs__conn *c, int device);
+int ccs__pairs_give(struct ccs__gpu_pair *pair);
+
 /* A submission's stream order: the events the daemon waits on and records. */
 struct ccs__gpu_order {
   uint64_t events; /* the daemon's id for the pair */
