@@ -281,12 +281,12 @@ struct op_sig {
 struct op_sig ccsd_op_sig_of(const struct post *p);
 int ccsd_op_sig_same(const struct op_sig *a, const struct op_sig *b); /* redop, root where used */
 int ccsd_op_sig_describe(char *buf, size_t len, const struct op_sig *s); /* "all_reduce(count=8, ...)" */
+uint64_t ccsd_op_sig_key(const struct op_sig *s); /* equal for ops ccsd_op_sig_same calls the same */
 
 /* op_agree.c: ranks on different daemons agree on each op */
 void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq);
-int ccsd_agree_hold(struct xop *x); /* 1: x waits for the others' word (it is kept) */
 void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m);
-void ccsd_agree_release(struct comm *c); /* the comm failed or goes: held ops finish */
+void ccsd_agree_release(struct comm *c); /* the comm failed or goes */
 
 struct slot {
   struct list link;
@@ -316,6 +316,7 @@ struct xop {
   uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
   char net_error[160];     /* a network task failed (first reason; under the executor's lock) */
   ccs_result_t net_status; /* and how */
+  uint64_t sig_key;        /* across daemons: its arguments, in its data tags */
   int device;              /* the GPU that runs it; -1: host memory */
   struct membuf **held;    /* kept for the GPU after early replies (ccsd_xop_enqueued) */
   int nheld;

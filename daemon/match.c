@@ -66,6 +66,14 @@ int ccsd_op_sig_same(const struct op_sig *a, const struct op_sig *b) {
   return 1;
 }
 
+uint64_t ccsd_op_sig_key(const struct op_sig *s) {
+  uint64_t parts[5] = {s->kind, s->count, s->dtype, ccs__coll_has_redop(s->kind) ? s->redop : 0,
+                       ccs__coll_has_root(s->kind) ? (uint64_t)(uint32_t)s->root : 0};
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 5; i++) h = (h ^ parts[i]) * 0x100000001b3ull + (h >> 29);
+  return h;
+}
+
 struct op_sig ccsd_op_sig_of(const struct post *p) {
   return (struct op_sig){p->kind, p->dtype, p->redop, p->count, p->root};
 }

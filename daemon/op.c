@@ -225,6 +225,10 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     x->nposts = nposts;
     x->kind = first_post(x) ? first_post(x)->kind : CCS__BARRIER;
     x->seq = seq;
+    if (c->spans && x->kind != CCS__SEND && x->kind != CCS__RECV && first_post(x)) {
+      struct op_sig sig = ccsd_op_sig_of(first_post(x));
+      x->sig_key = ccsd_op_sig_key(&sig);
+    }
     static const uint64_t no_gpus[CCSD_GPU_MAX_DEVICES];
     x->device = ccsd_gpu_op_device(x->posts, nposts, c->spans,
                                    c->d->gpu ? ccsd_gpu_reach(c->d->gpu) : no_gpus, &rc, err,
@@ -290,7 +294,6 @@ void ccsd_xop_enqueued(struct xop *x) {
 
 void ccsd_xop_done(struct xop *x) {
   struct comm *c = x->comm;
-  if (ccsd_agree_hold(x)) return; /* finished once every daemon agreed on it */
   list_remove(&x->comm_link);
   char info[512] = "";
   if (x->net_error[0] && c->state != COMM_FAILED) /* the network thread said why */

@@ -1,10 +1,11 @@
 /* Ranks on different daemons agree on each op, as ranks on one daemon do
- * (match.c): a daemon that starts op #seq of a comm spanning daemons sends
- * the others what its ranks called (PeerOp), and finishes the op only once
- * every daemon's word arrived and all agree. A disagreement (type, op,
- * count, root) fails the comm with CCS_ERR_MISMATCH naming a rank of each
- * side, on every daemon. The words travel on the control connections ahead
- * of the data, so the wait is rarely felt. On the loop thread. */
+ * (match.c). The data of an op is tagged with its arguments (sig_key in
+ * the tags), so daemons whose ranks called it differently never exchange
+ * a byte of it: no rank gets a result. To say why, a daemon that starts
+ * op #seq of a comm spanning daemons sends the others what its ranks
+ * called (PeerOp); a disagreement (type, op, count, root) fails the comm
+ * with CCS_ERR_MISMATCH naming a rank of each side, on every daemon. On
+ * the loop thread. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,16 +19,14 @@ struct agreement {
   int first_rank;
   char first_at[CCSD_ADDR_MAX]; /* the daemon it came from */
   int heard;                    /* daemons that said it, this one included */
-  struct xop *held;             /* this daemon's op, done and waiting */
 };
 
-static struct agreement *find(struct comm *c, uint64_t seq, int make) {
+static struct agreement *find(struct comm *c, uint64_t seq) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &c->agreements) {
     struct agreement *a = LIST_ENTRY(it, struct agreement, link);
     if (a->seq == seq) return a;
   }
-  if (!make) return NULL;
   struct agreement *a = calloc(1, sizeof(*a));
   if (!a) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory agreeing on op #%llu",
@@ -43,11 +42,11 @@ static int spans_daemons(const struct comm *c, uint32_t kind) {
   return c->spans && c->nnodes > 1 && kind != CCS__SEND && kind != CCS__RECV;
 }
 
-/* One daemon's word on op #seq: compared with the first; the op held here
- * finishes once every daemon spoke. */
+/* One daemon's word on op #seq, compared with the first; forgotten once
+ * every daemon spoke. */
 static void heard(struct comm *c, uint64_t seq, const struct op_sig *sig, int rank,
                   const char *at) {
-  struct agreement *a = find(c, seq, 1);
+  struct agreement *a = find(c, seq);
   if (!a) return;
   if (a->heard++ == 0) {
     a->first = *sig;
@@ -61,13 +60,11 @@ static void heard(struct comm *c, uint64_t seq, const struct op_sig *sig, int ra
                    "op #%llu differs across daemons: rank %d (daemon %s) called %s; rank %d "
                    "(daemon %s) called %s", (unsigned long long)seq, a->first_rank, a->first_at,
                    one, rank, at, other);
-    return; /* the failure released every held op */
+    return; /* the failure forgot every word */
   }
   if (a->heard < c->nnodes) return;
   list_remove(&a->link);
-  struct xop *x = a->held;
   free(a);
-  if (x) ccsd_xop_done(x);
 }
 
 void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq) {
@@ -90,15 +87,6 @@ void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq) {
   heard(c, seq, &sig, p->member->rank, c->d->self);
 }
 
-int ccsd_agree_hold(struct xop *x) {
-  struct comm *c = x->comm;
-  if (!spans_daemons(c, x->kind) || c->state == COMM_FAILED) return 0;
-  struct agreement *a = find(c, x->seq, 0);
-  if (!a) return 0; /* every daemon agreed already */
-  a->held = x;
-  return 1;
-}
-
 void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m) {
   if (c->state != COMM_READY || !spans_daemons(c, m->kind) || m->kind >= CCS__COLL_KIND_COUNT)
     return;
@@ -110,7 +98,6 @@ void ccsd_agree_release(struct comm *c) {
   while (!list_empty(&c->agreements)) {
     struct agreement *a = LIST_ENTRY(c->agreements.next, struct agreement, link);
     list_remove(&a->link);
-    if (a->held) ccsd_xop_done(a->held); /* the comm failed: its ranks get why */
     free(a);
   }
 }

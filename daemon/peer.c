@@ -100,10 +100,11 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-uint64_t ccsd_peer_tag(uint64_t seq, int from, int to, uint32_t msg, size_t chunk) {
+uint64_t ccsd_peer_tag(uint64_t seq, uint64_t sig_key, int from, int to, uint32_t msg,
+                       size_t chunk) {
   uint64_t h = 0x243f6a8885a308d3ull;
-  uint64_t parts[5] = {seq, (uint64_t)(uint32_t)from, (uint64_t)(uint32_t)to, msg, chunk};
-  for (int i = 0; i < 5; i++) {
+  uint64_t parts[6] = {seq, sig_key, (uint64_t)(uint32_t)from, (uint64_t)(uint32_t)to, msg, chunk};
+  for (int i = 0; i < 6; i++) {
     h ^= parts[i] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h = (h ^ (h >> 31)) * 0xbf58476d1ce4e5b9ull;
   }
@@ -300,7 +301,7 @@ static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
   size_t chunk = rec->task - nd->first_task, begin = chunk * pl->chunk_elems;
   size_t elems = nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
   size_t off = begin * pl->elem_size, len = elems * pl->elem_size;
-  uint64_t tag = ccsd_peer_tag(rec->x->seq, nd->from, nd->to, nd->msg, chunk);
+  uint64_t tag = ccsd_peer_tag(rec->x->seq, rec->x->sig_key, nd->from, nd->to, nd->msg, chunk);
   int rc = nd->kind == ENGINE_SEND
                ? p->ops->post_send(c->tc, (const char *)nd->in[0] + off, len, tag, rec)
                : p->ops->post_recv(c->tc, (char *)nd->out[0] + off, len, tag, rec);

@@ -44,8 +44,11 @@ void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its l
 void ccsd_peers_post(struct peers *p, struct xop *x, size_t task);
 
 /* The data tag of one chunk: ops by number (0: send/recv, from and to are
- * ranks and msg counts that pair's messages), participants, the message
- * between them and the chunk, mixed into 64 bits; never 0 (control). */
-uint64_t ccsd_peer_tag(uint64_t seq, int from, int to, uint32_t msg, size_t chunk);
+ * ranks and msg counts that pair's messages), the arguments the op was
+ * called with (sig_key: ops whose ranks disagree never exchange data),
+ * participants, the message between them and the chunk, mixed into 64
+ * bits; never 0 (control). */
+uint64_t ccsd_peer_tag(uint64_t seq, uint64_t sig_key, int from, int to, uint32_t msg,
+                       size_t chunk);
 
 #endif
