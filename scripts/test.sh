@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 scripts/setup.sh build
+if grep -q '^CMAKE_CUDA_COMPILER:[A-Z]*=/' build/CMakeCache.txt; then
+  echo "# CUDA toolkit found: kernels and the device domain are compiled in every build below"
+else
+  echo "# no CUDA toolkit: host-only build (GPU code not compiled)"
+fi
 (cd build && ctest --output-on-failure -j "$jobs")
 
 scripts/setup.sh build-asan -DCCS_SANITIZE=ON
