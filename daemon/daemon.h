@@ -313,10 +313,12 @@ struct xop {
   _Atomic int cancelled;   /* the comm failed: skip the remaining work */
   int *part_node;          /* across daemons: each participant's node */
   void *scratch;           /* a barrier's bytes */
+  size_t scratch_len;
   uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
   char net_error[160];     /* a network task failed (first reason; under the executor's lock) */
   ccs_result_t net_status; /* and how */
   uint64_t sig_key;        /* across daemons: its arguments, in its data tags */
+  struct net_mem *net_mem; /* its memory, registered with the transport */
   int device;              /* the GPU that runs it; -1: host memory */
   struct membuf **held;    /* kept for the GPU after early replies (ccsd_xop_enqueued) */
   int nheld;

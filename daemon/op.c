@@ -169,6 +169,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   free(ranks);
   free(members);
   x->scratch = barrier;
+  x->scratch_len = barrier ? 2 * (size_t)n : 0;
   if (rc == CCS_OK && p2p && x->plan.net_nodes) { /* name the message by its ranks */
     struct engine_node *nd = &x->plan.nodes[0];
     uint32_t number = p2p_number(c, from, to);
@@ -295,6 +296,9 @@ void ccsd_xop_enqueued(struct xop *x) {
 void ccsd_xop_done(struct xop *x) {
   struct comm *c = x->comm;
   list_remove(&x->comm_link);
+  /* its memory leaves the transport before the buffers may go */
+  ccsd_peers_release(c->d->peers, x->net_mem);
+  x->net_mem = NULL;
   char info[512] = "";
   if (x->net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
     ccsd_comm_fail(c, x->net_status, "%s", x->net_error);

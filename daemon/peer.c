@@ -154,7 +154,7 @@ static void on_events(uv_async_t *h) {
 /* A packed control message, which the connection owns from here (freed
  * when its send completes). */
 static int send_frame(struct peers *p, struct pconn *c, uint8_t *buf, size_t len) {
-  int rc = p->ops->post_send(c->tc, buf, len, 0, buf);
+  int rc = p->ops->post_send(c->tc, NULL, buf, len, 0, buf);
   if (rc) free(buf);
   return rc;
 }
@@ -175,7 +175,7 @@ static int send_msg(struct peers *p, struct pconn *c, const Ccs__PeerMsg *m) {
 
 static int post_control_recv(struct peers *p, struct pconn *c) {
   if (!c->rx && !(c->rx = malloc(c->rx_cap))) return -ENOMEM;
-  return p->ops->post_recv(c->tc, c->rx, c->rx_cap, 0, NULL);
+  return p->ops->post_recv(c->tc, NULL, c->rx, c->rx_cap, 0, NULL);
 }
 
 static int hello(struct peers *p, struct pconn *c) {
@@ -295,16 +295,88 @@ static void fail_later(struct peers *p, struct post_rec *rec, const char *why) {
   list_insert_tail(&p->deferred, &rec->link);
 }
 
+/* The memory an op's messages may use, registered with the transport at
+ * its first message: its ranks' buffers and its scratch. */
+struct net_mem {
+  int n;
+  struct {
+    char *base;
+    size_t len;
+    struct tmem *m;
+  } r[];
+};
+
+static int add_region(struct peers *p, struct net_mem *nm, void *base, size_t len) {
+  char err[128];
+  for (int i = 0; i < nm->n; i++)
+    if (nm->r[i].base == base && nm->r[i].len == len) return 0; /* a buffer of two posts */
+  struct tmem *m = p->ops->mem_register(p->t, base, len, err, sizeof(err));
+  if (!m) return -1;
+  nm->r[nm->n].base = base;
+  nm->r[nm->n].len = len;
+  nm->r[nm->n++].m = m;
+  return 0;
+}
+
+static struct net_mem *register_op(struct peers *p, struct xop *x) {
+  const struct engine_plan *pl = &x->plan;
+  struct net_mem *nm = malloc(sizeof(*nm) + sizeof(nm->r[0]) * (2 * (size_t)x->nposts + pl->nscratch + 1));
+  if (!nm) return NULL;
+  nm->n = 0;
+  int bad = 0;
+  for (int i = 0; i < x->nposts; i++) {
+    const struct post *each = x->posts[i];
+    if (!each) continue;
+    if (each->sendbuf) bad |= add_region(p, nm, each->sendbuf->base, each->sendbuf->size);
+    if (each->recvbuf) bad |= add_region(p, nm, each->recvbuf->base, each->recvbuf->size);
+  }
+  for (size_t i = 0; i < pl->nscratch; i++) bad |= add_region(p, nm, pl->scratch[i], pl->scratch_bytes[i]);
+  if (x->scratch) bad |= add_region(p, nm, x->scratch, x->scratch_len);
+  if (bad) {
+    ccsd_peers_release(p, nm);
+    return NULL;
+  }
+  return nm;
+}
+
+void ccsd_peers_release(struct peers *p, struct net_mem *nm) {
+  if (!nm) return;
+  for (int i = 0; i < nm->n; i++) p->ops->mem_deregister(nm->r[i].m);
+  free(nm);
+}
+
+/* The registration holding [buf, buf+len), or NULL (the post is refused). */
+static struct tmem *region_of(const struct net_mem *nm, const void *buf, size_t len) {
+  uintptr_t b = (uintptr_t)buf;
+  for (int i = 0; i < nm->n; i++) {
+    uintptr_t lo = (uintptr_t)nm->r[i].base;
+    if (b >= lo && b - lo <= nm->r[i].len && len <= nm->r[i].len - (b - lo)) return nm->r[i].m;
+  }
+  return NULL;
+}
+
 static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
-  const struct engine_plan *pl = &rec->x->plan;
+  struct xop *x = rec->x;
+  const struct engine_plan *pl = &x->plan;
   const struct engine_node *nd = engine_task_node(pl, rec->task);
   size_t chunk = rec->task - nd->first_task, begin = chunk * pl->chunk_elems;
   size_t elems = nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
   size_t off = begin * pl->elem_size, len = elems * pl->elem_size;
-  uint64_t tag = ccsd_peer_tag(rec->x->seq, rec->x->sig_key, nd->from, nd->to, nd->msg, chunk);
-  int rc = nd->kind == ENGINE_SEND
-               ? p->ops->post_send(c->tc, (const char *)nd->in[0] + off, len, tag, rec)
-               : p->ops->post_recv(c->tc, (char *)nd->out[0] + off, len, tag, rec);
+  uint64_t tag = ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
+  if (!x->net_mem && !(x->net_mem = register_op(p, x))) {
+    fail_post(p, rec, CCS_ERR_NO_MEMORY, "its buffers cannot be registered with the transport");
+    return;
+  }
+  const char *sbuf = (const char *)nd->in[0] + off;
+  char *rbuf = (char *)nd->out[0] + off;
+  int send = nd->kind == ENGINE_SEND;
+  struct tmem *m = region_of(x->net_mem, send ? (const void *)sbuf : rbuf, len);
+  if (!m) { /* never: every message lies in the op's memory */
+    fail_post(p, rec, CCS_ERR_SYSTEM, "a message outside the op's memory");
+    return;
+  }
+  int rc = send ? p->ops->post_send(c->tc, m, sbuf, len, tag, rec)
+                : p->ops->post_recv(c->tc, m, rbuf, len, tag, rec);
   if (rc) fail_later(p, rec, "its data connection is closed");
 }
 

@@ -48,6 +48,11 @@ void ccsd_peers_post(struct peers *p, struct xop *x, size_t task);
  * called with (sig_key: ops whose ranks disagree never exchange data),
  * participants, the message between them and the chunk, mixed into 64
  * bits; never 0 (control). */
+/* An op's memory registered with the transport (at its first message, on
+ * the network thread); released with the op, after its last message. */
+struct net_mem;
+void ccsd_peers_release(struct peers *p, struct net_mem *nm);
+
 uint64_t ccsd_peer_tag(uint64_t seq, uint64_t sig_key, int from, int to, uint32_t msg,
                        size_t chunk);
 

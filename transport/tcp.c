@@ -330,7 +330,29 @@ static struct op *new_op(const void *sbuf, void *rbuf, size_t len, uint64_t tag,
   return op;
 }
 
-static int tcp_post_send(struct tconn *c, const void *buf, size_t len, uint64_t tag, void *user) {
+struct tmem {
+  const char *base;
+  size_t len;
+};
+
+static struct tmem *tcp_mem_register(struct transport *t, void *base, size_t len, char *err,
+                                     size_t errlen) {
+  struct tmem *m = malloc(sizeof(*m));
+  if (!m) snprintf(err, errlen, "out of memory");
+  else *m = (struct tmem){base, len};
+  return m;
+}
+
+static void tcp_mem_deregister(struct tmem *m) { free(m); }
+
+static int outside(const struct tmem *m, const void *buf, size_t len) {
+  uintptr_t b = (uintptr_t)buf, lo = (uintptr_t)m->base;
+  return b < lo || b - lo > m->len || len > m->len - (b - lo);
+}
+
+static int tcp_post_send(struct tconn *c, struct tmem *m, const void *buf, size_t len,
+                         uint64_t tag, void *user) {
+  if (m && outside(m, buf, len)) return -EFAULT;
   if (c->dead) return -ECONNRESET;
   struct op *op = new_op(buf, NULL, len, tag, user);
   if (!op) return -ENOMEM;
@@ -341,7 +363,9 @@ static int tcp_post_send(struct tconn *c, const void *buf, size_t len, uint64_t 
   return 0;
 }
 
-static int tcp_post_recv(struct tconn *c, void *buf, size_t len, uint64_t tag, void *user) {
+static int tcp_post_recv(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag,
+                         void *user) {
+  if (m && outside(m, buf, len)) return -EFAULT;
   struct op *op = new_op(NULL, buf, len, tag, user);
   if (!op) return -ENOMEM;
   for (struct umsg **p = &c->unexp, *prev = NULL; *p; prev = *p, p = &(*p)->next) {
@@ -445,6 +469,8 @@ const struct transport_ops ccs_transport_tcp = {
     .listen = tcp_listen,
     .connect = tcp_connect,
     .accept = tcp_accept,
+    .mem_register = tcp_mem_register,
+    .mem_deregister = tcp_mem_deregister,
     .post_send = tcp_post_send,
     .post_recv = tcp_post_recv,
     .poll = tcp_poll,

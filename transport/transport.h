@@ -12,6 +12,7 @@
 
 struct transport;
 struct tconn;
+struct tmem; /* a registered range of memory */
 
 struct tcompletion {
   struct tconn *conn;
@@ -31,8 +32,21 @@ struct transport_ops {
   int (*connect)(struct transport *t, const char *addr, double timeout_s, struct tconn **ret,
                  char *err, size_t errlen);
   int (*accept)(struct transport *t, struct tconn **ret); /* 1: one, 0: none yet, -1: error */
-  int (*post_send)(struct tconn *c, const void *buf, size_t len, uint64_t tag, void *user);
-  int (*post_recv)(struct tconn *c, void *buf, size_t len, uint64_t tag, void *user);
+  /* Memory that posts may read or write. A fabric that must pin memory and
+   * key it (verbs) does so here; TCP only records the range. Either thread
+   * may register and deregister; a range is deregistered after its last
+   * post completed. */
+  struct tmem *(*mem_register)(struct transport *t, void *base, size_t len, char *err,
+                               size_t errlen);
+  void (*mem_deregister)(struct tmem *m);
+  /* A post names the registration its buffer lies in, and one outside it
+   * is refused with -EFAULT: a miscomputed offset can never make the
+   * network read or write other memory. m NULL: a small message of the
+   * caller's own (control), which fabrics copy. */
+  int (*post_send)(struct tconn *c, struct tmem *m, const void *buf, size_t len, uint64_t tag,
+                   void *user);
+  int (*post_recv)(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag,
+                   void *user);
   /* up to max completions, waiting at most timeout_ms for the first */
   int (*poll)(struct transport *t, int timeout_ms, struct tcompletion *out, int max);
   /* Its pending posts complete with -ECANCELED (and conn NULL: it is gone). */
