@@ -85,14 +85,19 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
   return add(s, t, base, size, -1, 0, ret, err, errlen);
 }
 
+/* Device memory on a daemon without GPUs: refused with the reason. */
+static ccs_result_t host_only(const struct session *s, char *err, size_t errlen) {
+  snprintf(err, errlen, "this daemon runs host-only (%s): device buffers are not supported",
+           s->d->gpu_absent);
+  return CCS_ERR_UNSUPPORTED;
+}
+
 ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
                                          const uint8_t *uuid, struct membuf **ret, char *err,
                                          size_t errlen) {
   if (!s->d->gpu) {
     close(fd);
-    snprintf(err, errlen, "this daemon runs host-only (%s): device buffers are not supported",
-             s->d->gpu_absent);
-    return CCS_ERR_UNSUPPORTED;
+    return host_only(s, err, errlen);
   }
   struct tenant *t;
   ccs_result_t rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen);
@@ -118,11 +123,7 @@ ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
              "ccs_mem_alloc_device, or pass the buffer unregistered (staged)");
     return CCS_ERR_PERMISSION;
   }
-  if (!s->d->gpu) {
-    snprintf(err, errlen, "this daemon runs host-only (%s): device buffers are not supported",
-             s->d->gpu_absent);
-    return CCS_ERR_UNSUPPORTED;
-  }
+  if (!s->d->gpu) return host_only(s, err, errlen);
   void *base;
   size_t size;
   int device;
