@@ -29,6 +29,9 @@ ccs_result_t ccs__gpu_usable(void) {
 int ccs__gpu_device_of(const void *ptr) {
   struct cudaPointerAttributes a;
   if (!ptr || ccs__cuda_usable(NULL, 0)) return -1;
+  int known = ccs__mem_device_of(ptr);
+  if (known != -2) return known;
+  if (!ccs__cuda_has_context()) return -1; /* a host-only job stays without one */
   if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
     cudaGetLastError(); /* not sticky: forget it */
     return -1;

@@ -54,6 +54,9 @@ const char *ccs__error(void);
  * connection. 0 when found, 1 when not ccs memory, <0 on failure. */
 int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *ret_id,
                     uint64_t *ret_off);
+/* The GPU of the ccs memory holding ptr, -1 for host memory, -2 when ccs
+ * did not allocate or register it. */
+int ccs__mem_device_of(const void *ptr);
 
 /* Staging for unregistered buffers: a registered area of at least `bytes`
  * in host memory (device -1) or on a GPU, taken from a per-connection

@@ -242,6 +242,16 @@ CCS__API ccs_result_t ccs_mem_deregister(void *ptr) {
   return CCS_OK;
 }
 
+int ccs__mem_device_of(const void *ptr) {
+  const char *p = ptr;
+  int device = -2;
+  pthread_mutex_lock(&mem_mu);
+  for (size_t i = 0; i < nallocs && device == -2; i++)
+    if (p >= allocs[i].ptr && p < allocs[i].ptr + allocs[i].size) device = allocs[i].device;
+  pthread_mutex_unlock(&mem_mu);
+  return device;
+}
+
 int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *ret_id,
                     uint64_t *ret_off) {
   const char *p = ptr;

@@ -23,6 +23,9 @@ static struct {
   CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
   CUresult (*error_string)(CUresult, const char **);
   CUresult (*address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+  CUresult (*device_get)(CUdevice *, int);
+  CUresult (*primary_state)(CUdevice, unsigned int *, int *);
+  CUresult (*current)(CUcontext *);
 } cu;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -63,7 +66,10 @@ static void load(void) {
          entry("cuMemGetAllocationGranularity", (void **)&cu.granularity) ||
          entry("cuMemGetAllocationPropertiesFromHandle", (void **)&cu.props) ||
          entry("cuGetErrorString", (void **)&cu.error_string) ||
-         entry("cuMemGetAddressRange", (void **)&cu.address_range));
+         entry("cuMemGetAddressRange", (void **)&cu.address_range) ||
+         entry("cuDeviceGet", (void **)&cu.device_get) ||
+         entry("cuDevicePrimaryCtxGetState", (void **)&cu.primary_state) ||
+         entry("cuCtxGetCurrent", (void **)&cu.current));
 }
 
 int ccs__cuda_usable(char *why, size_t len) {
@@ -234,6 +240,23 @@ int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, size_t
 
 void ccs__cuda_ipc_close(void *ptr) {
   if (ptr && !ccs__cuda_usable(NULL, 0)) cudaIpcCloseMemHandle(ptr);
+}
+
+int ccs__cuda_has_context(void) {
+  if (ccs__cuda_usable(NULL, 0)) return 0;
+  CUcontext cur = NULL;
+  if (cu.current(&cur) == CUDA_SUCCESS && cur) return 1;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  for (int d = 0; d < n; d++) {
+    CUdevice dev;
+    unsigned flags = 0;
+    int active = 0;
+    if (cu.device_get(&dev, d) == CUDA_SUCCESS &&
+        cu.primary_state(dev, &flags, &active) == CUDA_SUCCESS && active)
+      return 1;
+  }
+  return 0;
 }
 
 int ccs__cuda_uuid_of_device(int device, uint8_t *uuid) {

@@ -43,6 +43,12 @@ int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, size_t
                        char *err, size_t errlen);
 void ccs__cuda_ipc_close(void *ptr);
 
+/* Whether this process has a CUDA context (the current thread's, or a
+ * device's primary one active), without making one: memory it has not
+ * allocated through ccs cannot be device memory otherwise, and asking the
+ * runtime would create a context, and its GPU memory, in host-only jobs. */
+int ccs__cuda_has_context(void);
+
 /* The device ordinal of this process whose UUID is uuid (16 bytes), or -1. */
 int ccs__cuda_device_of_uuid(const uint8_t *uuid);
 /* The UUID of device ordinal `device` into uuid[16]; 0 on success. */
