@@ -8,6 +8,7 @@
  * `done` right after the reply, so a pair is free again once ccs__gpu_end
  * returns. */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,12 +27,22 @@ ccs_result_t ccs__gpu_usable(void) {
   return CCS_ERR_UNSUPPORTED;
 }
 
+/* Whether the process uses CUDA at all (the driver library is loaded),
+ * asked without loading it: a host-only job, which may fork CUDA processes
+ * later, must not find the driver initialised by libccs. */
+static int process_uses_cuda(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (h) dlclose(h);
+  return h != NULL;
+}
+
 int ccs__gpu_device_of(const void *ptr) {
   struct cudaPointerAttributes a;
-  if (!ptr || ccs__cuda_usable(NULL, 0)) return -1;
+  if (!ptr) return -1;
   int known = ccs__mem_device_of(ptr);
   if (known != -2) return known;
-  if (!ccs__cuda_has_context()) return -1; /* a host-only job stays without one */
+  /* a host-only job stays without a driver and a context from libccs */
+  if (!process_uses_cuda() || ccs__cuda_usable(NULL, 0) || !ccs__cuda_has_context()) return -1;
   if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
     cudaGetLastError(); /* not sticky: forget it */
     return -1;
