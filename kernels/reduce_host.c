@@ -15,6 +15,20 @@
 
 enum { BLOCK = 2048 };
 
+/* float8 to float through tables: 256 entries each, and a load is then one
+ * indexed read instead of a dozen branches. */
+static float e4m3_lut[256], e5m2_lut[256];
+
+__attribute__((constructor)) static void fill_luts(void) {
+  for (int i = 0; i < 256; i++) {
+    e4m3_lut[i] = ccs__e4m3_to_float((uint8_t)i);
+    e5m2_lut[i] = ccs__e5m2_to_float((uint8_t)i);
+  }
+}
+
+#define E4M3_LOAD(x) e4m3_lut[x]
+#define E5M2_LOAD(x) e5m2_lut[x]
+
 /* memcpy with non-temporal stores where the target allows. */
 static void copy_streaming(void *dst, const void *src, size_t bytes) {
 #ifdef __SSE2__
@@ -56,6 +70,7 @@ void ccs__stream_fence(void) {
   static void reduce_##NAME(ccs_redop_t op, size_t d, const void *const *in, int nin,         \
                             void *const *out, int nout, size_t count, int streaming) {        \
     A acc[BLOCK];                                                                             \
+    T narrow[sizeof(T) != sizeof(A) ? BLOCK : 1];                                             \
     for (size_t base = 0; base < count; base += BLOCK) {                                      \
       size_t n = count - base < BLOCK ? count - base : BLOCK;                                 \
       const T *s0 = (const T *)in[0] + base;                                                  \
@@ -88,16 +103,19 @@ void ccs__stream_fence(void) {
       }                                                                                       \
       if (op == CCS_AVG && d > 0)                                                             \
         for (size_t i = 0; i < n; i++) acc[i] = DIV;                                          \
+      /* narrow types: rounded once, then copied to every output */                          \
+      const T *result = (const T *)acc;                                                       \
+      if (sizeof(T) != sizeof(A)) {                                                           \
+        for (size_t i = 0; i < n; i++) narrow[i] = STORE(acc[i]);                             \
+        result = narrow;                                                                      \
+      }                                                                                       \
       for (int o = 0; o < nout; o++) {                                                        \
         T *dst = (T *)out[o] + base;                                                          \
         /* an output that is also an input (in place) is in cache: store normally */         \
         int alias = 0;                                                                        \
         for (int k = 0; k < nin; k++) alias |= out[o] == in[k];                               \
-        if (streaming && !alias && sizeof(T) == sizeof(A)) {                                  \
-          copy_streaming(dst, acc, n * sizeof(T)); /* A is T here */                          \
-          continue;                                                                           \
-        }                                                                                     \
-        for (size_t i = 0; i < n; i++) dst[i] = STORE(acc[i]);                                \
+        if (streaming && !alias) copy_streaming(dst, result, n * sizeof(T));                  \
+        else memcpy(dst, result, n * sizeof(T));                                              \
       }                                                                                       \
     }                                                                                         \
   }
@@ -119,8 +137,8 @@ FLOAT_REDUCE(f16, uint16_t, float, ccs__half_to_float, ccs__float_to_half)
 FLOAT_REDUCE(bf16, uint16_t, float, ccs__bf16_to_float, ccs__float_to_bf16)
 FLOAT_REDUCE(f32, float, float, SAME, SAME)
 FLOAT_REDUCE(f64, double, double, SAME, SAME)
-FLOAT_REDUCE(e4m3, uint8_t, float, ccs__e4m3_to_float, ccs__float_to_e4m3)
-FLOAT_REDUCE(e5m2, uint8_t, float, ccs__e5m2_to_float, ccs__float_to_e5m2)
+FLOAT_REDUCE(e4m3, uint8_t, float, E4M3_LOAD, ccs__float_to_e4m3)
+FLOAT_REDUCE(e5m2, uint8_t, float, E5M2_LOAD, ccs__float_to_e5m2)
 
 typedef void (*reduce_fn)(ccs_redop_t, size_t, const void *const *, int, void *const *, int,
                           size_t, int);
