@@ -15,7 +15,7 @@ if [ -z "${CCS_TEST_NETNS:-}" ]; then
   exec tests/support/run_netns.sh 4 "$0" "$@"
 fi
 
-dir=$(mktemp -d /tmp/ccs-nodes.XXXXXX)
+dir=$(mktemp -d)
 pids=()
 stop_daemons() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=(); }
 trap 'stop_daemons; rm -rf "$dir"' EXIT
