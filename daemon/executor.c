@@ -131,12 +131,7 @@ static void drain_done(struct executor *e) {
   struct list done;
   list_init(&done);
   pthread_mutex_lock(&e->mu);
-  if (!list_empty(&e->done)) {
-    done = e->done;
-    done.next->prev = &done;
-    done.prev->next = &done;
-    list_init(&e->done);
-  }
+  list_take_all(&done, &e->done);
   pthread_mutex_unlock(&e->mu);
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &done) {

@@ -25,5 +25,14 @@ static inline void list_remove(struct list *n) {
   n->next->prev = n->prev;
   list_init(n);
 }
+/* Every entry of from moves to the (empty, initialised) list to; from is
+ * left empty: a queue taken whole under a lock, worked on outside it. */
+static inline void list_take_all(struct list *to, struct list *from) {
+  if (list_empty(from)) return;
+  *to = *from;
+  to->next->prev = to;
+  to->prev->next = to;
+  list_init(from);
+}
 
 #endif

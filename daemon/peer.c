@@ -133,11 +133,7 @@ static void on_events(uv_async_t *h) {
   struct list got;
   list_init(&got);
   pthread_mutex_lock(&p->mu);
-  while (!list_empty(&p->events)) {
-    struct list *it = p->events.next;
-    list_remove(it);
-    list_insert_tail(&got, it);
-  }
+  list_take_all(&got, &p->events);
   pthread_mutex_unlock(&p->mu);
   while (!list_empty(&got)) {
     struct event *ev = LIST_ENTRY(got.next, struct event, link);
@@ -656,11 +652,7 @@ static void *net_thread(void *arg) {
     list_init(&cmds);
     pthread_mutex_lock(&p->mu);
     int stop = p->stop;
-    while (!list_empty(&p->cmds)) {
-      struct list *it = p->cmds.next;
-      list_remove(it);
-      list_insert_tail(&cmds, it);
-    }
+    list_take_all(&cmds, &p->cmds);
     pthread_mutex_unlock(&p->mu);
     while (!list_empty(&cmds)) {
       struct cmd *cmd = LIST_ENTRY(cmds.next, struct cmd, link);
