@@ -9,6 +9,8 @@
  * returns. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <link.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,13 +29,31 @@ ccs_result_t ccs__gpu_usable(void) {
   return CCS_ERR_UNSUPPORTED;
 }
 
+static int count_loads(struct dl_phdr_info *info, size_t size, void *loads) {
+  *(unsigned long long *)loads = info->dlpi_adds;
+  return 1; /* the first object says it */
+}
+
 /* Whether the process uses CUDA at all (the driver library is loaded),
  * asked without loading it: a host-only job, which may fork CUDA processes
- * later, must not find the driver initialised by libccs. */
+ * later, must not find the driver initialised by libccs. Every collective
+ * asks, and dlopen costs ~16 us: the answer is asked of the loader again
+ * only when it loaded something since (dlpi_adds, ~20 ns to read). */
 static int process_uses_cuda(void) {
+  static _Atomic int found;
+  static _Atomic unsigned long long absent_at = ~0ull; /* loads counted when last absent */
+  if (atomic_load_explicit(&found, memory_order_relaxed)) return 1;
+  unsigned long long loads = 0;
+  dl_iterate_phdr(count_loads, &loads);
+  if (loads == atomic_load_explicit(&absent_at, memory_order_relaxed)) return 0;
   void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (h) dlclose(h);
-  return h != NULL;
+  if (h) {
+    dlclose(h);
+    atomic_store(&found, 1); /* a library once loaded stays */
+    return 1;
+  }
+  atomic_store(&absent_at, loads);
+  return 0;
 }
 
 int ccs__gpu_device_of(const void *ptr) {
