@@ -241,6 +241,7 @@ struct comm {
   int nnodes, mynode;       /* once ready: daemons in address order of first rank */
   char (*node_addr)[CCSD_ADDR_MAX];
   int *node_of_rank, *rank_of; /* rank_of: participants ordered by node */
+  int *node_first;             /* node k's ranks: rank_of[node_first[k] ..] */
   struct net_comm *net;
   size_t chunk_bytes;       /* the root's: chunks are messages */
   int lanes;                /* the root's: data connections per pair of daemons */

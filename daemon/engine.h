@@ -38,9 +38,11 @@ struct engine_rank {
   char *send, *recv;
   int remote; /* run by another daemon: its messages cross the network */
   /* A participant that stands for several ranks of this daemon (schedules
-   * among daemons; all_reduce, reduce and broadcast): its input is the
-   * reduction of its members' sends (for broadcast, the root member's), its
-   * outputs are their recvs (for reduce, the root member's). */
+   * among daemons): its input is the reduction of its members' sends (for
+   * broadcast and scatter, the root member's; for all_gather and gather,
+   * each member's own block), its outputs are their recvs (for reduce and
+   * gather, the root member's; for reduce_scatter and scatter, each
+   * member's own block). */
   const struct engine_rank *members;
   int nmembers, root_member;
 };
@@ -59,6 +61,10 @@ struct engine_op {
   size_t chunk_bytes; /* every daemon of a comm must use the same */
   size_t avg_divisor; /* ranks that contribute (CCS_AVG); 0: n */
   struct engine_pool *pool; /* where scratch comes from; NULL: malloc */
+  /* Groups of all_gather, reduce_scatter, gather and scatter: participant
+   * p stands for the ranks rank_of[group_first[p] .. group_first[p+1]-1],
+   * its members in that order, and its block for their blocks. */
+  const int *group_first;
 };
 
 /* Scratch memory kept between ops: fresh large allocations cost a page

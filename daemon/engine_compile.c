@@ -242,39 +242,75 @@ static int net_send(struct compiler *k, int v, int from, int to) {
 
 static int land(struct compiler *k, int v, char *home);
 
-/* A group participant's block b at the start: its members' inputs reduced
- * (the local phase), or the root member's for broadcast; -1 if none. */
+/* The member of group participant p whose own block b is, or -1. */
+static int own_member(const struct compiler *k, int p, uint32_t b) {
+  const int *first = k->op->group_first;
+  if (!first || (int)b < first[p] || (int)b >= first[p + 1]) return -1;
+  return (int)b - first[p];
+}
+
+/* Where member m of group participant p holds block b at the start (NULL:
+ * it does not): every member's input reduced (the local phase), or the
+ * root member's, or each member's own block. */
+static char *member_input(const struct compiler *k, int p, int m, uint32_t b, size_t begin) {
+  const struct engine_op *op = k->op;
+  const struct engine_rank *g = &op->ranks[p];
+  char *send = g->members[m].send;
+  if (!send) return NULL;
+  switch (op->coll) {
+  case SCHED_BROADCAST: case SCHED_SCATTER:
+    return p == op->root && m == g->root_member ? send + begin * k->sz : NULL;
+  case SCHED_ALL_GATHER: case SCHED_GATHER: return m == own_member(k, p, b) ? send : NULL;
+  default: return send + begin * k->sz;
+  }
+}
+
+/* ... and where it must hold block b at the end (NULL: nowhere). */
+static char *member_home(const struct compiler *k, int p, int m, uint32_t b, size_t begin) {
+  const struct engine_op *op = k->op;
+  const struct engine_rank *g = &op->ranks[p];
+  char *recv = g->members[m].recv;
+  if (!recv) return NULL;
+  switch (op->coll) {
+  case SCHED_REDUCE: case SCHED_GATHER:
+    return p == op->root && m == g->root_member ? recv + begin * k->sz : NULL;
+  case SCHED_REDUCE_SCATTER: case SCHED_SCATTER: return m == own_member(k, p, b) ? recv : NULL;
+  default: return recv + begin * k->sz;
+  }
+}
+
+/* A group participant's block b at the start; -1 if none. */
 static int group_input(struct compiler *k, int p, uint32_t b) {
   const struct engine_rank *g = &k->op->ranks[p];
   size_t begin, len;
   block_range(k, b, &begin, &len);
   int nleaves = 0;
   for (int m = 0; m < g->nmembers; m++) {
-    if (k->op->coll == SCHED_BROADCAST && (p != k->op->root || m != g->root_member)) continue;
-    if (!g->members[m].send) continue;
+    char *ptr = member_input(k, p, m, b, begin);
+    if (!ptr) continue;
     int v = new_value(k, V_INPUT, len);
     if (v < 0) return -1;
     k->vals[v].owner = p;
-    k->vals[v].ptr = g->members[m].send + begin * k->sz;
+    k->vals[v].ptr = ptr;
     k->scratch_leaves[nleaves++] = v;
   }
   if (nleaves <= 1) return nleaves ? k->scratch_leaves[0] : -1;
   return reduce_value(k, k->scratch_leaves, nleaves, 0, len);
 }
 
-/* ... and at the end every member's output (reduce: the root member's). */
+/* ... and at the end, in every member's output that must hold it. */
 static void group_land(struct compiler *k, int p, uint32_t b) {
   const struct engine_rank *g = &k->op->ranks[p];
   size_t begin, len;
   block_range(k, b, &begin, &len);
   for (int m = 0; m < g->nmembers && k->rc == CCS_OK; m++) {
-    if (k->op->coll == SCHED_REDUCE && (p != k->op->root || m != g->root_member)) continue;
-    if (!g->members[m].recv) continue;
+    char *home = member_home(k, p, m, b, begin);
+    if (!home) continue;
     if (k->cur[p][b] < 0)
       fail(k, CCS_ERR_INVALID_ARGUMENT, "%s %s: participant %d ends without block %u",
            sched_algo_name(k->op->algo), sched_coll_name(k->op->coll), p, b);
     else
-      land(k, k->cur[p][b], g->members[m].recv + begin * k->sz);
+      land(k, k->cur[p][b], home);
   }
 }
 
@@ -731,6 +767,15 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
            sched_algo_name(op->algo), sched_coll_name(op->coll), n);
     else if (rc) oom(&k);
     steps += s[p].nsteps;
+  }
+  if (op->group_first && k.rc == CCS_OK && (sched_coll_splits(op->coll) || op->coll == SCHED_ALL_TO_ALL))
+    fail(&k, CCS_ERR_INVALID_ARGUMENT, "%s: no groups of ranks in blocks", sched_coll_name(op->coll));
+  for (int p = 0; p < n && op->group_first && k.rc == CCS_OK; p++) {
+    int rc = sched_expand(&s[p], op->group_first);
+    if (rc == -1)
+      fail(&k, CCS_ERR_UNSUPPORTED, "%s %s: a copy between groups of unequal size",
+           sched_algo_name(op->algo), sched_coll_name(op->coll));
+    else if (rc) oom(&k);
   }
   if (k.rc == CCS_OK) {
     k.nblocks = s[0].nblocks;

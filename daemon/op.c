@@ -105,11 +105,13 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     x->part_node[1] = c->spans ? c->node_of_rank[to] : 0;
     snprintf(x->why, sizeof(x->why), "a send and its receive: %s",
              send && recv ? "one copy" : "one message between daemons");
-  } else if (c->spans && (x->kind == CCS__ALL_REDUCE || x->kind == CCS__REDUCE ||
-                          x->kind == CCS__BROADCAST)) {
+  } else if (c->spans && x->kind != CCS__ALL_TO_ALL && x->kind != CCS__BARRIER) {
     /* Among daemons: one participant per node, standing for its ranks; this
      * node's are reduced in one pass before the network and get the result
-     * in one pass after it. */
+     * in one pass after it. Where a collective's blocks are ranks', a
+     * node's block is its ranks' blocks, so no rank's block crosses a link
+     * twice. (all_to_all stays rank by rank: its pieces go straight to
+     * their node either way.) */
     members = calloc((size_t)c->nlocal + 1, sizeof(*members));
     if (!members) {
       free(ranks);
@@ -118,14 +120,18 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     }
     struct engine_rank *mine = &ranks[c->mynode];
     mine->root_member = -1;
-    for (int r = 0; r < c->nranks; r++) {
+    for (int i = c->node_first[c->mynode]; i < c->node_first[c->mynode + 1]; i++) {
+      int r = c->rank_of[i];
       const struct post *each = x->posts[r];
-      if (!each) continue;
       if (r == p0->root) mine->root_member = mine->nmembers;
-      members[mine->nmembers].send = send_ptr(each);
-      members[mine->nmembers++].recv = recv_ptr(each);
+      members[mine->nmembers].send = each ? send_ptr(each) : NULL;
+      members[mine->nmembers++].recv = each ? recv_ptr(each) : NULL;
     }
     mine->members = members;
+    if (!sched_coll_splits(coll_of[x->kind])) {
+      op.rank_of = c->rank_of;
+      op.group_first = c->node_first;
+    }
     for (int k = 0; k < c->nnodes; k++) {
       ranks[k].remote = k != c->mynode;
       x->part_node[k] = k;

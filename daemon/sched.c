@@ -62,6 +62,31 @@ void sched_add_copy(struct schedule *s, uint8_t src_buf, uint32_t src_block, uin
                              .block = block});
 }
 
+int sched_expand(struct schedule *s, const int *first) {
+  struct schedule out;
+  sched_init(&out, (uint32_t)first[s->nblocks]);
+  for (size_t i = 0; i < s->nsteps; i++) {
+    const struct sched_step *st = &s->steps[i];
+    uint32_t width = (uint32_t)(first[st->block + 1] - first[st->block]);
+    if (st->op == SCHED_COPY &&
+        (uint32_t)(first[st->src_block + 1] - first[st->src_block]) != width) {
+      sched_free(&out);
+      return -1;
+    }
+    for (uint32_t j = 0; j < width; j++) {
+      struct sched_step sub = *st;
+      sub.block = (uint32_t)first[st->block] + j;
+      if (st->op == SCHED_COPY) sub.src_block = (uint32_t)first[st->src_block] + j;
+      add(&out, sub);
+    }
+  }
+  int rc = out.failed ? -2 : 0;
+  sched_free(s);
+  *s = out;
+  if (rc) sched_free(s);
+  return rc;
+}
+
 int sched_build(enum sched_algo a, enum sched_coll c, int n, int me, int root, int pipeline,
                 struct schedule *ret) {
   sched_init(ret, 0); /* a builder that declines leaves nothing to free */

@@ -74,6 +74,12 @@ int sched_build(enum sched_algo a, enum sched_coll c, int n, int me, int root, i
                 struct schedule *ret);
 void sched_free(struct schedule *s);
 
+/* A schedule among groups of participants, in their members' blocks: a
+ * step on block b becomes one step per block first[b] .. first[b+1]-1 (for
+ * the collectives whose block b is participant b's). 0; -1 when a copy
+ * would join groups of unequal size; -2 when out of memory. */
+int sched_expand(struct schedule *s, const int *first);
+
 /* builders' tools */
 void sched_init(struct schedule *s, uint32_t nblocks);
 void sched_add(struct schedule *s, uint8_t op, int32_t peer, uint32_t block);

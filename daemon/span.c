@@ -49,7 +49,8 @@ static int build_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
   c->node_addr = calloc((size_t)n, sizeof(*c->node_addr));
   c->node_of_rank = malloc(sizeof(int) * (size_t)n);
   c->rank_of = malloc(sizeof(int) * (size_t)n);
-  if (!c->node_addr || !c->node_of_rank || !c->rank_of) return -1;
+  c->node_first = malloc(sizeof(int) * (size_t)(n + 1));
+  if (!c->node_addr || !c->node_of_rank || !c->rank_of || !c->node_first) return -1;
   c->nnodes = 0;
   c->mynode = -1;
   for (int r = 0; r < n; r++) {
@@ -64,9 +65,12 @@ static int build_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
     if (!strcmp(rank_addr[r], c->d->self)) c->mynode = node;
   }
   int p = 0;
-  for (int k = 0; k < c->nnodes; k++)
+  for (int k = 0; k < c->nnodes; k++) {
+    c->node_first[k] = p;
     for (int r = 0; r < n; r++)
       if (c->node_of_rank[r] == k) c->rank_of[p++] = r;
+  }
+  c->node_first[c->nnodes] = p;
   c->spans = c->nnodes > 1;
   if (c->spans && c->mynode >= 0)
     c->net = ccsd_peers_comm_open(c->d->peers, c->secret, c->nnodes, c->mynode,
@@ -150,6 +154,7 @@ void ccsd_span_free(struct comm *c) {
   free(c->node_addr);
   free(c->node_of_rank);
   free(c->rank_of);
+  free(c->node_first);
   free(c->p2p_counts);
 }
 

@@ -329,16 +329,19 @@ static void test_every_algorithm_across_daemons(void **state) {
   assert_true(ran > 500);
 }
 
-/* Schedules among daemons (all_reduce, reduce, broadcast): participant d
- * stands for daemon d's ranks (r % D == d), reduced locally before the
- * network and landing in every member after it. */
+/* Schedules among daemons: participant d stands for daemon d's ranks
+ * (r % D == d), reduced locally before the network and landing in every
+ * member after it; for the collectives in blocks of ranks, its block is
+ * its members' blocks. */
 static void test_groups_across_daemons(void **state) {
   (void)state;
   uint64_t seed = test_seed();
-  static const enum sched_coll colls[] = {SCHED_ALL_REDUCE, SCHED_REDUCE, SCHED_BROADCAST};
+  static const enum sched_coll colls[] = {SCHED_ALL_REDUCE,     SCHED_REDUCE, SCHED_BROADCAST,
+                                          SCHED_ALL_GATHER,     SCHED_GATHER, SCHED_SCATTER,
+                                          SCHED_REDUCE_SCATTER};
   int ran = 0, k = 0;
   for (int a = 0; a < SCHED_ALGO_COUNT; a++)
-    for (int ci = 0; ci < 3; ci++)
+    for (int ci = 0; ci < (int)(sizeof(colls) / sizeof(colls[0])); ci++)
       for (int n = 2; n <= 8; n++)
         for (int D = 2; D <= 3 && D <= n; D++) {
           enum sched_coll c = colls[ci];
@@ -350,8 +353,12 @@ static void test_groups_across_daemons(void **state) {
             struct bufs b;
             struct engine_rank ranks[17], members[3][17], parts[3][3];
             setup(c, n, root_rank, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks);
-            int nm[3] = {0};
+            int nm[3] = {0}, rank_of[17], first[4] = {0}, np = 0;
             int root_member = 0;
+            for (int d = 0; d < D; d++) {
+              for (int r = d; r < n; r += D) rank_of[np++] = r;
+              first[d + 1] = np;
+            }
             for (int r = 0; r < n; r++) {
               if (r == root_rank) root_member = nm[r % D];
               members[r % D][nm[r % D]++] = ranks[r];
@@ -370,8 +377,10 @@ static void test_groups_across_daemons(void **state) {
                 parts[d][q].nmembers = nm[q];
                 parts[d][q].root_member = q == root_rank % D ? root_member : -1;
               }
+              int blocks = !sched_coll_splits(c);
               eo[d] = (struct engine_op){c, (enum sched_algo)a, D, root_rank % D, 1 + k % 3, sizes[si], t, op,
-                                         parts[d], NULL, (size_t)256 << (k % 5), (size_t)n};
+                                         parts[d], blocks ? rank_of : NULL, (size_t)256 << (k % 5), (size_t)n,
+                                         NULL, blocks ? first : NULL};
             }
             if (!compile_run_check(eo, D, n, root_rank, seed + (uint64_t)k, in_place, &b, ranks, what)) break;
             ran++;
@@ -379,6 +388,44 @@ static void test_groups_across_daemons(void **state) {
         }
   fprintf(stderr, "# %d ops of grouped ranks across daemons run and checked\n", ran);
   assert_true(ran > 100);
+}
+
+/* Grouped all_gather: a daemon receives each other daemon's ranks' blocks
+ * once, whatever the algorithm (ranks one by one in a ring would bring
+ * its own ranks' blocks back round to it). */
+static void test_grouped_all_gather_receives_each_block_once(void **state) {
+  (void)state;
+  enum { N = 7, D = 3, COUNT = 300 };
+  struct bufs b;
+  struct engine_rank ranks[N], members[D][N], parts[D];
+  setup(SCHED_ALL_GATHER, N, 0, COUNT, CCS_INT32, CCS_SUM, 5, 0, &b, ranks);
+  int rank_of[N], first[D + 1] = {0}, np = 0;
+  for (int d = 0; d < D; d++) {
+    for (int r = d; r < N; r += D) {
+      members[d][np - first[d]] = ranks[r];
+      rank_of[np++] = r;
+    }
+    first[d + 1] = np;
+  }
+  for (int a = 0; a < SCHED_ALGO_COUNT; a++)
+    for (int d = 0; d < D; d++) {
+      for (int q = 0; q < D; q++) parts[q] = (struct engine_rank){.remote = q != d};
+      parts[d].members = members[d];
+      parts[d].nmembers = first[d + 1] - first[d];
+      struct engine_op eo = {SCHED_ALL_GATHER, (enum sched_algo)a, D, 0, 1, COUNT, CCS_INT32,
+                             CCS_SUM, parts, rank_of, 4096, N, NULL, first};
+      struct engine_plan pl;
+      char err[256];
+      if (engine_compile(&eo, &pl, err, sizeof(err)) != CCS_OK) break;
+      size_t got = 0;
+      for (size_t i = 0; i < pl.nnodes; i++)
+        if (pl.nodes[i].kind == ENGINE_RECV) got += pl.nodes[i].count;
+      if (got != (size_t)(N - parts[d].nmembers) * COUNT)
+        fail_msg("%s all_gather: daemon %d receives %zu elements, not %d", sched_algo_name(a), d, got,
+                 (N - parts[d].nmembers) * COUNT);
+      engine_plan_free(&pl);
+    }
+  free_bufs(&b, N);
 }
 
 /* Scratch comes back from the pool for the next op (in-place all_to_all
@@ -444,6 +491,7 @@ int main(void) {
       cmocka_unit_test(test_all_reduce_moves_each_byte_once),
       cmocka_unit_test(test_every_algorithm_across_daemons),
       cmocka_unit_test(test_groups_across_daemons),
+      cmocka_unit_test(test_grouped_all_gather_receives_each_block_once),
       cmocka_unit_test(test_pool_reuses_scratch),
       cmocka_unit_test(test_overlapping_outputs_terminate),
   };
