@@ -312,6 +312,8 @@ struct xop {
   struct engine_plan plan; /* its bookkeeping under the executor's lock */
   int streaming;           /* outputs past the caches: non-temporal stores */
   _Atomic int cancelled;   /* the comm failed: skip the remaining work */
+  int net_handover;        /* its ready tasks are on their way to the network thread (under the executor's lock) */
+  int on_net;              /* small, across daemons: the network thread runs its compute tasks too */
   int *part_node;          /* across daemons: each participant's node */
   void *scratch;           /* a barrier's bytes */
   size_t scratch_len;
@@ -452,8 +454,14 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads);
  * the executor once the loop has closed its handle. */
 void ccsd_executor_stop(struct executor *e);
 void ccsd_executor_submit(struct executor *e, struct xop *x);
-/* A SEND or RECV task completed (the network thread). */
-void ccsd_executor_task_done(struct executor *e, struct xop *x, size_t task);
+/* The network thread: finishes x's task (CCSD_NO_TASK: none), and takes
+ * up to max of x's ready network tasks (and compute tasks, x->on_net) into
+ * tasks, unless a hand-over of x (ccsd_peers_hand_over) is on its way: that
+ * one takes them (handover: this call is it). x may be gone after a call
+ * that took none. */
+#define CCSD_NO_TASK ((size_t)-1)
+size_t ccsd_executor_net_step(struct executor *e, struct xop *x, size_t task, int handover,
+                              size_t *tasks, size_t max);
 /* 1 when tasks finished since *seen (updated) or nothing is waiting */
 int ccsd_executor_healthy(struct executor *e, uint64_t *seen);
 double ccsd_executor_busy_seconds(struct executor *e);

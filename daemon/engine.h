@@ -114,8 +114,11 @@ struct engine_plan {
   size_t ntasks;
   uint32_t *task_node;
   uint32_t *pending; /* per task: unfinished tasks it waits for */
-  uint32_t *ready;   /* queue of runnable tasks: each enters once */
+  uint32_t *ready;   /* queue of runnable COMPUTE tasks: each enters once */
   size_t ready_head, ready_tail, finished;
+  uint32_t *net_ready; /* ... and of SEND and RECV tasks (the network's) */
+  size_t net_head, net_tail;
+  size_t compute_tasks; /* tasks of COMPUTE nodes */
   size_t bytes_written, bytes_moved; /* outputs; inputs + outputs */
   size_t net_nodes;                  /* SEND and RECV */
   void **ptrs;                       /* storage behind nodes' in/out */
@@ -133,10 +136,18 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
 void engine_plan_free(struct engine_plan *plan);
 
 /* Running: start once; then, under one lock, claim a ready task, run it
- * (without the lock), and finish it, which may make others ready. */
+ * (without the lock), and finish it, which may make others ready. Compute
+ * tasks and network tasks queue apart: whoever drives the network claims
+ * its own without passing through the threads that compute. */
 void engine_start(struct engine_plan *plan);
 static inline int engine_has_ready(const struct engine_plan *plan) {
   return plan->ready_head < plan->ready_tail;
+}
+static inline int engine_has_net_ready(const struct engine_plan *plan) {
+  return plan->net_head < plan->net_tail;
+}
+static inline size_t engine_claim_net(struct engine_plan *plan) { /* engine_has_net_ready first */
+  return plan->net_ready[plan->net_head++];
 }
 static inline int engine_done(const struct engine_plan *plan) {
   return plan->finished == plan->ntasks;

@@ -701,6 +701,7 @@ static int finish_plan(struct compiler *k) {
     nd->first_task = tasks;
     nd->ntasks = (nd->count + pl->chunk_elems - 1) / pl->chunk_elems;
     tasks += nd->ntasks;
+    if (nd->kind == ENGINE_COMPUTE) pl->compute_tasks += nd->ntasks;
     pl->bytes_written += nd->count * k->sz * (size_t)nd->nout;
     pl->net_nodes += nd->kind != ENGINE_COMPUTE;
     pl->bytes_moved += nd->count * k->sz * (size_t)(nd->nin + nd->nout);
@@ -709,9 +710,10 @@ static int finish_plan(struct compiler *k) {
   pl->ntasks = tasks;
   pl->task_node = malloc((tasks + 1) * sizeof(uint32_t));
   pl->pending = malloc((tasks + 1) * sizeof(uint32_t));
-  pl->ready = malloc((tasks + 1) * sizeof(uint32_t));
+  pl->ready = malloc((pl->compute_tasks + 1) * sizeof(uint32_t));
+  pl->net_ready = malloc((tasks - pl->compute_tasks + 1) * sizeof(uint32_t));
   pl->succ = malloc((k->nedges + 1) * sizeof(*pl->succ));
-  if (!pl->task_node || !pl->pending || !pl->ready || !pl->succ) return oom(k);
+  if (!pl->task_node || !pl->pending || !pl->ready || !pl->net_ready || !pl->succ) return oom(k);
   for (size_t i = 0; i < pl->nnodes; i++)
     for (size_t t = 0; t < pl->nodes[i].ntasks; t++) pl->task_node[pl->nodes[i].first_task + t] = (uint32_t)i;
   /* successors grouped by node (counting sort) */
@@ -866,5 +868,6 @@ void engine_plan_free(struct engine_plan *plan) {
   free(plan->task_node);
   free(plan->pending);
   free(plan->ready);
+  free(plan->net_ready);
   memset(plan, 0, sizeof(*plan));
 }

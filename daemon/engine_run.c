@@ -8,13 +8,15 @@
 
 static void make_ready(struct engine_plan *pl, size_t task, size_t *made) {
   if (--pl->pending[task] == 0) {
-    pl->ready[pl->ready_tail++] = (uint32_t)task;
+    if (pl->nodes[pl->task_node[task]].kind == ENGINE_COMPUTE) pl->ready[pl->ready_tail++] = (uint32_t)task;
+    else pl->net_ready[pl->net_tail++] = (uint32_t)task;
     (*made)++;
   }
 }
 
 void engine_start(struct engine_plan *pl) {
   pl->ready_head = pl->ready_tail = pl->finished = 0;
+  pl->net_head = pl->net_tail = 0;
   for (size_t t = 0; t < pl->ntasks; t++) pl->pending[t] = 1; /* released below */
   for (size_t i = 0; i < pl->nnodes; i++) {
     const struct engine_node *nd = &pl->nodes[i];

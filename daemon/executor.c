@@ -7,7 +7,11 @@
  * small op starts after at most one task per busy tenant. Within a
  * tenant, every thread takes the next ready task of the first op that has
  * one, so a large op is spread over all threads, and a task whose inputs
- * are not ready yet lets the next op of the comm go ahead. */
+ * are not ready yet lets the next op of the comm go ahead.
+ *
+ * SEND and RECV tasks never pass through these threads: the network thread
+ * takes them itself, at once when its own completion made them ready, or
+ * after one hand-over per batch when a computation or the op's start did. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -27,6 +31,7 @@ struct executor {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct list turns; /* tenant queues with work, the next turn first */
+  struct tenant_queue fallback; /* for ops whose tenant's queue found no memory */
   struct list done;
   uv_async_t async;
   pthread_t *threads;
@@ -57,30 +62,52 @@ static struct xop *claim(struct executor *e, size_t *ret_task) {
       if (!engine_has_ready(&x->plan)) continue;
       *ret_task = engine_claim(&x->plan);
       e->running++;
-      if (x->plan.ready_head == x->plan.ntasks) list_remove(&x->link); /* all claimed */
+      if (x->plan.ready_head == x->plan.compute_tasks) list_remove(&x->link); /* all claimed */
       list_remove(&tq->link);
-      if (list_empty(&tq->ops)) free(tq);
-      else list_insert_tail(&e->turns, &tq->link);
+      if (!list_empty(&tq->ops)) list_insert_tail(&e->turns, &tq->link);
+      else if (tq != &e->fallback) free(tq);
       return x;
     }
   }
   return NULL;
 }
 
-/* Under e->mu: once the last task is counted the loop thread may free x. */
-static void finish_locked(struct executor *e, struct xop *x, size_t task) {
+/* Under e->mu: tasks for the network thread became ready while it is not
+ * the one finishing; 1 when it must be told (once until it takes them). */
+static int net_handover(struct xop *x) {
+  int ready = engine_has_net_ready(&x->plan) || (x->on_net && engine_has_ready(&x->plan));
+  if (x->net_handover || !ready) return 0;
+  x->net_handover = 1;
+  return 1;
+}
+
+/* Under e->mu: once the last task is counted the loop thread may free x.
+ * 1 when the network thread must be handed x's network tasks. */
+static int finish_locked(struct executor *e, struct xop *x, size_t task, int on_net_thread) {
   atomic_fetch_add(&e->tasks_done, 1);
-  if (engine_finish(&x->plan, task)) pthread_cond_broadcast(&e->cv);
+  size_t compute_before = x->plan.ready_tail;
+  engine_finish(&x->plan, task);
+  if (x->plan.ready_tail != compute_before && !x->on_net) pthread_cond_broadcast(&e->cv);
   if (engine_done(&x->plan)) {
     list_insert_tail(&e->done, &x->done_link);
     uv_async_send(&e->async);
+    return 0;
   }
+  return !on_net_thread && net_handover(x);
 }
 
-void ccsd_executor_task_done(struct executor *e, struct xop *x, size_t task) {
+size_t ccsd_executor_net_step(struct executor *e, struct xop *x, size_t task, int handover,
+                              size_t *tasks, size_t max) {
+  size_t n = 0;
   pthread_mutex_lock(&e->mu);
-  finish_locked(e, x, task);
+  if (task != CCSD_NO_TASK) finish_locked(e, x, task, 1);
+  if (handover) x->net_handover = 0;
+  while (!x->net_handover && n < max && engine_has_net_ready(&x->plan))
+    tasks[n++] = engine_claim_net(&x->plan);
+  while (!x->net_handover && x->on_net && n < max && engine_has_ready(&x->plan))
+    tasks[n++] = engine_claim(&x->plan);
   pthread_mutex_unlock(&e->mu);
+  return n;
 }
 
 static void *worker(void *arg) {
@@ -96,20 +123,17 @@ static void *worker(void *arg) {
     }
     pthread_mutex_unlock(&e->mu);
 
-    const struct engine_node *nd = engine_task_node(&x->plan, task);
-    int cancelled = atomic_load_explicit(&x->cancelled, memory_order_relaxed);
-    if (nd->kind != ENGINE_COMPUTE && !cancelled) { /* the network thread finishes it */
-      ccsd_peers_post(e->d->peers, x, task);
-      pthread_mutex_lock(&e->mu);
-      e->running--;
-      continue;
-    }
     uint64_t t0 = now_ns();
-    if (!cancelled) engine_run_task(&x->plan, task, x->streaming);
+    if (!atomic_load_explicit(&x->cancelled, memory_order_relaxed))
+      engine_run_task(&x->plan, task, x->streaming);
     atomic_fetch_add(&e->busy_ns, now_ns() - t0);
     pthread_mutex_lock(&e->mu);
     e->running--;
-    finish_locked(e, x, task);
+    if (finish_locked(e, x, task, 0)) { /* x lives on: its network tasks wait */
+      pthread_mutex_unlock(&e->mu);
+      ccsd_peers_hand_over(e->d->peers, x);
+      pthread_mutex_lock(&e->mu);
+    }
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;
@@ -150,6 +174,7 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads) {
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   list_init(&e->turns);
+  list_init(&e->fallback.ops);
   list_init(&e->done);
   uv_async_init(d->loop, &e->async, on_async);
   e->async.data = e;
@@ -169,6 +194,12 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads) {
 void ccsd_executor_submit(struct executor *e, struct xop *x) {
   engine_start(&x->plan);
   pthread_mutex_lock(&e->mu);
+  int handover = net_handover(x);
+  if (x->plan.compute_tasks == 0 || x->on_net) { /* the network thread runs all of it */
+    pthread_mutex_unlock(&e->mu);
+    if (handover) ccsd_peers_hand_over(e->d->peers, x);
+    return;
+  }
   struct tenant_queue *tq = NULL;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &e->turns) {
@@ -180,16 +211,15 @@ void ccsd_executor_submit(struct executor *e, struct xop *x) {
     list_init(&tq->ops);
     list_insert_tail(&e->turns, &tq->link);
   }
-  if (!tq) { /* no memory for a queue: finish it as cancelled */
+  if (!tq) { /* no memory for a queue: its tasks run as cancelled */
     atomic_store(&x->cancelled, 1);
-    list_insert_tail(&e->done, &x->done_link);
-    uv_async_send(&e->async);
-    pthread_mutex_unlock(&e->mu);
-    return;
+    tq = &e->fallback;
+    if (list_empty(&tq->ops)) list_insert_tail(&e->turns, &tq->link);
   }
   list_insert_tail(&tq->ops, &x->link);
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
+  if (handover) ccsd_peers_hand_over(e->d->peers, x); /* x waits for these: alive */
 }
 
 static void on_async_closed(uv_handle_t *h) {

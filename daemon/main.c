@@ -174,15 +174,18 @@ int main(int argc, char **argv) {
 
   signal(SIGPIPE, SIG_IGN);
   if (ccsd_daemon_init(&d, uv_default_loop())) return 1;
-  if (ccsd_server_start(&d)) {
-    ccsd_daemon_close(&d);
-    return 1;
-  }
+  /* before the socket exists: whoever sees it may stop the daemon at once */
   uv_signal_init(d.loop, &d.sig_term);
   uv_signal_init(d.loop, &d.sig_int);
   d.sig_term.data = d.sig_int.data = &d;
   uv_signal_start(&d.sig_term, on_signal, SIGTERM);
   uv_signal_start(&d.sig_int, on_signal, SIGINT);
+  if (ccsd_server_start(&d)) {
+    uv_close((uv_handle_t *)&d.sig_term, NULL);
+    uv_close((uv_handle_t *)&d.sig_int, NULL);
+    ccsd_daemon_close(&d);
+    return 1;
+  }
   LOG_INFO(CCS_LOG_INIT, "listening on %s%s with %d executor threads", d.cfg.socket_path,
            d.socket_activated ? " (socket from systemd)" : "", d.cfg.threads);
   ccsd_systemd_ready(&d);

@@ -264,11 +264,12 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   /* Small ops run right here: on these machines a blocking wake-up costs
    * 15-40 us and the executor path takes two, while reducing 64 KiB takes
    * a few; the loop stays responsive. Everything else goes to the threads. */
-  if (x->plan.ntasks == 0 ||
-      (!x->plan.net_nodes && x->plan.bytes_moved <= c->d->cfg.inline_bytes)) {
+  int small = x->plan.bytes_moved <= c->d->cfg.inline_bytes;
+  if (x->plan.ntasks == 0 || (!x->plan.net_nodes && small)) {
     engine_run_all(&x->plan, x->streaming);
     ccsd_xop_done(x);
   } else {
+    x->on_net = x->plan.net_nodes && small; /* the network thread computes too: no wake-up */
     ccsd_executor_submit(c->d->exec, x);
   }
 }

@@ -18,7 +18,7 @@
 #define DATA_CONTROL_MAX 4096  /* a data connection's: its greeting */
 #define CONNECT_TIMEOUT_S 2.0
 
-enum cmd_kind { CMD_CONTROL, CMD_POST, CMD_COMM_OPEN, CMD_COMM_CLOSE, CMD_COMM_FREE };
+enum cmd_kind { CMD_CONTROL, CMD_HAND_OVER, CMD_COMM_OPEN, CMD_COMM_CLOSE, CMD_COMM_FREE };
 
 struct cmd {
   struct list link;
@@ -26,8 +26,7 @@ struct cmd {
   char addr[CCSD_ADDR_MAX];
   uint8_t *frame; /* CONTROL: a packed PeerMsg */
   size_t len;
-  struct xop *x; /* POST */
-  size_t task;
+  struct xop *x; /* HAND_OVER */
   struct net_comm *nc; /* COMM_* */
 };
 
@@ -87,11 +86,17 @@ struct peers {
   pthread_mutex_t mu;
   struct list cmds, events; /* under mu */
   int stop;                 /* under mu */
+  int stopped;              /* under mu: the thread is gone; hand-overs finish unsent */
   uv_async_t async;
   /* the network thread's own */
   struct list conns, comms;
   struct list deferred; /* post_recs of failed data connections */
   double last_beat;
+  struct task_ref {
+    struct xop *x;
+    size_t task;
+  } *to_post; /* network tasks taken, not yet posted */
+  size_t nto_post, to_post_head, to_post_cap;
 };
 
 static double now_s(void) {
@@ -250,6 +255,38 @@ static int lane_of(const struct net_comm *nc, const struct post_rec *rec) {
   return (int)((rec->task - engine_task_node(&rec->x->plan, rec->task)->first_task) % (size_t)nc->lanes);
 }
 
+/* Finishes x's task (CCSD_NO_TASK: none) and queues the network tasks
+ * that made ready, or that a hand-over brings; drain_posts posts them, so
+ * a chain of completions never recurses. */
+static void take_tasks(struct peers *p, struct xop *x, size_t task, int handover) {
+  enum { BATCH = 64 };
+  size_t got[BATCH], n;
+  do {
+    n = ccsd_executor_net_step(p->d->exec, x, task, handover, got, BATCH);
+    task = CCSD_NO_TASK;
+    handover = 0;
+    if (p->nto_post + n > p->to_post_cap) {
+      size_t cap = p->to_post_cap ? 2 * p->to_post_cap : 256;
+      while (cap < p->nto_post + n) cap *= 2;
+      struct task_ref *grown = realloc(p->to_post, cap * sizeof(*grown));
+      if (!grown) abort(); /* a task never posted would hang its op */
+      p->to_post = grown;
+      p->to_post_cap = cap;
+    }
+    for (size_t i = 0; i < n; i++) p->to_post[p->nto_post++] = (struct task_ref){x, got[i]};
+  } while (n == BATCH); /* more may wait: x lives while any does */
+}
+
+static void do_post(struct peers *p, struct xop *x, size_t task);
+
+static void drain_posts(struct peers *p) {
+  while (p->to_post_head < p->nto_post) {
+    struct task_ref t = p->to_post[p->to_post_head++];
+    do_post(p, t.x, t.task);
+  }
+  p->to_post_head = p->nto_post = 0;
+}
+
 /* The op fails, naming the daemon at the other end and its ranks. */
 static void fail_post(struct peers *p, struct post_rec *rec, ccs_result_t status, const char *why) {
   const struct comm *cm = rec->x->comm; /* its map is fixed once ready */
@@ -265,7 +302,7 @@ static void fail_post(struct peers *p, struct post_rec *rec, ccs_result_t status
   }
   snprintf(text + n, sizeof(text) - n, "%s", why);
   ccsd_xop_net_error(rec->x, status, text);
-  ccsd_executor_task_done(rec->x->comm->d->exec, rec->x, rec->task);
+  take_tasks(p, rec->x, rec->task, 0);
   free(rec);
 }
 
@@ -377,6 +414,16 @@ static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
 }
 
 static void do_post(struct peers *p, struct xop *x, size_t task) {
+  if (p->stopped) ccsd_xop_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
+  if (p->stopped || atomic_load_explicit(&x->cancelled, memory_order_relaxed)) { /* skip it */
+    take_tasks(p, x, task, 0);
+    return;
+  }
+  if (engine_task_node(&x->plan, task)->kind == ENGINE_COMPUTE) { /* a small op's (x->on_net) */
+    engine_run_task(&x->plan, task, x->streaming);
+    take_tasks(p, x, task, 0);
+    return;
+  }
   struct post_rec *rec = calloc(1, sizeof(*rec));
   if (!rec) abort(); /* a lost completion would hang the op: nothing sane left */
   rec->x = x;
@@ -585,7 +632,7 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
       return;
     }
   }
-  ccsd_executor_task_done(rec->x->comm->d->exec, rec->x, rec->task);
+  take_tasks(p, rec->x, rec->task, 0);
   free(rec);
 }
 
@@ -636,7 +683,7 @@ static void run_cmd(struct peers *p, struct cmd *cmd) {
     else if (send_frame(p, c, cmd->frame, cmd->len)) drop_conn(p, c, "cannot send");
     break;
   }
-  case CMD_POST: do_post(p, cmd->x, cmd->task); break;
+  case CMD_HAND_OVER: take_tasks(p, cmd->x, CCSD_NO_TASK, 1); break;
   case CMD_COMM_OPEN: comm_open(p, cmd->nc); break;
   case CMD_COMM_CLOSE: comm_close(p, cmd->nc); break;
   case CMD_COMM_FREE: comm_free(p, cmd->nc); break;
@@ -659,12 +706,15 @@ static void *net_thread(void *arg) {
       list_remove(&cmd->link);
       run_cmd(p, cmd);
     }
+    drain_posts(p);
     if (stop) break;
     struct tconn *tc;
     while (p->ops->accept(p->t, &tc) == 1) adopt(p, tc, NULL, 0);
     int n = p->ops->poll(p->t, 50, done, 64);
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
+    drain_posts(p);
     housekeeping(p);
+    drain_posts(p);
   }
   return NULL;
 }
@@ -729,13 +779,36 @@ static void comm_cmd(struct peers *p, struct net_comm *nc, enum cmd_kind kind) {
 void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc, CMD_COMM_CLOSE); }
 void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc, CMD_COMM_FREE); }
 
-void ccsd_peers_post(struct peers *p, struct xop *x, size_t task) {
+/* After the network thread is gone: x's network tasks finish unsent. */
+static void finish_unsent(struct executor *e, struct xop *x) {
+  enum { BATCH = 64 };
+  size_t cap = 4 * BATCH, *todo = malloc(cap * sizeof(*todo));
+  if (!todo) abort(); /* an unfinished task would hang its op */
+  size_t n = ccsd_executor_net_step(e, x, CCSD_NO_TASK, 1, todo, BATCH);
+  if (n) ccsd_xop_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
+  while (n > 0) { /* x lives while a task of it is unfinished */
+    if (cap - n < BATCH && !(todo = realloc(todo, (cap *= 2) * sizeof(*todo)))) abort();
+    size_t t = todo[--n];
+    n += ccsd_executor_net_step(e, x, t, 0, todo + n, BATCH);
+  }
+  free(todo);
+}
+
+void ccsd_peers_hand_over(struct peers *p, struct xop *x) {
   struct cmd *cmd = calloc(1, sizeof(*cmd));
   if (!cmd) abort(); /* as above: the op would never finish */
-  cmd->kind = CMD_POST;
+  cmd->kind = CMD_HAND_OVER;
   cmd->x = x;
-  cmd->task = task;
-  enqueue(p, cmd);
+  pthread_mutex_lock(&p->mu);
+  int stopped = p->stopped;
+  if (!stopped) list_insert_tail(&p->cmds, &cmd->link);
+  pthread_mutex_unlock(&p->mu);
+  if (!stopped) {
+    p->ops->wake(p->t);
+    return;
+  }
+  free(cmd);
+  finish_unsent(p->d->exec, x);
 }
 
 struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
@@ -772,7 +845,11 @@ struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
   return p;
 }
 
-static void on_async_closed(uv_handle_t *h) { free(h->data); }
+static void on_async_closed(uv_handle_t *h) {
+  struct peers *p = h->data;
+  pthread_mutex_destroy(&p->mu); /* late hand-overs took it until the executor stopped */
+  free(p);
+}
 
 void ccsd_peers_stop(struct peers *p) {
   if (!p) return;
@@ -783,7 +860,11 @@ void ccsd_peers_stop(struct peers *p) {
   pthread_join(p->thread, NULL);
   /* The thread is gone: what it left is done here. Commands first (comms
    * closed at shutdown tell their other daemons), then every connection
-   * closed, so that every post completes and every op finishes. */
+   * closed, so that every post completes and every op finishes; network
+   * tasks from now on finish unsent. */
+  pthread_mutex_lock(&p->mu);
+  p->stopped = 1;
+  pthread_mutex_unlock(&p->mu);
   for (;;) {
     pthread_mutex_lock(&p->mu);
     struct cmd *cmd = list_empty(&p->cmds) ? NULL : LIST_ENTRY(p->cmds.next, struct cmd, link);
@@ -791,17 +872,21 @@ void ccsd_peers_stop(struct peers *p) {
     pthread_mutex_unlock(&p->mu);
     if (!cmd) break;
     run_cmd(p, cmd);
+    drain_posts(p);
   }
   while (!list_empty(&p->conns)) drop_conn(p, LIST_ENTRY(p->conns.next, struct pconn, link), NULL);
   struct tcompletion done[64];
   for (int n; (n = p->ops->poll(p->t, 0, done, 64)) > 0;)
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
+  drain_posts(p);
   while (!list_empty(&p->deferred)) {
     struct post_rec *rec = LIST_ENTRY(p->deferred.next, struct post_rec, link);
     list_remove(&rec->link);
     fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
+  drain_posts(p);
   while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));
+  drain_posts(p);
   on_events(&p->async);
   while (!list_empty(&p->cmds)) { /* sent by what the events did: too late now */
     struct cmd *cmd = LIST_ENTRY(p->cmds.next, struct cmd, link);
@@ -810,7 +895,9 @@ void ccsd_peers_stop(struct peers *p) {
     free(cmd->frame);
     free(cmd);
   }
+  drain_posts(p);
+  free(p->to_post);
+  p->to_post = NULL;
   p->ops->free(p->t);
-  pthread_mutex_destroy(&p->mu);
   uv_close((uv_handle_t *)&p->async, on_async_closed);
 }

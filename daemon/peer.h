@@ -39,9 +39,9 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, in
 void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc); /* pending posts fail */
 void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its last op */
 
-/* Executor threads: a SEND or RECV task of x, finished when the transport
- * completes it (ccsd_executor_task_done). */
-void ccsd_peers_post(struct peers *p, struct xop *x, size_t task);
+/* Executor threads and the loop: x has ready SEND or RECV tasks for the
+ * network thread to take (ccsd_executor_net_step). */
+void ccsd_peers_hand_over(struct peers *p, struct xop *x);
 
 /* The data tag of one chunk: ops by number (0: send/recv, from and to are
  * ranks and msg counts that pair's messages), the arguments the op was

@@ -247,13 +247,17 @@ static void run_daemons(struct engine_plan *pl, int D, uint64_t seed, const char
         engine_finish(&pl[d], t);
         progress = 1;
       }
-      if (!engine_has_ready(&pl[d])) continue;
-      size_t span = pl[d].ready_tail - pl[d].ready_head;
-      size_t pick = pl[d].ready_head + (size_t)(test_mix(seed, k * 7 + (uint64_t)d) % span);
-      uint32_t tmp = pl[d].ready[pl[d].ready_head];
-      pl[d].ready[pl[d].ready_head] = pl[d].ready[pick];
-      pl[d].ready[pick] = tmp;
-      size_t t = engine_claim(&pl[d]);
+      int compute = engine_has_ready(&pl[d]), net = engine_has_net_ready(&pl[d]);
+      if (!compute && !net) continue;
+      uint64_t r = test_mix(seed, k * 7 + (uint64_t)d);
+      int take_net = net && (!compute || (r & 1));
+      uint32_t *q = take_net ? pl[d].net_ready : pl[d].ready;
+      size_t head = take_net ? pl[d].net_head : pl[d].ready_head;
+      size_t pick = head + (size_t)((r >> 1) % ((take_net ? pl[d].net_tail : pl[d].ready_tail) - head));
+      uint32_t tmp = q[head];
+      q[head] = q[pick];
+      q[pick] = tmp;
+      size_t t = take_net ? engine_claim_net(&pl[d]) : engine_claim(&pl[d]);
       const struct engine_node *nd = engine_task_node(&pl[d], t);
       size_t chunk = t - nd->first_task, begin = chunk * pl[d].chunk_elems;
       size_t bytes = (nd->count - begin < pl[d].chunk_elems ? nd->count - begin : pl[d].chunk_elems) *
