@@ -195,6 +195,8 @@ int main(int argc, char **argv) {
   ccsd_systemd_stopping(&d);
   uv_close((uv_handle_t *)&d.sig_term, NULL);
   uv_close((uv_handle_t *)&d.sig_int, NULL);
+  signal(SIGTERM, SIG_IGN); /* stopping already: a second one must not cut it short */
+  signal(SIGINT, SIG_IGN);
   ccsd_daemon_close(&d);
   LOG_INFO(CCS_LOG_INIT, "stopped");
   return 0;

@@ -719,11 +719,21 @@ static void *net_thread(void *arg) {
   return NULL;
 }
 
-static void enqueue(struct peers *p, struct cmd *cmd) {
+/* 0 when queued; -1 once the thread is gone (cmd is the caller's again):
+ * what the loop does while the daemon closes may still send. */
+static int enqueue(struct peers *p, struct cmd *cmd) {
   pthread_mutex_lock(&p->mu);
-  list_insert_tail(&p->cmds, &cmd->link);
+  int stopped = p->stopped;
+  if (!stopped) list_insert_tail(&p->cmds, &cmd->link);
   pthread_mutex_unlock(&p->mu);
+  if (stopped) return -1;
   p->ops->wake(p->t);
+  return 0;
+}
+
+static void drop_cmd(struct cmd *cmd) {
+  free(cmd->frame);
+  free(cmd);
 }
 
 /* --- the other threads' side --------------------------------------------------- */
@@ -738,7 +748,7 @@ void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m) {
   }
   cmd->kind = CMD_CONTROL;
   snprintf(cmd->addr, sizeof(cmd->addr), "%s", addr);
-  enqueue(p, cmd);
+  if (enqueue(p, cmd)) drop_cmd(cmd); /* stopping: the others see the connections close */
 }
 
 struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, int nnodes,
@@ -764,7 +774,12 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, in
   list_init(&nc->waiting);
   cmd->kind = CMD_COMM_OPEN;
   cmd->nc = nc;
-  enqueue(p, cmd);
+  if (enqueue(p, cmd)) {
+    drop_cmd(cmd);
+    free(nc->addrs), free(nc->data), free(nc->gone);
+    free(nc);
+    return NULL;
+  }
   return nc;
 }
 
@@ -773,7 +788,7 @@ static void comm_cmd(struct peers *p, struct net_comm *nc, enum cmd_kind kind) {
   if (!cmd) abort(); /* a comm whose connections never close would hang its ops */
   cmd->kind = kind;
   cmd->nc = nc;
-  enqueue(p, cmd);
+  if (enqueue(p, cmd)) drop_cmd(cmd); /* stopping: every comm's connections closed, freed */
 }
 
 void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc, CMD_COMM_CLOSE); }
@@ -799,15 +814,8 @@ void ccsd_peers_hand_over(struct peers *p, struct xop *x) {
   if (!cmd) abort(); /* as above: the op would never finish */
   cmd->kind = CMD_HAND_OVER;
   cmd->x = x;
-  pthread_mutex_lock(&p->mu);
-  int stopped = p->stopped;
-  if (!stopped) list_insert_tail(&p->cmds, &cmd->link);
-  pthread_mutex_unlock(&p->mu);
-  if (!stopped) {
-    p->ops->wake(p->t);
-    return;
-  }
-  free(cmd);
+  if (enqueue(p, cmd) == 0) return;
+  drop_cmd(cmd);
   finish_unsent(p->d->exec, x);
 }
 
@@ -888,14 +896,6 @@ void ccsd_peers_stop(struct peers *p) {
   while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));
   drain_posts(p);
   on_events(&p->async);
-  while (!list_empty(&p->cmds)) { /* sent by what the events did: too late now */
-    struct cmd *cmd = LIST_ENTRY(p->cmds.next, struct cmd, link);
-    list_remove(&cmd->link);
-    if (cmd->kind == CMD_COMM_FREE) comm_free(p, cmd->nc);
-    free(cmd->frame);
-    free(cmd);
-  }
-  drain_posts(p);
   free(p->to_post);
   p->to_post = NULL;
   p->ops->free(p->t);

@@ -1,7 +1,9 @@
 /* Other nodes' daemons. One thread owns the transport: it accepts and
- * opens connections, greets (protocol version), sends heartbeats, posts
- * the ops' SEND and RECV tasks, and hands what arrives to the loop thread
- * (control messages, lost peers) or to the executor (finished tasks).
+ * opens connections, greets (protocol version), sends heartbeats, takes
+ * the ops' SEND and RECV tasks as they become ready and posts them (and
+ * runs small ops' computations itself, sparing a wake-up per step), and
+ * hands what arrives to the loop thread (control messages, lost peers) or
+ * to the executor's bookkeeping (finished tasks).
  *
  * Each pair of daemons keeps a control connection (joins, readiness,
  * failures, heartbeats); each communicator spanning daemons has its own

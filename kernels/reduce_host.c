@@ -1,8 +1,10 @@
 /* Host reduction and copy kernels.
  *
  * One pass per block: the block of every input is read once into an
- * accumulator that stays in L1, then written once to every output. The inner
- * loops are plain C over fixed-size blocks so the compiler vectorises them.
+ * accumulator that stays in L1, then written once to every output; the last
+ * input is combined straight into the first output (unless several outputs
+ * are streamed past the caches: there non-temporal stores save more). The inner loops are plain C over fixed-size
+ * blocks so the compiler vectorises them.
  */
 #include <stdint.h>
 #include <string.h>
@@ -62,20 +64,53 @@ void ccs__stream_fence(void) {
 #define WRAP_ADD(T, U) (T)((U)(a) + (U)(b))
 #define WRAP_MUL(T, U) (T)((U)(a) * (U)(b))
 
+/* The first n elements of dst: the last input s combined with what came
+ * before (s0 when it is the only one, else acc), finished (AVG divides)
+ * and stored: a block's inputs are still read before its output is
+ * written at the same index, so an output may be one of the inputs. */
+#define FUSED(NAME, T, A, LOAD, STORE, COMBINE)                                               \
+  do {                                                                                        \
+    if (nin == 2 && avg)                                                                      \
+      for (size_t i = 0; i < n; i++) {                                                        \
+        A a = LOAD(s0[i]), b = LOAD(s[i]);                                                    \
+        dst[i] = STORE(div_##NAME(COMBINE, d));                                               \
+      }                                                                                       \
+    else if (nin == 2)                                                                        \
+      for (size_t i = 0; i < n; i++) {                                                        \
+        A a = LOAD(s0[i]), b = LOAD(s[i]);                                                    \
+        dst[i] = STORE(COMBINE);                                                              \
+      }                                                                                       \
+    else if (avg)                                                                             \
+      for (size_t i = 0; i < n; i++) {                                                        \
+        A a = acc[i], b = LOAD(s[i]);                                                         \
+        dst[i] = STORE(div_##NAME(COMBINE, d));                                               \
+      }                                                                                       \
+    else                                                                                      \
+      for (size_t i = 0; i < n; i++) {                                                        \
+        A a = acc[i], b = LOAD(s[i]);                                                         \
+        dst[i] = STORE(COMBINE);                                                              \
+      }                                                                                       \
+  } while (0)
+
 /* NAME: suffix; T: element type; A: accumulator type; LOAD/STORE convert
- * between them; ADD/MUL combine a and b in A; DIV divides by d. */
+ * between them; ADD/MUL combine a and b in A; DIV divides x by d. */
 #define DEFINE_REDUCE(NAME, T, A, LOAD, STORE, ADD, MUL, DIV)                                  \
   static inline A add_##NAME(A a, A b) { return ADD; }                                        \
   static inline A mul_##NAME(A a, A b) { return MUL; }                                        \
+  static inline A div_##NAME(A x, size_t d) { return DIV; }                                   \
   static void reduce_##NAME(ccs_redop_t op, size_t d, const void *const *in, int nin,         \
                             void *const *out, int nout, size_t count, int streaming) {        \
     A acc[BLOCK];                                                                             \
     T narrow[sizeof(T) != sizeof(A) ? BLOCK : 1];                                             \
+    int avg = op == CCS_AVG && d > 0;                                                         \
+    /* the last input straight to the first output, unless several are streamed */          \
+    int fuse = nin >= 2 && (nout == 1 || (nout > 1 && !streaming));                           \
     for (size_t base = 0; base < count; base += BLOCK) {                                      \
       size_t n = count - base < BLOCK ? count - base : BLOCK;                                 \
       const T *s0 = (const T *)in[0] + base;                                                  \
-      for (size_t i = 0; i < n; i++) acc[i] = LOAD(s0[i]);                                    \
-      for (int k = 1; k < nin; k++) {                                                         \
+      if (!(fuse && nin == 2))                                                                \
+        for (size_t i = 0; i < n; i++) acc[i] = LOAD(s0[i]);                                  \
+      for (int k = 1; k < nin - fuse; k++) {                                                  \
         const T *s = (const T *)in[k] + base;                                                 \
         switch (op) {                                                                         \
         case CCS_SUM:                                                                         \
@@ -101,8 +136,21 @@ void ccs__stream_fence(void) {
           break;                                                                              \
         }                                                                                     \
       }                                                                                       \
-      if (op == CCS_AVG && d > 0)                                                             \
-        for (size_t i = 0; i < n; i++) acc[i] = DIV;                                          \
+      if (fuse) {                                                                             \
+        const T *s = (const T *)in[nin - 1] + base;                                           \
+        T *dst = (T *)out[0] + base;                                                          \
+        switch (op) {                                                                         \
+        case CCS_SUM: case CCS_AVG: FUSED(NAME, T, A, LOAD, STORE, add_##NAME(a, b)); break;  \
+        case CCS_PROD: FUSED(NAME, T, A, LOAD, STORE, mul_##NAME(a, b)); break;               \
+        case CCS_MAX: FUSED(NAME, T, A, LOAD, STORE, a < b ? b : a); break;                   \
+        case CCS_MIN: FUSED(NAME, T, A, LOAD, STORE, b < a ? b : a); break;                   \
+        default: break;                                                                       \
+        }                                                                                     \
+        for (int o = 1; o < nout; o++) memcpy((T *)out[o] + base, dst, n * sizeof(T));        \
+        continue;                                                                             \
+      }                                                                                       \
+      if (avg)                                                                                \
+        for (size_t i = 0; i < n; i++) acc[i] = div_##NAME(acc[i], d);                        \
       /* narrow types: rounded once, then copied to every output */                          \
       const T *result = (const T *)acc;                                                       \
       if (sizeof(T) != sizeof(A)) {                                                           \
@@ -123,9 +171,9 @@ void ccs__stream_fence(void) {
 #define SAME(x) (x)
 /* W: a type wide enough to divide by any rank count without wrapping. */
 #define INT_REDUCE(NAME, T, U, W) \
-  DEFINE_REDUCE(NAME, T, T, SAME, SAME, WRAP_ADD(T, U), WRAP_MUL(T, U), (T)((W)acc[i] / (W)d))
+  DEFINE_REDUCE(NAME, T, T, SAME, SAME, WRAP_ADD(T, U), WRAP_MUL(T, U), (T)((W)x / (W)d))
 #define FLOAT_REDUCE(NAME, T, A, LOAD, STORE) \
-  DEFINE_REDUCE(NAME, T, A, LOAD, STORE, a + b, a * b, acc[i] / (A)d)
+  DEFINE_REDUCE(NAME, T, A, LOAD, STORE, a + b, a * b, x / (A)d)
 
 INT_REDUCE(i8, int8_t, uint8_t, int64_t)
 INT_REDUCE(u8, uint8_t, uint8_t, uint64_t)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ccs across daemons against Open MPI over TCP, in one run: busbw of
 # all_reduce and all_gather, 1 MiB .. 256 MiB, with 2 and 4 "nodes" of one
-# rank each. Open MPI: its TCP transport on loopback (btl self,tcp). ccs:
+# rank each and 2 nodes of 2 ranks (Open MPI: 4 ranks over TCP). Open MPI: its TCP transport on loopback (btl self,tcp). ccs:
 # one daemon per node on loopback ports, and one daemon per node in its own
 # network namespace (veth + bridge; needs root).
 #   scripts/compare_mpi_nodes.sh [ITERS]
@@ -35,13 +35,13 @@ start_daemons() {
   done
 }
 
-# ccs_run D COLL: "size busbw" rows, out of place
+# ccs_run D N COLL: "size busbw" rows, out of place; rank r on daemon r % D
 ccs_run() {
   rm -f "$dir/id" "$dir/rows.json"
   local r ranks=()
-  for r in $(seq 0 $(($1 - 1))); do
-    CCS_SOCKET=$dir/$r.sock CCS_RANK=$r CCS_NRANKS=$1 CCS_UNIQUE_ID_FILE=$dir/id \
-      build/client/ccs-perf "$2" -b 1M -e 256M -f 4 -n "$iters" -w 1 -c 0 -J "$dir/rows.json" >/dev/null &
+  for r in $(seq 0 $(($2 - 1))); do
+    CCS_SOCKET=$dir/$((r % $1)).sock CCS_RANK=$r CCS_NRANKS=$2 CCS_UNIQUE_ID_FILE=$dir/id \
+      build/client/ccs-perf "$3" -b 1M -e 256M -f 4 -n "$iters" -w 1 -c 0 -J "$dir/rows.json" >/dev/null &
     ranks+=($!)
   done
   for r in "${ranks[@]}"; do wait "$r"; done
@@ -50,19 +50,20 @@ ccs_run() {
 
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
 echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl self,tcp on lo), float sum, out of place, $iters iterations, busbw in GB/s"
-for nodes in 2 4; do
+for shape in 2x1 4x1 2x2; do
+  nodes=${shape%x*} per=${shape#*x}
   for coll in all_reduce all_gather; do
     mpi=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
           mpirun --oversubscribe --bind-to none --mca btl self,tcp --mca btl_tcp_if_include lo \
-          -np "$nodes" build/mpi-perf "$coll" 1048576 268435456 4 "$iters" 1 | awk '{print $1, $2}')
+          -np $((nodes * per)) build/mpi-perf "$coll" 1048576 268435456 4 "$iters" 1 | awk '{print $1, $2}')
     start_daemons "$nodes" lo
-    lo=$(ccs_run "$nodes" "$coll")
+    lo=$(ccs_run "$nodes" $((nodes * per)) "$coll")
     stop_daemons
     start_daemons "$nodes" netns
-    ns=$(ccs_run "$nodes" "$coll")
+    ns=$(ccs_run "$nodes" $((nodes * per)) "$coll")
     stop_daemons
     echo
-    echo "## $coll, $nodes nodes of one rank"
+    echo "## $coll, $nodes nodes of $per rank(s)"
     printf '%12s %12s %12s %12s %10s\n' "size(B)" "OpenMPI-tcp" "ccs-lo" "ccs-netns" "lo/OMPI"
     join <(echo "$mpi" | sort -k1,1) <(echo "$lo" | sort -k1,1) | join - <(echo "$ns" | sort -k1,1) | sort -n |
       awk '{r = $2 > 0 ? $3 / $2 : 0; printf "%12d %12.3f %12.3f %12.3f %10.2f\n", $1, $2, $3, $4, r}'

@@ -1,7 +1,7 @@
 /* Faults across daemons: three daemons (on loopback ports, or each in its
  * own network namespace under tests/support/run_netns.sh), one rank on
- * each, all_reduce in a loop. A daemon killed with SIGKILL, and a daemon
- * cut off (its link down in namespaces; stopped with SIGSTOP on loopback,
+ * each, all_reduce in a loop. A daemon killed with SIGKILL or stopped
+ * with SIGTERM, and a daemon cut off (its link down in namespaces; stopped with SIGSTOP on loopback,
  * which silences it the same way), must make the other ranks fail with
  * CCS_ERR_PEER_LOST naming the lost daemon and its rank within a bound, and
  * the surviving daemons must serve new communicators. Junk on the daemons'
@@ -133,6 +133,20 @@ static void test_daemon_killed(void **state) {
   waitpid(helper, NULL, 0);
   expect_lost("daemon killed");
   test_daemon_kill(&dm[2]);
+  survivors_serve();
+}
+
+static void stop_daemon_2(void) { kill(dm[2].pid, SIGTERM); }
+
+/* A daemon stopped (systemctl stop) mid-collective: the same for the
+ * others, and it exits cleanly with its ops' network tasks unsent. */
+static void test_daemon_stopped(void **state) {
+  (void)state;
+  pid_t helper = fault_later(stop_daemon_2);
+  test_run_ranks(ND, looping_rank, NULL, 120, NULL);
+  waitpid(helper, NULL, 0);
+  expect_lost("daemon stopped");
+  assert_int_equal(test_daemon_stop(&dm[2]), 0);
   survivors_serve();
 }
 
@@ -328,6 +342,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reductions_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_daemon_stopped, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,8 +21,8 @@ static double gen(ccs_dtype_t t, ccs_redop_t op, uint64_t h, int real) {
   return ref_exact_value(t, op, h);
 }
 
-static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real, int in_place,
-                  int streaming, uint64_t seed) {
+static void check(ccs_dtype_t t, ccs_redop_t op, int nin, int nout, size_t count, int real,
+                  int in_place, int streaming, uint64_t seed) {
   size_t sz = ccs_dtype_size(t);
   void *in[8], *out[2];
   double *want = calloc(count + 1, sizeof(double));
@@ -39,9 +39,9 @@ static void check(ccs_dtype_t t, ccs_redop_t op, int nin, size_t count, int real
     }
     want[i] = ref_reduce(t, op, v, nin);
   }
-  ccs__reduce_host(t, op, (size_t)nin, (const void *const *)in, nin, out, 2, count, streaming);
+  ccs__reduce_host(t, op, (size_t)nin, (const void *const *)in, nin, out, nout, count, streaming);
   ccs__stream_fence();
-  for (int o = 0; o < 2; o++)
+  for (int o = 0; o < nout; o++)
     for (size_t i = 0; i < count; i++) {
       double got = ref_get(t, out[o], i);
       double w = want[i];
@@ -80,8 +80,8 @@ static void test_every_dtype_and_op(void **state) {
       for (size_t a = 0; a < sizeof(nins) / sizeof(nins[0]); a++)
         for (size_t b = 0; b < sizeof(counts) / sizeof(counts[0]); b++)
           for (int real = 0; real < 2; real++)
-            check((ccs_dtype_t)t, (ccs_redop_t)op, nins[a], counts[b], real, (int)(b & 1),
-                  (int)(a & 1), test_mix(seed, (uint64_t)(t * 1000 + op * 100 + (int)a * 10 + (int)b)));
+            check((ccs_dtype_t)t, (ccs_redop_t)op, nins[a], 1 + (int)((a + b + (size_t)real) % 2), counts[b],
+                  real, (int)(b & 1), (int)(a & 1), test_mix(seed, (uint64_t)(t * 1000 + op * 100 + (int)a * 10 + (int)b)));
 }
 
 static void test_copy(void **state) {
