@@ -35,6 +35,7 @@ static const struct key keys[] = {
     {"threads", K_COUNT, AT(threads), 0, 256, "executor threads; 0: one per CPU"},
     {"chunk_bytes", K_BYTES, AT(chunk_bytes), 4096, 1 << 30, "bytes per executor task"},
     {"stream_bytes", K_BYTES, AT(stream_bytes), 0, 1e18, "ops writing this much use non-temporal stores"},
+    {"scratch_keep", K_BYTES, AT(scratch_keep), 0, 1e18, "bytes of ops' scratch memory kept for the next ops (fresh memory costs a page fault per page)"},
     {"inline_bytes", K_BYTES, AT(inline_bytes), 0, 1 << 24, "ops moving at most this much run on the control loop, not the executor threads"},
     {"init_timeout", K_SECONDS, AT(init_timeout_s), 0.001, 1e7, "seconds ccs_comm_init_rank waits for all ranks"},
     {"op_timeout", K_SECONDS, AT(op_timeout_s), 0.001, 1e7, "seconds an op waits for its ranks (CCS_TIMEOUT of a job overrides)"},
@@ -70,6 +71,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->io_timeout_s = 10;
   cfg->chunk_bytes = 256 << 10;
   cfg->stream_bytes = 64 << 20;
+  cfg->scratch_keep = (size_t)256 << 20;
   cfg->inline_bytes = 64 << 10;
   /* per uid; connections as systemd's varlink allows per uid */
   cfg->quota[TENANT_SESSIONS] = 1024;

@@ -55,6 +55,7 @@ struct ccsd_config {
   double io_timeout_s;  /* a client stalled mid-frame or not reading replies */
   size_t chunk_bytes;
   size_t stream_bytes; /* ops writing at least this much stream their stores */
+  size_t scratch_keep; /* scratch kept between ops */
   size_t inline_bytes; /* ops moving at most this much run on the loop thread */
   uint64_t quota[TENANT_COUNTERS]; /* per uid */
   /* optional allow-lists on top of the socket's permissions (empty: all) */

@@ -472,7 +472,19 @@ static void *pool_get(struct engine_pool *pool, size_t bytes, size_t *got) {
   return mem;
 }
 
+/* Kept for the next op; the smallest kept blocks make room for it (ops of
+ * one size in a row then fault in no fresh page after the first). */
 static void pool_put(struct engine_pool *pool, void *mem, size_t bytes) {
+  while (pool && bytes <= pool->keep && pool->kept + bytes > pool->keep) {
+    struct pool_block **smallest = &pool->blocks;
+    for (struct pool_block **b = &pool->blocks; *b; b = &(*b)->next)
+      if ((*b)->bytes < (*smallest)->bytes) smallest = b;
+    struct pool_block *gone = *smallest;
+    *smallest = gone->next;
+    pool->kept -= gone->bytes;
+    pool->release(gone->mem, pool->ctx);
+    free(gone);
+  }
   struct pool_block *blk = pool && pool->kept + bytes <= pool->keep ? malloc(sizeof(*blk)) : NULL;
   if (!blk) {
     if (pool) pool->release(mem, pool->ctx);

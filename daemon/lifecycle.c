@@ -34,7 +34,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     LOG_ERROR("getrandom: %s", strerror(errno));
     return -1;
   }
-  d->pool = engine_pool_new((size_t)256 << 20); /* scratch kept between ops */
+  d->pool = engine_pool_new(d->cfg.scratch_keep); /* scratch kept between ops */
   d->exec = ccsd_executor_new(d, d->cfg.threads);
   if (!d->exec) {
     LOG_ERROR("cannot start %d executor threads", d->cfg.threads);

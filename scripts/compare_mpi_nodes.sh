@@ -4,10 +4,10 @@
 # rank each and 2 nodes of 2 ranks (Open MPI: 4 ranks over TCP). Open MPI: its TCP transport on loopback (btl self,tcp). ccs:
 # one daemon per node on loopback ports, and one daemon per node in its own
 # network namespace (veth + bridge; needs root).
-#   scripts/compare_mpi_nodes.sh [ITERS]
+#   scripts/compare_mpi_nodes.sh [ITERS [WARMUP]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-iters=${1:-5}
+iters=${1:-5} warmup=${2:-3} # first large ops fault their scratch in: both sides warm up alike
 if [ -z "${CCS_TEST_NETNS:-}" ]; then
   scripts/setup.sh build >/dev/null
   . scripts/daemon.sh
@@ -41,7 +41,7 @@ ccs_run() {
   local r ranks=()
   for r in $(seq 0 $(($2 - 1))); do
     CCS_SOCKET=$dir/$((r % $1)).sock CCS_RANK=$r CCS_NRANKS=$2 CCS_UNIQUE_ID_FILE=$dir/id \
-      build/client/ccs-perf "$3" -b 1M -e 256M -f 4 -n "$iters" -w 1 -c 0 -J "$dir/rows.json" >/dev/null &
+      build/client/ccs-perf "$3" -b 1M -e 256M -f 4 -n "$iters" -w "$warmup" -c 0 -J "$dir/rows.json" >/dev/null &
     ranks+=($!)
   done
   for r in "${ranks[@]}"; do wait "$r"; done
@@ -49,13 +49,13 @@ ccs_run() {
 }
 
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
-echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl self,tcp on lo), float sum, out of place, $iters iterations, busbw in GB/s"
+echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl self,tcp on lo), float sum, out of place, $iters iterations after $warmup, busbw in GB/s"
 for shape in 2x1 4x1 2x2; do
   nodes=${shape%x*} per=${shape#*x}
   for coll in all_reduce all_gather; do
     mpi=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
           mpirun --oversubscribe --bind-to none --mca btl self,tcp --mca btl_tcp_if_include lo \
-          -np $((nodes * per)) build/mpi-perf "$coll" 1048576 268435456 4 "$iters" 1 | awk '{print $1, $2}')
+          -np $((nodes * per)) build/mpi-perf "$coll" 1048576 268435456 4 "$iters" "$warmup" | awk '{print $1, $2}')
     start_daemons "$nodes" lo
     lo=$(ccs_run "$nodes" $((nodes * per)) "$coll")
     stop_daemons

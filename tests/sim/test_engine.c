@@ -468,6 +468,52 @@ static void test_pool_reuses_scratch(void **state) {
   engine_pool_free(pool);
 }
 
+/* An in-place all_to_all of count elements over pool; its scratch bytes. */
+static size_t pooled_all_to_all(struct engine_pool *pool, size_t count) {
+  enum { N = 3 };
+  struct bufs b;
+  struct engine_rank ranks[N];
+  setup(SCHED_ALL_TO_ALL, N, 0, count, CCS_INT32, CCS_SUM, count, 1, &b, ranks);
+  struct engine_op eo = {SCHED_ALL_TO_ALL, SCHED_DIRECT, N, 0, 1, count, CCS_INT32, CCS_SUM,
+                         ranks, NULL, 4096, 0, pool};
+  struct engine_plan pl;
+  char err[256];
+  assert_int_equal(engine_compile(&eo, &pl, err, sizeof(err)), CCS_OK);
+  assert_true(pl.nscratch > 0);
+  size_t total = 0;
+  for (size_t i = 0; i < pl.nscratch; i++) total += pl.scratch_bytes[i];
+  run_shuffled(&pl, count);
+  assert_int_equal(check(SCHED_ALL_TO_ALL, N, 0, count, CCS_INT32, CCS_SUM, count, 1, &b, ranks,
+                         "pooled in-place all_to_all"), 0);
+  engine_plan_free(&pl);
+  free_bufs(&b, N);
+  return total;
+}
+
+static void *counted_alloc(size_t bytes, void *ctx) {
+  ++*(int *)ctx;
+  return malloc(bytes);
+}
+static void counted_release(void *mem, void *ctx) {
+  (void)ctx;
+  free(mem);
+}
+
+/* A larger op after a smaller one: the smaller one's scratch makes room,
+ * and the next op of the larger size allocates nothing new. */
+static void test_pool_keeps_the_larger_op(void **state) {
+  (void)state;
+  int allocs = 0;
+  size_t large = pooled_all_to_all(NULL, 20000); /* its scratch, unpooled */
+  struct engine_pool *pool = engine_pool_new_with(large, counted_alloc, counted_release, &allocs);
+  pooled_all_to_all(pool, 300);
+  pooled_all_to_all(pool, 20000);
+  int before = allocs;
+  pooled_all_to_all(pool, 20000);
+  assert_int_equal(allocs, before);
+  engine_pool_free(pool);
+}
+
 /* Ranks that pass the same output buffer get some answer, never a hang. */
 static void test_overlapping_outputs_terminate(void **state) {
   (void)state;
@@ -497,6 +543,7 @@ int main(void) {
       cmocka_unit_test(test_groups_across_daemons),
       cmocka_unit_test(test_grouped_all_gather_receives_each_block_once),
       cmocka_unit_test(test_pool_reuses_scratch),
+      cmocka_unit_test(test_pool_keeps_the_larger_op),
       cmocka_unit_test(test_overlapping_outputs_terminate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
