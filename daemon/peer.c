@@ -95,8 +95,8 @@ struct peers {
   struct task_ref {
     struct xop *x;
     size_t task;
-  } *to_post; /* network tasks taken, not yet posted */
-  size_t nto_post, to_post_head, to_post_cap;
+  } *taken; /* tasks this thread took, not yet run (posted, or computed) */
+  size_t ntaken, taken_head, taken_cap;
 };
 
 static double now_s(void) {
@@ -256,7 +256,7 @@ static int lane_of(const struct net_comm *nc, const struct post_rec *rec) {
 }
 
 /* Finishes x's task (CCSD_NO_TASK: none) and queues the network tasks
- * that made ready, or that a hand-over brings; drain_posts posts them, so
+ * that made ready, or that a hand-over brings; run_taken runs them, so
  * a chain of completions never recurses. */
 static void take_tasks(struct peers *p, struct xop *x, size_t task, int handover) {
   enum { BATCH = 64 };
@@ -265,26 +265,26 @@ static void take_tasks(struct peers *p, struct xop *x, size_t task, int handover
     n = ccsd_executor_net_step(p->d->exec, x, task, handover, got, BATCH);
     task = CCSD_NO_TASK;
     handover = 0;
-    if (p->nto_post + n > p->to_post_cap) {
-      size_t cap = p->to_post_cap ? 2 * p->to_post_cap : 256;
-      while (cap < p->nto_post + n) cap *= 2;
-      struct task_ref *grown = realloc(p->to_post, cap * sizeof(*grown));
+    if (p->ntaken + n > p->taken_cap) {
+      size_t cap = p->taken_cap ? 2 * p->taken_cap : 256;
+      while (cap < p->ntaken + n) cap *= 2;
+      struct task_ref *grown = realloc(p->taken, cap * sizeof(*grown));
       if (!grown) abort(); /* a task never posted would hang its op */
-      p->to_post = grown;
-      p->to_post_cap = cap;
+      p->taken = grown;
+      p->taken_cap = cap;
     }
-    for (size_t i = 0; i < n; i++) p->to_post[p->nto_post++] = (struct task_ref){x, got[i]};
+    for (size_t i = 0; i < n; i++) p->taken[p->ntaken++] = (struct task_ref){x, got[i]};
   } while (n == BATCH); /* more may wait: x lives while any does */
 }
 
-static void do_post(struct peers *p, struct xop *x, size_t task);
+static void run_task(struct peers *p, struct xop *x, size_t task);
 
-static void drain_posts(struct peers *p) {
-  while (p->to_post_head < p->nto_post) {
-    struct task_ref t = p->to_post[p->to_post_head++];
-    do_post(p, t.x, t.task);
+static void run_taken(struct peers *p) {
+  while (p->taken_head < p->ntaken) {
+    struct task_ref t = p->taken[p->taken_head++];
+    run_task(p, t.x, t.task);
   }
-  p->to_post_head = p->nto_post = 0;
+  p->taken_head = p->ntaken = 0;
 }
 
 /* The op fails, naming the daemon at the other end and its ranks. */
@@ -413,7 +413,9 @@ static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
   if (rc) fail_later(p, rec, "its data connection is closed");
 }
 
-static void do_post(struct peers *p, struct xop *x, size_t task) {
+/* A task this thread took: skipped once the comm failed or the daemon
+ * stops, computed here (a small op's, x->on_net), or posted. */
+static void run_task(struct peers *p, struct xop *x, size_t task) {
   if (p->stopped) ccsd_xop_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
   if (p->stopped || atomic_load_explicit(&x->cancelled, memory_order_relaxed)) { /* skip it */
     take_tasks(p, x, task, 0);
@@ -706,15 +708,15 @@ static void *net_thread(void *arg) {
       list_remove(&cmd->link);
       run_cmd(p, cmd);
     }
-    drain_posts(p);
+    run_taken(p);
     if (stop) break;
     struct tconn *tc;
     while (p->ops->accept(p->t, &tc) == 1) adopt(p, tc, NULL, 0);
     int n = p->ops->poll(p->t, 50, done, 64);
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
-    drain_posts(p);
+    run_taken(p);
     housekeeping(p);
-    drain_posts(p);
+    run_taken(p);
   }
   return NULL;
 }
@@ -797,16 +799,16 @@ void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc
 /* After the network thread is gone: x's network tasks finish unsent. */
 static void finish_unsent(struct executor *e, struct xop *x) {
   enum { BATCH = 64 };
-  size_t cap = 4 * BATCH, *todo = malloc(cap * sizeof(*todo));
-  if (!todo) abort(); /* an unfinished task would hang its op */
-  size_t n = ccsd_executor_net_step(e, x, CCSD_NO_TASK, 1, todo, BATCH);
+  size_t cap = 4 * BATCH, *unfinished = malloc(cap * sizeof(*unfinished));
+  if (!unfinished) abort(); /* an unfinished task would hang its op */
+  size_t n = ccsd_executor_net_step(e, x, CCSD_NO_TASK, 1, unfinished, BATCH);
   if (n) ccsd_xop_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
   while (n > 0) { /* x lives while a task of it is unfinished */
-    if (cap - n < BATCH && !(todo = realloc(todo, (cap *= 2) * sizeof(*todo)))) abort();
-    size_t t = todo[--n];
-    n += ccsd_executor_net_step(e, x, t, 0, todo + n, BATCH);
+    if (cap - n < BATCH && !(unfinished = realloc(unfinished, (cap *= 2) * sizeof(*unfinished)))) abort();
+    size_t t = unfinished[--n];
+    n += ccsd_executor_net_step(e, x, t, 0, unfinished + n, BATCH);
   }
-  free(todo);
+  free(unfinished);
 }
 
 void ccsd_peers_hand_over(struct peers *p, struct xop *x) {
@@ -880,24 +882,24 @@ void ccsd_peers_stop(struct peers *p) {
     pthread_mutex_unlock(&p->mu);
     if (!cmd) break;
     run_cmd(p, cmd);
-    drain_posts(p);
+    run_taken(p);
   }
   while (!list_empty(&p->conns)) drop_conn(p, LIST_ENTRY(p->conns.next, struct pconn, link), NULL);
   struct tcompletion done[64];
   for (int n; (n = p->ops->poll(p->t, 0, done, 64)) > 0;)
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
-  drain_posts(p);
+  run_taken(p);
   while (!list_empty(&p->deferred)) {
     struct post_rec *rec = LIST_ENTRY(p->deferred.next, struct post_rec, link);
     list_remove(&rec->link);
     fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
-  drain_posts(p);
+  run_taken(p);
   while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));
-  drain_posts(p);
+  run_taken(p);
   on_events(&p->async);
-  free(p->to_post);
-  p->to_post = NULL;
+  free(p->taken);
+  p->taken = NULL;
   p->ops->free(p->t);
   uv_close((uv_handle_t *)&p->async, on_async_closed);
 }
