@@ -249,34 +249,40 @@ static int own_member(const struct compiler *k, int p, uint32_t b) {
   return (int)b - first[p];
 }
 
+/* Which members of a group hold a block: every one (at its place in the
+ * buffer), the root member, or the member whose own block it is (its
+ * whole buffer). */
+enum member_role { EVERY_MEMBER, ROOT_MEMBER, OWN_MEMBER };
+
+static char *member_ptr(const struct compiler *k, int p, int m, uint32_t b, size_t begin,
+                        char *buf, enum member_role role) {
+  const struct engine_op *op = k->op;
+  if (!buf) return NULL;
+  switch (role) {
+  case ROOT_MEMBER: return p == op->root && m == op->ranks[p].root_member ? buf + begin * k->sz : NULL;
+  case OWN_MEMBER: return m == own_member(k, p, b) ? buf : NULL;
+  default: return buf + begin * k->sz;
+  }
+}
+
 /* Where member m of group participant p holds block b at the start (NULL:
  * it does not): every member's input reduced (the local phase), or the
  * root member's, or each member's own block. */
 static char *member_input(const struct compiler *k, int p, int m, uint32_t b, size_t begin) {
-  const struct engine_op *op = k->op;
-  const struct engine_rank *g = &op->ranks[p];
-  char *send = g->members[m].send;
-  if (!send) return NULL;
-  switch (op->coll) {
-  case SCHED_BROADCAST: case SCHED_SCATTER:
-    return p == op->root && m == g->root_member ? send + begin * k->sz : NULL;
-  case SCHED_ALL_GATHER: case SCHED_GATHER: return m == own_member(k, p, b) ? send : NULL;
-  default: return send + begin * k->sz;
-  }
+  enum sched_coll c = k->op->coll;
+  enum member_role role = c == SCHED_BROADCAST || c == SCHED_SCATTER   ? ROOT_MEMBER
+                          : c == SCHED_ALL_GATHER || c == SCHED_GATHER ? OWN_MEMBER
+                                                                       : EVERY_MEMBER;
+  return member_ptr(k, p, m, b, begin, k->op->ranks[p].members[m].send, role);
 }
 
-/* ... and where it must hold block b at the end (NULL: nowhere). */
+/* ... and where it must hold block b at the end. */
 static char *member_home(const struct compiler *k, int p, int m, uint32_t b, size_t begin) {
-  const struct engine_op *op = k->op;
-  const struct engine_rank *g = &op->ranks[p];
-  char *recv = g->members[m].recv;
-  if (!recv) return NULL;
-  switch (op->coll) {
-  case SCHED_REDUCE: case SCHED_GATHER:
-    return p == op->root && m == g->root_member ? recv + begin * k->sz : NULL;
-  case SCHED_REDUCE_SCATTER: case SCHED_SCATTER: return m == own_member(k, p, b) ? recv : NULL;
-  default: return recv + begin * k->sz;
-  }
+  enum sched_coll c = k->op->coll;
+  enum member_role role = c == SCHED_REDUCE || c == SCHED_GATHER            ? ROOT_MEMBER
+                          : c == SCHED_REDUCE_SCATTER || c == SCHED_SCATTER ? OWN_MEMBER
+                                                                            : EVERY_MEMBER;
+  return member_ptr(k, p, m, b, begin, k->op->ranks[p].members[m].recv, role);
 }
 
 /* A group participant's block b at the start; -1 if none. */
