@@ -97,7 +97,7 @@ static ccs_result_t conn_open(struct ccs__conn **ret) {
   pthread_mutex_init(&c->send_mu, NULL);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
-  ccs__frame_reader_init(&c->rd, CCS__FRAME_MAX);
+  ccs__frame_reader_init(&c->rd, CCS__REPLY_MAX);
 
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__Hello hello = CCS__HELLO__INIT;

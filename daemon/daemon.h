@@ -22,6 +22,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "accept.h"
 #include "engine.h"
 #include "gpu.h"
 #include "list.h"
@@ -116,6 +117,9 @@ struct daemon {
   struct ccsd_config cfg;
   int listen_fd;
   uv_poll_t listen_poll;
+  struct accept_reserve accept_reserve; /* a spare descriptor for EMFILE */
+  uv_timer_t listen_rest;               /* the listener rests when none can be freed */
+  uint64_t fd_exhausted_logged_ms;
   uv_signal_t sig_term, sig_int;
   struct list sessions;
   struct list comms;
@@ -154,7 +158,7 @@ struct membuf {
 
 struct pending_fd {
   int fd;
-  uint64_t offset; /* stream offset of the frame it arrived with */
+  uint64_t read_end; /* stream offset where the read that brought it ended */
 };
 
 struct session {
@@ -173,7 +177,7 @@ struct session {
   uint64_t connected_ms, last_rx_ms, last_tx_ms;
   struct ccs__frame_reader rd;
   uint64_t rx_total;      /* bytes received */
-  uint64_t rx_frame_start; /* stream offset of the next frame */
+  uint64_t rx_frame_end;  /* stream offset past the last frame handled */
   struct pending_fd fds[CCSD_MAX_PENDING_FDS];
   int nfds;
   struct list outq;
@@ -376,14 +380,16 @@ void ccsd_server_stop(struct daemon *d);
 
 /* session.c */
 void ccsd_session_new(struct daemon *d, int fd);
+/* One unsolicited reply saying why, best effort, then the close. */
+void ccsd_session_refuse(int fd, ccs_result_t rc, const char *why);
 void ccsd_session_close(struct session *s, const char *why);
 int ccsd_session_send(struct session *s, const Ccs__Reply *reply);
 int ccsd_session_reply(struct session *s, uint64_t req_id, ccs_result_t status, const char *error);
-int ccsd_session_take_fd(struct session *s, uint64_t frame_offset);
+int ccsd_session_take_fd(struct session *s); /* the next fd in arrival order, or -1 */
 void ccsd_session_check_io(struct session *s);
 
 /* dispatch.c */
-void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64_t frame_offset);
+void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len);
 
 /* memreg.c */
 ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
@@ -446,6 +452,7 @@ void ccsd_span_joined(struct comm *c, struct member *m);  /* a local rank, root 
 void ccsd_span_ready(struct comm *c);                     /* the root: every rank arrived */
 void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
 void ccsd_span_free(struct comm *c);
+void ccsd_span_stopping(struct daemon *d);                /* fails comms with ranks elsewhere */
 int ccsd_xop_peer_node(const struct xop *x, size_t task); /* the other end's node */
 void ccsd_xop_net_error(struct xop *x, ccs_result_t status, const char *why); /* network thread */
 

@@ -73,9 +73,10 @@ static void on_get_unique_id(struct session *s, uint64_t id) {
   ccsd_session_send(s, &r);
 }
 
-static void on_mem_register(struct session *s, uint64_t id, const Ccs__MemRegister *m,
-                            uint64_t frame_offset) {
-  int fd = ccsd_session_take_fd(s, frame_offset);
+/* A registration of host or VMM memory takes one fd, the next one this
+ * connection received (session.c); a legacy IPC handle takes none. */
+static void on_mem_register(struct session *s, uint64_t id, const Ccs__MemRegister *m) {
+  int fd = m->domain == CCS__MEM_CUDA_IPC ? -1 : ccsd_session_take_fd(s);
   char err[512];
   struct membuf *b;
   ccs_result_t rc;
@@ -383,7 +384,7 @@ static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
   free(posts);
 }
 
-void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64_t frame_offset) {
+void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len) {
   Ccs__Request *req = ccs__request_unpack(payload, len);
   if (!req) {
     ccsd_session_reply(s, 0, CCS_ERR_PROTOCOL, "malformed request");
@@ -404,7 +405,7 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len, uint64
   case CCS__REQUEST__BODY_COMM_DESTROY: on_comm_destroy(s, id, req->comm_destroy->comm, 0); break;
   case CCS__REQUEST__BODY_COMM_ABORT: on_comm_destroy(s, id, req->comm_abort->comm, 1); break;
   case CCS__REQUEST__BODY_COMM_QUERY: on_comm_query(s, id, req->comm_query->comm); break;
-  case CCS__REQUEST__BODY_MEM_REGISTER: on_mem_register(s, id, req->mem_register, frame_offset); break;
+  case CCS__REQUEST__BODY_MEM_REGISTER: on_mem_register(s, id, req->mem_register); break;
   case CCS__REQUEST__BODY_EVENT_REGISTER: on_event_register(s, id, req->event_register); break;
   case CCS__REQUEST__BODY_EVENT_DEREGISTER:
     on_event_deregister(s, id, req->event_deregister->events);

@@ -267,7 +267,11 @@ void ccsd_post_submit(struct post *p) {
   char err[CCS__ERROR_TEXT_MAX];
   if (check_mismatch(c, sl->posts, c->nranks, seq, err, sizeof(err))) {
     LOG_WARN("comm %llu: %s", (unsigned long long)c->id, err);
-    for (int r = 0; r < c->nranks; r++) ccsd_post_finish(sl->posts[r], CCS_ERR_MISMATCH, err);
+    /* Across daemons the others run op #seq without this one's data and
+     * would wait for it: the comm fails everywhere, with this text. */
+    if (c->spans) ccsd_comm_fail(c, CCS_ERR_MISMATCH, "%s", err);
+    for (int r = 0; r < c->nranks; r++) /* ranks of other daemons have no post here */
+      if (sl->posts[r]) ccsd_post_finish(sl->posts[r], CCS_ERR_MISMATCH, err);
   } else {
     ccsd_op_launch(c, sl->posts, c->nranks, seq);
   }

@@ -9,17 +9,46 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "accept.h"
 #include "daemon.h"
 #include "log.h"
+
+static void on_listen_readable(uv_poll_t *h, int status, int events);
+
+static void on_rested(uv_timer_t *t) {
+  struct daemon *d = t->data;
+  if (d->listen_fd >= 0 && !uv_is_closing((uv_handle_t *)&d->listen_poll))
+    uv_poll_start(&d->listen_poll, UV_READABLE, on_listen_readable);
+}
+
+/* Out of descriptors: said once a second at most, whatever the rate. */
+static void log_exhausted(struct daemon *d, const char *what) {
+  uint64_t now = ccsd_now_ms(d);
+  if (d->fd_exhausted_logged_ms && now - d->fd_exhausted_logged_ms < 1000) return;
+  d->fd_exhausted_logged_ms = now;
+  LOG_WARN("out of file descriptors: %s (raise LimitNOFILE / ulimit -n)", what);
+}
 
 static void on_listen_readable(uv_poll_t *h, int status, int events) {
   struct daemon *d = h->data;
   for (int i = 0; i < 64; i++) {
-    int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int shed;
+    int fd = ccs_accept(&d->accept_reserve, d->listen_fd, &shed);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+      if (errno == EMFILE || errno == ENFILE) { /* nothing to free: rest, then try again */
+        log_exhausted(d, "clients wait in the listen queue");
+        uv_poll_stop(&d->listen_poll);
+        uv_timer_start(&d->listen_rest, on_rested, 100, 0);
+      } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
         LOG_WARN("accept: %s", strerror(errno));
+      }
       return;
+    }
+    if (shed) {
+      log_exhausted(d, "a client was refused");
+      ccsd_session_refuse(fd, CCS_ERR_SYSTEM,
+                          "ccsd has no file descriptor left for another connection: try again later");
+      continue;
     }
     ccsd_session_new(d, fd);
   }
@@ -52,6 +81,9 @@ static void make_parent_dir(const char *path) {
 
 static void start_polling(struct daemon *d, int fd) {
   d->listen_fd = fd;
+  ccs_accept_reserve_init(&d->accept_reserve);
+  uv_timer_init(d->loop, &d->listen_rest);
+  d->listen_rest.data = d;
   uv_poll_init(d->loop, &d->listen_poll, fd);
   d->listen_poll.data = d;
   uv_poll_start(&d->listen_poll, UV_READABLE, on_listen_readable);
@@ -93,13 +125,16 @@ static void on_listen_closed(uv_handle_t *h) {
   struct daemon *d = h->data;
   close(d->listen_fd);
   d->listen_fd = -1;
+  ccs_accept_reserve_close(&d->accept_reserve);
 }
 
 void ccsd_server_stop(struct daemon *d) {
   if (d->listen_fd >= 0 && !uv_is_closing((uv_handle_t *)&d->listen_poll)) {
     if (!d->socket_activated) unlink(d->cfg.socket_path);
+    uv_close((uv_handle_t *)&d->listen_rest, NULL);
     uv_close((uv_handle_t *)&d->listen_poll, on_listen_closed);
   }
+  if (d->peers) ccsd_span_stopping(d);
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
     ccsd_session_close(LIST_ENTRY(it, struct session, link), "daemon stopping");

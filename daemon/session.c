@@ -30,7 +30,7 @@ static int allowed(const struct daemon *d, const struct ucred *cred) {
   return 0;
 }
 
-static void refuse(int fd, ccs_result_t rc, const char *why) {
+void ccsd_session_refuse(int fd, ccs_result_t rc, const char *why) {
   Ccs__Reply r = CCS__REPLY__INIT;
   r.status = rc;
   r.error = (char *)why;
@@ -61,7 +61,7 @@ void ccsd_session_new(struct daemon *d, int fd) {
     /* One unsolicited reply saying why, best effort, then the close. */
     if (rc == CCS_OK) ccsd_tenant_release(t, TENANT_SESSIONS, 1), rc = CCS_ERR_NO_MEMORY;
     LOG_WARN("refused client pid %d uid %d: %s", (int)cred.pid, (int)cred.uid, err);
-    refuse(fd, rc, err);
+    ccsd_session_refuse(fd, rc, err);
     return;
   }
   s->tenant = t;
@@ -157,8 +157,20 @@ static int flush(struct session *s) {
 int ccsd_session_send(struct session *s, const Ccs__Reply *reply) {
   if (s->closing) return -1;
   size_t len;
-  uint8_t *frame = ccs__frame_pack(&reply->base, &len);
-  if (!frame) return -1;
+  uint8_t *frame = ccs__frame_pack_max(&reply->base, CCS__REPLY_MAX, &len);
+  if (!frame) { /* the call fails with why, never waits for a reply that never comes */
+    size_t want = protobuf_c_message_get_packed_size(&reply->base);
+    char why[160];
+    Ccs__Reply r = CCS__REPLY__INIT;
+    r.id = reply->id;
+    r.status = want > CCS__REPLY_MAX ? CCS_ERR_INVALID_USAGE : CCS_ERR_NO_MEMORY;
+    snprintf(why, sizeof(why), want > CCS__REPLY_MAX
+             ? "the reply (%zu bytes) is larger than a reply may be (%u bytes)"
+             : "out of memory packing a reply of %zu bytes (limit %u)", want, CCS__REPLY_MAX);
+    r.error = why;
+    LOG_WARN("client %llu (pid %d): %s", (unsigned long long)s->id, (int)s->pid, why);
+    if (!(frame = ccs__frame_pack_max(&r.base, CCS__REPLY_MAX, &len))) return -1;
+  }
   /* A client that never reads its replies is cut off, not buffered for. */
   if (s->out_bytes + len > CCSD_MAX_OUTPUT_BYTES) {
     free(frame);
@@ -192,21 +204,23 @@ int ccsd_session_reply(struct session *s, uint64_t req_id, ccs_result_t status, 
   return ccsd_session_send(s, &r);
 }
 
-int ccsd_session_take_fd(struct session *s, uint64_t frame_offset) {
-  for (int i = 0; i < s->nfds; i++) {
-    if (s->fds[i].offset != frame_offset) continue;
-    int fd = s->fds[i].fd;
-    memmove(&s->fds[i], &s->fds[i + 1], sizeof(s->fds[0]) * (size_t)(s->nfds - i - 1));
-    s->nfds--;
-    return fd;
-  }
-  return -1;
+int ccsd_session_take_fd(struct session *s) {
+  if (s->nfds == 0) return -1;
+  int fd = s->fds[0].fd;
+  memmove(&s->fds[0], &s->fds[1], sizeof(s->fds[0]) * (size_t)(s->nfds - 1));
+  s->nfds--;
+  return fd;
 }
 
-/* Keeps the fds that came with a read, tagged with the stream offset of
- * their first byte: the kernel delivers SCM_RIGHTS with the first byte of
- * the sendmsg that carried them, which is the first byte of a frame. */
-static int stash_fds(struct session *s, struct msghdr *msg, uint64_t offset) {
+/* Queues the fds that came with a read, in arrival order, each with the
+ * stream offset where that read ended. The kernel delivers SCM_RIGHTS with
+ * the first byte of the sendmsg that carried them, but one read may also
+ * hold earlier frames of other threads (an fd-less send merged before it),
+ * so an fd belongs to some frame that ends no earlier than the first byte
+ * of its read, and no frame before its own takes fds: each frame that
+ * takes k fds takes the next k. An fd whose read lies wholly within
+ * frames already handled came with none that took it: a violation. */
+static int stash_fds(struct session *s, struct msghdr *msg, uint64_t read_end) {
   int ok = !(msg->msg_flags & MSG_CTRUNC);
   for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -217,7 +231,7 @@ static int stash_fds(struct session *s, struct msghdr *msg, uint64_t offset) {
       memcpy(&fd, &fds[i], sizeof(fd));
       if (ok && s->nfds < CCSD_MAX_PENDING_FDS) {
         s->fds[s->nfds].fd = fd;
-        s->fds[s->nfds].offset = offset;
+        s->fds[s->nfds].read_end = read_end;
         s->nfds++;
       } else {
         close(fd);
@@ -263,22 +277,21 @@ static void on_readable(struct session *s) {
                                                               : "disconnected");
       return;
     }
+    s->rx_total += (uint64_t)n;
     if (stash_fds(s, &msg, s->rx_total)) {
       protocol_error(s, "too many or truncated file descriptors");
       return;
     }
-    s->rx_total += (uint64_t)n;
     s->last_rx_ms = ccsd_now_ms(s->d);
     ccs__frame_reader_commit(&s->rd, (size_t)n);
     const uint8_t *payload;
     size_t len;
     int r = 0;
     while (!s->closing && (r = ccs__frame_reader_next(&s->rd, &payload, &len)) == 1) {
-      uint64_t start = s->rx_frame_start;
-      s->rx_frame_start += CCS__FRAME_HEADER + len;
-      ccsd_dispatch(s, payload, len, start);
+      s->rx_frame_end += CCS__FRAME_HEADER + len;
+      ccsd_dispatch(s, payload, len);
       /* An fd not claimed by its frame is a protocol violation. */
-      if (!s->closing && s->nfds && s->fds[0].offset <= start) {
+      if (!s->closing && s->nfds && s->fds[0].read_end <= s->rx_frame_end) {
         protocol_error(s, "file descriptor sent with a frame that takes none");
         return;
       }

@@ -276,6 +276,24 @@ static void ranks_at(const struct comm *c, const char *addr, char *buf, size_t l
   }
 }
 
+/* This daemon stops: its comms with ranks elsewhere fail for every daemon,
+ * saying so (not as the first of its ranks that happens to be closed). */
+void ccsd_span_stopping(struct daemon *d) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &d->comms) {
+    struct comm *c = LIST_ENTRY(it, struct comm, link);
+    if (c->state == COMM_FAILED || (!c->spans && !c->root[0])) continue;
+    char ranks[256];
+    size_t n = 0;
+    ranks[0] = 0;
+    for (int r = 0; r < c->nranks && n + 16 < sizeof(ranks); r++)
+      if (c->members[r] && !c->members[r]->remote)
+        n += (size_t)snprintf(ranks + n, sizeof(ranks) - n, n ? ",%d" : "%d", r);
+    ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s serving rank(s) %s is stopping",
+                   d->self, ranks);
+  }
+}
+
 void ccsd_span_peer_lost(struct daemon *d, const char *addr, const char *why) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->comms) {

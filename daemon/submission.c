@@ -43,8 +43,18 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
   free(sub);
 }
 
+/* CCS_DEBUG=INFO texts of one reply: a group of thousands of ops says how
+ * the first ones ran, then that there were more. */
+#define INFO_MAX (64u << 10)
+
 void ccsd_submission_note(struct submission *sub, const char *info) {
   size_t had = sub->info ? strlen(sub->info) : 0, add = strlen(info);
+  static const char more[] = "(and more ops: CCS_DEBUG=INFO texts are cut at 64 KiB per call)";
+  if (had + add + 1 > INFO_MAX) {
+    if (had && strstr(sub->info, more)) return;
+    info = more;
+    add = strlen(more);
+  }
   char *grown = realloc(sub->info, had + add + 2);
   if (!grown) return; /* a debugging aid, not worth failing the op */
   if (had) grown[had++] = '\n';

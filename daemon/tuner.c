@@ -1,5 +1,6 @@
 #include "tuner.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,14 +60,19 @@ double ccsd_algo_cost(enum sched_algo a, enum sched_coll c, int n, uint64_t byte
   }
 }
 
+/* "64K", "1.5M", "max": digits first (strtod alone takes "nan", "inf",
+ * hex and exponents, none of which is a size). */
 static int parse_bytes(const char *s, uint64_t *ret) {
   if (!strcmp(s, "max")) {
     *ret = UINT64_MAX;
     return 0;
   }
+  if (!isdigit((unsigned char)s[0])) return -1;
+  for (const char *c = s; *c; c++)
+    if (!isdigit((unsigned char)*c) && *c != '.' && !strchr("KkMmGg", *c)) return -1;
   char *end;
   double v = strtod(s, &end);
-  if (end == s || v < 0) return -1;
+  if (end == s || !isfinite(v) || v < 0) return -1;
   if (*end == 'K' || *end == 'k') v *= 1024, end++;
   else if (*end == 'M' || *end == 'm') v *= 1048576, end++;
   else if (*end == 'G' || *end == 'g') v *= 1073741824.0, end++;
@@ -102,10 +108,17 @@ int ccsd_algo_rules_parse(const char *text, struct algo_rules *ret, char *err, s
       snprintf(err, errlen, "more than %d algorithm rules", CCSD_MAX_RULES);
       return -1;
     }
+    /* fields split exactly: an empty one ("ring::0-1K", ":") is an error,
+     * not skipped */
     char *f[4] = {0};
     int nf = 0;
-    char *fsave;
-    for (char *t = strtok_r(rule_, ":", &fsave); t && nf < 4; t = strtok_r(NULL, ":", &fsave)) f[nf++] = t;
+    for (char *rest = rule_, *t; (t = strsep(&rest, ":")) != NULL;) {
+      if (nf == 4 || !*t) {
+        snprintf(err, errlen, "rule '%s': %s", rule, nf == 4 ? "more than 4 fields" : "an empty field");
+        return -1;
+      }
+      f[nf++] = t;
+    }
     struct algo_rule r = {-1, SCHED_RING, 0, UINT64_MAX};
     int i = 0, coll = find(f[0], coll_namer, SCHED_COLL_COUNT);
     if (coll >= 0) r.coll = coll, i = 1;

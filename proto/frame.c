@@ -5,8 +5,12 @@
 #include "wire.h"
 
 uint8_t *ccs__frame_pack(const ProtobufCMessage *msg, size_t *ret_len) {
+  return ccs__frame_pack_max(msg, CCS__FRAME_MAX, ret_len);
+}
+
+uint8_t *ccs__frame_pack_max(const ProtobufCMessage *msg, size_t max, size_t *ret_len) {
   size_t payload = protobuf_c_message_get_packed_size(msg);
-  if (payload > CCS__FRAME_MAX) return NULL;
+  if (payload > max) return NULL;
   uint8_t *buf = malloc(CCS__FRAME_HEADER + payload);
   if (!buf) return NULL;
   buf[0] = (uint8_t)payload;
@@ -37,7 +41,7 @@ static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *desc, const ui
                                 size_t len) {
   struct budget b = {0};
   ProtobufCAllocator alloc = {budget_alloc, budget_free, &b};
-  if (len > CCS__FRAME_MAX) return NULL;
+  if (len > CCS__REPLY_MAX) return NULL;
   return protobuf_c_message_unpack(desc, &alloc, len, data);
 }
 

@@ -12,9 +12,13 @@
 #define CCS__PROTOCOL_VERSION 1u
 
 /* A frame is a 4-byte little-endian length and that many bytes of protobuf.
- * The cap is checked before anything is allocated for the payload. */
+ * The cap is checked before anything is allocated for the payload: a
+ * request holds at most 1 MiB (what the daemon reads from any client), a
+ * reply at most 8 MiB (operator texts of a busy daemon; a reply over it
+ * becomes an error reply saying so). */
 #define CCS__FRAME_HEADER 4u
 #define CCS__FRAME_MAX (1u << 20)
+#define CCS__REPLY_MAX (8u << 20)
 /* Unpacking may allocate more than the frame holds (an empty Op is 2 bytes
  * on the wire and ~100 in memory); this bounds it per frame. */
 #define CCS__UNPACK_BUDGET (16u << 20)
@@ -63,6 +67,8 @@ _Static_assert(sizeof(struct ccs__unique_id) <= CCS_UNIQUE_ID_BYTES, "unique id 
 /* Packs a Request or Reply behind its length prefix into a new malloc'ed
  * buffer. Returns NULL when out of memory or over the frame cap. */
 uint8_t *ccs__frame_pack(const ProtobufCMessage *msg, size_t *ret_len);
+/* The same with another cap (replies: CCS__REPLY_MAX). */
+uint8_t *ccs__frame_pack_max(const ProtobufCMessage *msg, size_t max, size_t *ret_len);
 
 /* Unpack with a bounded allocator; NULL when malformed or over budget. */
 Ccs__Request *ccs__request_unpack(const uint8_t *data, size_t len);

@@ -8,7 +8,8 @@ build=${1:-build}
 shift || true
 
 packages=(build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
-          libcmocka-dev libibverbs-dev libinih-dev libsystemd-dev clang libclang-rt-14-dev
+          libcmocka-dev libibverbs-dev libinih-dev libsystemd-dev libsodium-dev uthash-dev
+          clang libclang-rt-14-dev
           systemd python3 python3-prometheus-client)
 missing=()
 for p in "${packages[@]}"; do

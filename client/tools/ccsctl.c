@@ -38,7 +38,7 @@ static int send_frame(int fd, Ccs__Request *req) {
 
 static Ccs__Reply *read_frame(int fd) {
   struct ccs__frame_reader r;
-  ccs__frame_reader_init(&r, CCS__FRAME_MAX);
+  ccs__frame_reader_init(&r, CCS__REPLY_MAX);
   Ccs__Reply *reply = NULL;
   for (;;) {
     const uint8_t *payload;

@@ -32,14 +32,20 @@
 #include "wire.h"
 
 #define ND 3
+#define MAXR 12
 #define BOUND_S 10.0 /* PEER_LOST within this of the fault */
+
+/* Ranks per daemon (CCS_TEST_RANKS_PER_DAEMON, default 1): every fault is
+ * also run with several ranks on each daemon, rank r on daemon r % ND. */
+static int per = 1;
+#define NR (ND * per)
 
 struct shared {
   ccs_unique_id_t id;
   double fault_at;
-  double failed_at[ND];
-  int code[ND];
-  char text[ND][512];
+  double failed_at[MAXR];
+  int code[MAXR];
+  char text[MAXR][512];
 };
 static struct shared *sh;
 static struct test_daemon dm[ND];
@@ -48,6 +54,8 @@ static const char *const daemon_args[] = {"--heartbeat", "0.2", "--peer_timeout"
 
 static int setup(void **state) {
   (void)state;
+  const char *p = getenv("CCS_TEST_RANKS_PER_DAEMON");
+  per = p && atoi(p) > 0 && atoi(p) <= MAXR / ND ? atoi(p) : 1;
   sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED || test_daemons_start(dm, ND, daemon_args)) return -1;
   test_spread_ranks(dm, ND);
@@ -101,9 +109,10 @@ static void survivors_serve(void) {
   test_spread_ranks(dm, ND);
 }
 
-/* The other ranks got PEER_LOST, in time, naming daemon 2's rank. */
+/* The other ranks got PEER_LOST, in time, naming daemon 2's rank(s). */
 static void expect_lost(const char *how) {
-  for (int r = 0; r < ND - 1; r++) {
+  for (int r = 0; r < NR; r++) {
+    if (r % ND == 2) continue;
     fprintf(stderr, "# %s: rank %d: %s after %.2f s: %s\n", how, r, ccs_result_name(sh->code[r]),
             sh->failed_at[r] - sh->fault_at, sh->text[r]);
     assert_int_equal(sh->code[r], CCS_ERR_PEER_LOST);
@@ -129,7 +138,7 @@ static void kill_daemon_2(void) { kill(dm[2].pid, SIGKILL); }
 static void test_daemon_killed(void **state) {
   (void)state;
   pid_t helper = fault_later(kill_daemon_2);
-  test_run_ranks(ND, looping_rank, NULL, 120, NULL);
+  test_run_ranks(NR, looping_rank, NULL, 120, NULL);
   waitpid(helper, NULL, 0);
   expect_lost("daemon killed");
   test_daemon_kill(&dm[2]);
@@ -143,7 +152,7 @@ static void stop_daemon_2(void) { kill(dm[2].pid, SIGTERM); }
 static void test_daemon_stopped(void **state) {
   (void)state;
   pid_t helper = fault_later(stop_daemon_2);
-  test_run_ranks(ND, looping_rank, NULL, 120, NULL);
+  test_run_ranks(NR, looping_rank, NULL, 120, NULL);
   waitpid(helper, NULL, 0);
   expect_lost("daemon stopped");
   assert_int_equal(test_daemon_stop(&dm[2]), 0);
@@ -166,10 +175,11 @@ static void test_daemon_cut_off(void **state) {
   pid_t helper = fault_later(cut_daemon_2);
   /* rank 2 waits on its silenced daemon: it is let go below */
   pid_t ranks = fork();
-  if (ranks == 0) _exit(test_run_ranks(ND, looping_rank, NULL, 120, NULL) > 1);
+  if (ranks == 0) _exit(test_run_ranks(NR, looping_rank, NULL, 120, NULL) > 1);
   waitpid(helper, NULL, 0);
   double deadline = test_now() + BOUND_S + 5;
-  while (test_now() < deadline && (!sh->failed_at[0] || !sh->failed_at[1])) usleep(50 * 1000);
+  for (int r = 0; r < NR; r++)
+    while (r % ND != 2 && test_now() < deadline && !sh->failed_at[r]) usleep(50 * 1000);
   const char *link = getenv("CCS_TEST_NETNS_LINK");
   char cmd[128];
   if (link && *link) {
@@ -299,9 +309,9 @@ static int mismatched_rank(int rank, int n, void *arg) {
  * text that names the difference. */
 static void expect_mismatch(enum differ what, const char *named_by, const char *also) {
   test_spread_ranks(dm, 2);
-  assert_int_equal(test_run_ranks(2, mismatched_rank, &what, 60, NULL), 0);
+  assert_int_equal(test_run_ranks(2 * per, mismatched_rank, &what, 60, NULL), 0);
   int named = 0;
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < 2 * per; r++) {
     fprintf(stderr, "# differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
     assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
     named += strstr(sh->text[r], named_by) && (!also || strstr(sh->text[r], also));
@@ -315,8 +325,8 @@ static void test_counts_differ_across_nodes(void **state) {
   /* the daemons' words or the data, whichever tells first */
   test_spread_ranks(dm, 2);
   enum differ what = COUNTS;
-  assert_int_equal(test_run_ranks(2, mismatched_rank, &what, 60, NULL), 0);
-  for (int r = 0; r < 2; r++) {
+  assert_int_equal(test_run_ranks(2 * per, mismatched_rank, &what, 60, NULL), 0);
+  for (int r = 0; r < 2 * per; r++) {
     fprintf(stderr, "# counts differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
     assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
     assert_true(strstr(sh->text[r], "different counts") || strstr(sh->text[r], "count=500"));
@@ -324,14 +334,44 @@ static void test_counts_differ_across_nodes(void **state) {
   survivors_serve();
 }
 
+/* Two ranks of the same daemon disagree in a comm over three daemons (2
+ * and 3 ranks per daemon): the daemon that sees it fails the comm for
+ * every daemon; nobody gets a result, every daemon lives on. */
+static int same_daemon_differs(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 2;
+  size_t count = rank == ND ? 7 : 8; /* rank ND is daemon 0's second rank */
+  float buf[8] = {0};
+  sh->code[rank] = ccs_all_reduce(buf, buf, count, CCS_FLOAT32, CCS_SUM, comm, NULL);
+  snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
+  ccs_comm_destroy(comm);
+  return 0;
+}
+
+static void test_counts_differ_within_a_daemon(void **state) {
+  (void)state;
+  for (int k = 2; k <= 3; k++) {
+    assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+    assert_int_equal(test_run_ranks(ND * k, same_daemon_differs, NULL, 60, NULL), 0);
+    for (int r = 0; r < ND * k; r++) {
+      fprintf(stderr, "# %d per daemon: rank %d: %s: %s\n", k, r, ccs_result_name(sh->code[r]), sh->text[r]);
+      assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
+      assert_non_null(strstr(sh->text[r], "count=7"));
+    }
+    for (int i = 0; i < ND; i++) assert_true(test_daemon_alive(&dm[i]));
+  }
+  survivors_serve();
+}
+
 static void test_types_differ_across_nodes(void **state) {
   (void)state;
-  expect_mismatch(TYPES, "differs across daemons", "dtype=int32");
+  expect_mismatch(TYPES, "differs across", "dtype=int32");
 }
 
 static void test_reductions_differ_across_nodes(void **state) {
   (void)state;
-  expect_mismatch(REDUCTIONS, "differs across daemons", "op=max");
+  expect_mismatch(REDUCTIONS, "differs across", "op=max");
 }
 
 int main(void) {
@@ -340,6 +380,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_counts_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_types_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reductions_differ_across_nodes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_counts_differ_within_a_daemon, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_stopped, setup, teardown),

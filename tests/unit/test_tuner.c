@@ -64,6 +64,24 @@ static void test_bad_rules(void **state) {
       {"all_reduce:ring:0-1Q", "bad size range"},
       {"all_reduce:ring:0-1K:extra", "unexpected 'extra'"},
       {"all_reduce", "is not an algorithm"},
+      /* separators alone, empty fields, and what strtod takes but is no size */
+      {":", "an empty field"},
+      {"::", "an empty field"},
+      {" : ", "an empty field"},
+      {";:;", "an empty field"},
+      {"ring::0-1K", "an empty field"},
+      {"all_reduce:ring:", "an empty field"},
+      {":ring", "an empty field"},
+      {"all_reduce:ring:0-1K:x:y", "more than 4 fields"},
+      {"all_reduce:ring:nan-1K", "bad size range"},
+      {"all_reduce:ring:0-inf", "bad size range"},
+      {"all_reduce:ring:0-infinity", "bad size range"},
+      {"all_reduce:ring:0x10-1K", "bad size range"},
+      {"all_reduce:ring:1e3-2K", "bad size range"},
+      {"all_reduce:ring:-1-2K", "bad size range"},
+      {"all_reduce:ring:-", "bad size range"},
+      {"all_reduce:ring:1K-", "bad size range"},
+      {"all_reduce:ring:99999999999999999999G-max", "bad size range"},
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     struct algo_rules rules;
@@ -77,6 +95,21 @@ static void test_bad_rules(void **state) {
   assert_int_equal(rules.n, 0);
   assert_int_equal(ccsd_algo_rules_parse(" ring ; broadcast:tree ;", &rules, err, sizeof(err)), 0);
   assert_int_equal(rules.n, 2);
+  assert_int_equal(ccsd_algo_rules_parse("all_reduce:ring:1.5K-2M", &rules, err, sizeof(err)), 0);
+  assert_true(rules.r[0].lo == 1536 && rules.r[0].hi == 2u << 20);
+  /* random junk: refused or accepted, never a crash (ASan/UBSan builds) */
+  uint64_t x = 88172645463325252ull;
+  for (int i = 0; i < 20000; i++) {
+    char text[24];
+    static const char alphabet[] = "ring:;-0K1Mmaxtedrhall_uc . ";
+    for (int k = 0; k < (int)sizeof(text) - 1; k++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      text[k] = alphabet[x % (sizeof(alphabet) - 1)];
+    }
+    text[x % sizeof(text)] = 0;
+    text[sizeof(text) - 1] = 0;
+    (void)ccsd_algo_rules_parse(text, &rules, err, sizeof(err));
+  }
 }
 
 int main(void) {
