@@ -1,31 +1,13 @@
 /* ccsctl's commands, rendered here as text or JSON: status, stuck, comms,
- * abort, config, metrics. A tenant sees and aborts only its own comms;
- * root and members of the "ccs" group see and abort all. */
-#include <grp.h>
-#include <pwd.h>
+ * abort, config, metrics. A tenant sees and aborts only its own comms (any
+ * other is "no comm of yours", whether or not it exists); operators (root,
+ * admin_gids) see and abort all. Who is which was settled at connect. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon.h"
 #include "log.h"
-
-static int privileged(const struct session *s) {
-  if (s->uid == 0) return 1;
-  struct group gr, *g = NULL;
-  struct passwd pw, *p = NULL;
-  char buf[16384];
-  if (getgrnam_r("ccs", &gr, buf, sizeof(buf), &g) || !g) return 0;
-  gid_t ccs = g->gr_gid;
-  if (s->gid == ccs) return 1;
-  if (getpwuid_r(s->uid, &pw, buf, sizeof(buf), &p) || !p) return 0;
-  gid_t groups[256];
-  int n = 256;
-  if (getgrouplist(p->pw_name, p->pw_gid, groups, &n) < 0) return 0;
-  for (int i = 0; i < n; i++)
-    if (groups[i] == ccs) return 1;
-  return 0;
-}
 
 static const char *state_name(const struct comm *c) {
   return c->state == COMM_JOINING ? "joining" : c->state == COMM_READY ? "ready" : "failed";
@@ -160,7 +142,7 @@ static void render_status(struct textbuf *t, struct daemon *d, int all, uid_t ui
                       "%llu ops in flight%s\nclients:\n", CCS_VERSION_MAJOR, CCS_VERSION_MINOR,
                    CCS_VERSION_PATCH, up, d->cfg.threads, (unsigned long long)clients,
                    (unsigned long long)comms, (unsigned long long)ops,
-                   all ? "" : " (yours; root and the ccs group see all)");
+                   all ? "" : " (yours; operators see all)");
   }
   int first = 1;
   LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
@@ -230,7 +212,7 @@ static ccs_result_t abort_comm(struct session *s, const char *arg, int all, stru
 void ccsd_admin(struct session *s, uint64_t req_id, const Ccs__Admin *m) {
   struct daemon *d = s->d;
   struct textbuf t = {0};
-  int all = privileged(s), json = m->json;
+  int all = s->admin, json = m->json;
   const char *cmd = m->command ? m->command : "";
   const char *arg = m->n_args > 0 ? m->args[0] : NULL;
   ccs_result_t rc = CCS_OK;
@@ -257,7 +239,7 @@ void ccsd_admin(struct session *s, uint64_t req_id, const Ccs__Admin *m) {
     render_config(&t, d, json);
   } else if (!strcmp(cmd, "metrics")) {
     size_t len;
-    char *text = ccsd_metrics_render(d, all, s->uid, &len);
+    char *text = ccsd_metrics_render(d, all ? METRICS_PER_TENANT : METRICS_TENANT, s->uid, &len);
     if (text) textbuf_printf(&t, "%s", text);
     else rc = CCS_ERR_NO_MEMORY;
     free(text);

@@ -6,7 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
+#include <time.h>
 
+#include "addr.h"
 #include "daemon.h"
 #include "log.h"
 
@@ -16,7 +19,10 @@ static void on_timer_closed(uv_handle_t *h) {
   struct comm *c = h->data;
   ccsd_span_free(c);
   ccsd_tenant_release(c->tenant, TENANT_COMMS, 1);
-  for (int r = 0; r < c->nranks; r++) free(c->members[r]);
+  for (int r = 0; r < c->nranks; r++) {
+    if (c->members[r]) ccsd_tenant_release(c->members[r]->tenant, TENANT_RANKS, 1);
+    free(c->members[r]);
+  }
   free(c->members);
   free(c);
 }
@@ -27,6 +33,7 @@ void ccsd_comm_unref(struct comm *c) {
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
   list_remove(&c->link);
+  HASH_DELETE(hh, c->d->comms_by_name, c);
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }
 
@@ -95,13 +102,31 @@ static void on_init_timeout(uv_timer_t *t) {
                  c->d->cfg.init_timeout_s, c->joined, c->nranks, missing, present);
 }
 
-struct comm *ccsd_comm_find(struct daemon *d, const uint8_t *secret) {
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &d->comms) {
-    struct comm *c = LIST_ENTRY(it, struct comm, link);
-    if (!memcmp(c->secret, secret, CCS__SECRET_BYTES)) return c;
-  }
-  return NULL;
+void ccsd_comm_name(const struct ccs__unique_id *id, uint8_t name[CCS__NAME_BYTES]) {
+  crypto_generichash_state st;
+  uint32_t owner = id->owner_uid;
+  crypto_generichash_init(&st, NULL, 0, CCS__NAME_BYTES);
+  crypto_generichash_update(&st, (const uint8_t *)"ccs comm name", 13);
+  crypto_generichash_update(&st, (const uint8_t *)id->root, strnlen(id->root, sizeof(id->root)));
+  crypto_generichash_update(&st, (const uint8_t *)"", 1); /* the root ends here */
+  crypto_generichash_update(&st, id->secret, sizeof(id->secret));
+  crypto_generichash_update(&st, (const uint8_t *)&owner, sizeof(owner));
+  crypto_generichash_final(&st, name, CCS__NAME_BYTES);
+}
+
+/* The table's key: the name hashed with this daemon's own random key, so
+ * that names made from chosen secrets cannot be aimed at one bucket. */
+static uint64_t table_key(const struct daemon *d, const uint8_t *name) {
+  uint64_t key;
+  crypto_shorthash((uint8_t *)&key, name, CCS__NAME_BYTES, d->table_key);
+  return key;
+}
+
+struct comm *ccsd_comm_find(struct daemon *d, const uint8_t *name) {
+  uint64_t key = table_key(d, name);
+  struct comm *c;
+  HASH_FIND(hh, d->comms_by_name, &key, sizeof(key), c);
+  return c && !memcmp(c->name, name, CCS__NAME_BYTES) ? c : NULL;
 }
 
 struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id, int nranks,
@@ -124,7 +149,8 @@ struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id,
   c->tenant = t;
   c->d = d;
   c->id = ++d->next_id;
-  memcpy(c->secret, id->secret, CCS__SECRET_BYTES);
+  ccsd_comm_name(id, c->name);
+  c->table_key = table_key(d, c->name);
   memcpy(c->id_bytes, id, sizeof(*id));
   c->uid = id->owner_uid;
   c->nranks = nranks;
@@ -144,6 +170,7 @@ struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id,
   double wait = d->cfg.init_timeout_s + (c->root[0] ? 2 : 0);
   uv_timer_start(&c->timer, on_init_timeout, (uint64_t)(wait * 1000), 0);
   list_insert_tail(&d->comms, &c->link);
+  HASH_ADD(hh, d->comms_by_name, table_key, sizeof(c->table_key), c);
   return c;
 }
 
@@ -219,14 +246,28 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     return;
   }
   if (!ours && !d->peers) {
-    snprintf(err, sizeof(err), "unique id from the daemon at %s, and this daemon talks to no other (set listen)",
+    snprintf(err, sizeof(err), "unique id from the daemon at %.60s, and this daemon talks to no other (set listen)",
              uid.root[0] ? uid.root : "(no address)");
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
+  /* Ids carry numeric addresses (resolved when issued): nothing a client
+   * writes makes this daemon resolve a name. */
+  if (!ours && !ccs_addr_is_numeric(uid.root)) {
+    snprintf(err, sizeof(err), "unique id names its root daemon '%.60s', not a numeric ADDRESS:PORT",
+             uid.root);
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }
   if (ours && !ccsd_unique_id_valid(d, &uid)) {
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
                        "unique id not issued by this daemon (or from before it restarted)");
+    return;
+  }
+  if (ours && ccsd_unique_id_age(d, &uid) < 0) {
+    snprintf(err, sizeof(err), "unique id expired: issued %.0f s ago, valid for %.0f s (id_ttl)",
+             difftime(time(NULL), (time_t)uid.issued_s), d->cfg.id_ttl_s);
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }
   if ((uid_t)uid.owner_uid != s->uid) {
@@ -245,8 +286,17 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     return;
   }
   int nranks = (int)m->nranks, rank = (int)m->rank;
-  struct comm *c = ccsd_comm_find(d, uid.secret);
+  struct tenant *t;
+  ccs_result_t rc = ccsd_tenant_charge(d, s->uid, TENANT_RANKS, 1, &t, err, sizeof(err));
+  if (rc != CCS_OK) {
+    ccsd_session_reply(s, req_id, rc, err);
+    return;
+  }
+  uint8_t name[CCS__NAME_BYTES];
+  ccsd_comm_name(&uid, name);
+  struct comm *c = ccsd_comm_find(d, name);
   if (c && c->state != COMM_JOINING) {
+    ccsd_tenant_release(t, TENANT_RANKS, 1);
     snprintf(err, sizeof(err), "communicator is %s: %s",
              c->state == COMM_READY ? "complete (every rank already joined)" : "failed",
              c->state == COMM_READY ? "a unique id makes one communicator" : c->error_text);
@@ -254,9 +304,9 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     return;
   }
   if (!c) {
-    ccs_result_t rc;
     c = ccsd_comm_create(d, &uid, nranks, algo, rank, &rc, err, sizeof(err));
     if (!c) {
+      ccsd_tenant_release(t, TENANT_RANKS, 1);
       ccsd_session_reply(s, req_id, rc, err);
       return;
     }
@@ -264,14 +314,16 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     LOG_INFO(CCS_LOG_INIT, "comm %llu created by pid %d: %d ranks%s%s", (unsigned long long)c->id,
              (int)s->pid, nranks, c->root[0] ? ", root daemon " : "", c->root);
   }
-  ccs_result_t rc = ccsd_comm_check_join(c, rank, nranks, algo, (int)s->pid);
+  rc = ccsd_comm_check_join(c, rank, nranks, algo, (int)s->pid);
   if (rc != CCS_OK) {
+    ccsd_tenant_release(t, TENANT_RANKS, 1);
     ccsd_session_reply(s, req_id, rc, c->error_text);
     return;
   }
   struct member *mb = calloc(1, sizeof(*mb));
   struct submission *sub = ccsd_submission_new(s, req_id, 1);
   if (!mb || !sub) {
+    ccsd_tenant_release(t, TENANT_RANKS, 1);
     free(mb);
     if (sub) ccsd_submission_post_done(sub, CCS_ERR_NO_MEMORY, "out of memory");
     else ccsd_session_reply(s, req_id, CCS_ERR_NO_MEMORY, "out of memory");
@@ -279,6 +331,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   }
   mb->comm = c;
   mb->session = s;
+  mb->tenant = t;
   mb->handle = ++s->next_comm_handle;
   mb->rank = rank;
   mb->pid = s->pid;
@@ -286,6 +339,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   mb->debug = m->debug;
   sub->comm_handle = mb->handle;
   list_insert_tail(&s->members, &mb->session_link);
+  HASH_ADD(hh, s->members_by_handle, handle, sizeof(mb->handle), mb);
   c->members[rank] = mb;
   c->joined++;
   c->nlocal++;
@@ -297,12 +351,9 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
 }
 
 struct member *ccsd_member_find(struct session *s, uint64_t handle) {
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &s->members) {
-    struct member *m = LIST_ENTRY(it, struct member, session_link);
-    if (m->handle == handle) return m;
-  }
-  return NULL;
+  struct member *m;
+  HASH_FIND(hh, s->members_by_handle, &handle, sizeof(handle), m);
+  return m;
 }
 
 /* The member stays in comm->members (its rank and pid name it in errors)
@@ -313,6 +364,7 @@ struct member *ccsd_member_find(struct session *s, uint64_t handle) {
 void ccsd_member_leave(struct member *m, const char *why, int graceful) {
   struct comm *c = m->comm;
   list_remove(&m->session_link);
+  HASH_DELETE(hh, m->session->members_by_handle, m);
   m->session = NULL;
   c->departed++;
   /* collectives need every rank; a send or receive only its two */

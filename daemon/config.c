@@ -4,7 +4,9 @@
  * and bad values are errors naming where they came from. */
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <ini.h>
+#include <pwd.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -23,17 +25,17 @@ enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_S
 struct key {
   const char *name;
   enum key_type type;
-  size_t offset;
+  size_t offset, size; /* the field; size tells its C type (int, size_t, uint64_t, char[]) */
   double min, max;
   const char *help;
 };
 
-#define AT(field) offsetof(struct ccsd_config, field)
+#define AT(field) offsetof(struct ccsd_config, field), sizeof(((struct ccsd_config *)0)->field)
 static const struct key keys[] = {
     {"socket", K_PATH, AT(socket_path), 0, 0, "Unix socket the clients connect to"},
     {"socket_mode", K_MODE, AT(socket_mode), 0, 0777, "its permissions (with its group: who may connect)"},
     {"threads", K_COUNT, AT(threads), 0, 256, "executor threads; 0: one per CPU"},
-    {"chunk_bytes", K_BYTES, AT(chunk_bytes), 4096, 1 << 30, "bytes per executor task"},
+    {"chunk_bytes", K_BYTES, AT(chunk_bytes), 4096, 64 << 20, "bytes per executor task (and per message between daemons)"},
     {"stream_bytes", K_BYTES, AT(stream_bytes), 0, 1e18, "ops writing this much use non-temporal stores"},
     {"scratch_keep", K_BYTES, AT(scratch_keep), 0, 1e18, "bytes of ops' scratch memory kept for the next ops (fresh memory costs a page fault per page)"},
     {"inline_bytes", K_BYTES, AT(inline_bytes), 0, 1 << 24, "ops moving at most this much run on the control loop, not the executor threads"},
@@ -56,6 +58,17 @@ static const struct key keys[] = {
     {"heartbeat", K_SECONDS, AT(heartbeat_s), 0.01, 3600, "seconds between heartbeats to other daemons"},
     {"peer_timeout", K_SECONDS, AT(peer_timeout_s), 0.05, 1e6, "seconds without a word from another daemon before its comms fail"},
     {"cuda_legacy_ipc", K_BOOL, AT(cuda_legacy_ipc), 0, 1, "accept cudaMalloc'ed buffers by legacy cudaIpcMemHandle (ccs_mem_register): a bearer token, for trusted single-tenant nodes only"},
+    {"admin_gids", K_IDS, AT(admin_gids), 0, 4294967294.0, "groups (names or gids) whose members are operators: see and abort every tenant's comms; root always is"},
+    {"quota_ranks", K_COUNT, AT(quota[TENANT_RANKS]), 1, 1.8e19, "ranks per uid joined through this daemon (each costs per-op state)"},
+    {"quota_buffers", K_COUNT, AT(quota[TENANT_BUFFERS]), 1, 1.8e19, "registered buffers per uid (each is a mapping: vm.max_map_count is shared by all)"},
+    {"id_ttl", K_SECONDS, AT(id_ttl_s), 1, 1e9, "seconds a unique id is valid after it was issued"},
+    {"metrics_tenant_labels", K_BOOL, AT(metrics_tenant_labels), 0, 1, "label the HTTP metrics per tenant (uid); off: summed over tenants (ccsctl metrics shows an operator every tenant)"},
+    {"metrics_max_connections", K_COUNT, AT(metrics_max_connections), 1, 65536, "HTTP metrics connections at once; more are closed at once"},
+    {"cluster_key_file", K_PATH, AT(cluster_key_file), 0, 0, "the key every daemon of the cluster holds (ccsd --generate-key FILE); listen refuses to start without it"},
+    {"peer_encrypt", K_BOOL, AT(peer_encrypt), 0, 1, "encrypt the data between daemons too (control messages always are); either side asking is enough"},
+    {"peer_max_connections", K_COUNT, AT(peer_max_connections), 4, 1e6, "connections with other daemons at once (control and data); more are refused"},
+    {"peer_unexpected_bytes", K_BYTES, AT(peer_unexpected_bytes), 1 << 20, 1.8e19, "bytes a connection from another daemon may hold before their receive is posted; beyond, it is closed"},
+    {"peer_unexpected_total", K_BYTES, AT(peer_unexpected_total), 1 << 20, 1.8e19, "the same, over all connections"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -78,6 +91,14 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->quota[TENANT_COMMS] = 1024;
   cfg->quota[TENANT_REGISTERED_BYTES] = 0;
   cfg->quota[TENANT_OPS] = 65536;
+  cfg->quota[TENANT_RANKS] = 4096;
+  cfg->quota[TENANT_BUFFERS] = 4096;
+  cfg->id_ttl_s = 24 * 3600;
+  cfg->metrics_max_connections = 16;
+  snprintf(cfg->cluster_key_file, sizeof(cfg->cluster_key_file), "%s", CCSD_DEFAULT_CLUSTER_KEY);
+  cfg->peer_max_connections = 1024;
+  cfg->peer_unexpected_bytes = 1ull << 30;
+  cfg->peer_unexpected_total = 4ull << 30;
   cfg->log_level = CCS_LOG_WARN;
   cfg->log_subsys = CCS_LOG_ALL;
   cfg->heartbeat_s = 1;
@@ -114,14 +135,31 @@ static int parse_double(const char *v, double min, double max, double *ret) {
   return 0;
 }
 
+static int *ids_count(struct ccsd_config *cfg, const struct key *k) {
+  return k->offset == offsetof(struct ccsd_config, allow_uids) ? &cfg->nallow_uids
+         : k->offset == offsetof(struct ccsd_config, allow_gids) ? &cfg->nallow_gids
+                                                                 : &cfg->nadmin_gids;
+}
+
+/* Numbers, or names looked up once here (never on the loop): user names
+ * for the uid list, group names for the gid lists. */
 static int set_ids(void *field, int *count, const char *v, const struct key *k) {
   uint32_t ids[CCSD_MAX_ALLOW];
   int n = 0;
   char copy[1024];
   snprintf(copy, sizeof(copy), "%s", v);
+  int users = k->offset == offsetof(struct ccsd_config, allow_uids);
   for (char *save, *tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
     double x;
-    if (n == CCSD_MAX_ALLOW || parse_double(tok, k->min, k->max, &x) || x != floor(x)) return -1;
+    if (n == CCSD_MAX_ALLOW) return -1;
+    if (!isdigit((unsigned char)tok[0])) {
+      struct passwd *pw = users ? getpwnam(tok) : NULL;
+      struct group *gr = users ? NULL : getgrnam(tok);
+      if (!pw && !gr) return -1;
+      ids[n++] = users ? (uint32_t)pw->pw_uid : (uint32_t)gr->gr_gid;
+      continue;
+    }
+    if (parse_double(tok, k->min, k->max, &x) || x != floor(x)) return -1;
     ids[n++] = (uint32_t)x;
   }
   memcpy(field, ids, sizeof(uint32_t) * (size_t)n);
@@ -143,8 +181,8 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
   int bad = 0;
   switch (k->type) {
   case K_PATH:
-    bad = !*value || strlen(value) >= sizeof(cfg->socket_path) - 1;
-    if (!bad) snprintf(field, sizeof(cfg->socket_path), "%s", value);
+    bad = !*value || strlen(value) >= k->size - 1;
+    if (!bad) snprintf(field, k->size, "%s", value);
     break;
   case K_MODE: {
     char *end;
@@ -157,10 +195,8 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
   case K_BYTES:
     bad = parse_double(value, k->min, k->max, &x) || x != floor(x);
     if (!bad) {
-      if (k->offset == AT(threads) || k->offset == AT(peer_connections)) *(int *)field = (int)x;
-      else if (k->offset >= AT(quota) && k->offset < AT(quota) + sizeof(cfg->quota))
-        *(uint64_t *)field = (uint64_t)x;
-      else *(size_t *)field = (size_t)x;
+      if (k->size == sizeof(int)) *(int *)field = (int)x;
+      else *(uint64_t *)field = (uint64_t)x; /* size_t and uint64_t alike here */
     }
     break;
   case K_SECONDS:
@@ -168,8 +204,7 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
     if (!bad) *(double *)field = x;
     break;
   case K_IDS:
-    bad = set_ids(field, k->offset == AT(allow_uids) ? &cfg->nallow_uids : &cfg->nallow_gids,
-                  value, k);
+    bad = set_ids(field, ids_count(cfg, k), value, k);
     break;
   case K_LEVEL:
     bad = 1;
@@ -200,10 +235,17 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
         *(int *)field = i, bad = 0;
     break;
   case K_ADDRESS: {
+    /* a port alone is on localhost (the metrics endpoint's default) */
+    char local[32];
+    if (*value && (strspn(value, "0123456789") == strlen(value) ||
+                   (value[0] == ':' && strspn(value + 1, "0123456789") == strlen(value + 1)))) {
+      snprintf(local, sizeof(local), "127.0.0.1:%.8s", value + (value[0] == ':'));
+      value = local;
+    }
     const char *colon = strrchr(value, ':');
     bad = *value && (!colon || colon == value || parse_double(colon + 1, 0, 65535, &x) ||
-                     strlen(value) >= sizeof(cfg->metrics_listen));
-    if (!bad) snprintf(field, sizeof(cfg->metrics_listen), "%s", value);
+                     strlen(value) >= k->size);
+    if (!bad) snprintf(field, k->size, "%s", value);
     break;
   }
   }
@@ -274,14 +316,12 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
     case K_PATH: case K_ADDRESS: case K_RULES: snprintf(v, sizeof(v), "%s", (const char *)f); break;
     case K_MODE: snprintf(v, sizeof(v), "%04o", *(const unsigned *)f); break;
     case K_COUNT: case K_BYTES:
-      if (k->offset == AT(threads) || k->offset == AT(peer_connections)) snprintf(v, sizeof(v), "%d", *(const int *)f);
-      else if (k->offset >= AT(quota) && k->offset < AT(quota) + sizeof(cfg->quota))
-        snprintf(v, sizeof(v), "%llu", (unsigned long long)*(const uint64_t *)f);
-      else snprintf(v, sizeof(v), "%zu", *(const size_t *)f);
+      if (k->size == sizeof(int)) snprintf(v, sizeof(v), "%d", *(const int *)f);
+      else snprintf(v, sizeof(v), "%llu", (unsigned long long)*(const uint64_t *)f);
       break;
     case K_SECONDS: snprintf(v, sizeof(v), "%g", *(const double *)f); break;
     case K_IDS: {
-      int count = k->offset == AT(allow_uids) ? cfg->nallow_uids : cfg->nallow_gids;
+      int count = *ids_count((struct ccsd_config *)cfg, k);
       size_t m = 0;
       for (int j = 0; j < count && m + 12 < sizeof(v); j++)
         m += (size_t)snprintf(v + m, sizeof(v) - m, "%s%u", j ? "," : "", ((const uint32_t *)f)[j]);

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include <uthash.h>
 #include <uv.h>
 
 #include "accept.h"
@@ -39,6 +40,8 @@ enum tenant_counter {
   TENANT_COMMS,
   TENANT_REGISTERED_BYTES,
   TENANT_OPS,
+  TENANT_RANKS,   /* members of comms joined here */
+  TENANT_BUFFERS, /* registered buffers (mappings) */
   TENANT_COUNTERS
 };
 
@@ -46,6 +49,7 @@ enum tenant_counter {
 
 #define CCSD_DEFAULT_SOCKET "/run/ccs/ccsd.sock"
 #define CCSD_DEFAULT_CONFIG "/etc/ccs/ccsd.conf"
+#define CCSD_DEFAULT_CLUSTER_KEY "/etc/ccs/cluster.key"
 
 struct ccsd_config {
   char socket_path[108];
@@ -62,7 +66,9 @@ struct ccsd_config {
   /* optional allow-lists on top of the socket's permissions (empty: all) */
   uint32_t allow_uids[CCSD_MAX_ALLOW]; /* uid_t and gid_t */
   uint32_t allow_gids[CCSD_MAX_ALLOW];
-  int nallow_uids, nallow_gids;
+  uint32_t admin_gids[CCSD_MAX_ALLOW]; /* operators besides root */
+  int nallow_uids, nallow_gids, nadmin_gids;
+  double id_ttl_s;
   int log_level;
   int log_subsys;          /* mask of enum ccs__log_subsys */
   char metrics_listen[64]; /* HOST:PORT, or empty */
@@ -72,11 +78,19 @@ struct ccsd_config {
   double heartbeat_s, peer_timeout_s;
   int peer_connections; /* data connections per pair of daemons and comm */
   int cuda_legacy_ipc;  /* accept cudaIpcMemHandle buffers (bearer tokens) */
+  int metrics_tenant_labels;   /* HTTP metrics per tenant, or summed */
+  int metrics_max_connections;
+  char cluster_key_file[108];  /* daemons prove they hold this key to each other */
+  int peer_encrypt;            /* data between daemons encrypted too */
+  int peer_max_connections;
+  uint64_t peer_unexpected_bytes, peer_unexpected_total; /* held before their receive */
 };
 
 /* One per uid with anything charged to it. */
 struct tenant {
-  struct list link;
+  struct list link;  /* in daemon->tenants */
+  UT_hash_handle hh; /* in daemon->tenants_by_uid */
+  struct daemon *d;
   uid_t uid;
   uint64_t used[TENANT_COUNTERS];
   uint64_t charges; /* outstanding charges; freed at zero */
@@ -124,9 +138,14 @@ struct daemon {
   struct list sessions;
   struct list comms;
   struct list tenants;
+  struct tenant *tenants_by_uid; /* the same (uthash): uids come from peers too */
+  struct membuf *buffers_by_id; /* every registered buffer (uthash) */
+  size_t nbuffers, max_buffers; /* mappings, and half of vm.max_map_count */
   uv_timer_t housekeeping; /* io deadlines of sessions */
   uint64_t started_ms;
-  uint8_t id_key[16]; /* signs the unique ids this daemon issues */
+  uint8_t id_key[32];    /* signs the unique ids this daemon issues */
+  uint8_t table_key[16]; /* keys the hash tables of names that come from outside */
+  struct comm *comms_by_name;
   int socket_activated; /* the listening socket is systemd's: not ours to unlink */
   uv_timer_t watchdog;
   int watchdog_on;
@@ -136,6 +155,7 @@ struct daemon {
   uv_tcp_t metrics_server; /* optional HTTP listener (metrics_listen) */
   int metrics_on;
   struct list http_conns;
+  int nhttp_conns;
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
   struct peers *peers;       /* other nodes' daemons, when cfg.listen is set */
@@ -147,6 +167,9 @@ struct daemon {
 
 struct membuf {
   struct list link; /* in session->buffers while registered */
+  UT_hash_handle hh; /* in daemon->buffers_by_id while registered */
+  struct daemon *d;
+  struct session *session; /* its owner, while registered */
   uint64_t id;      /* unique in the daemon */
   void *base;       /* a device address for device memory */
   size_t size;
@@ -171,6 +194,7 @@ struct session {
   pid_t pid;
   uid_t uid;
   gid_t gid;
+  int admin; /* root or an admin_gids member: sees and aborts every tenant's comms */
   int said_hello;
   int closing;
   struct tenant *tenant;
@@ -185,6 +209,7 @@ struct session {
   struct list buffers;
   struct list events; /* struct gpu_events */
   struct list members;
+  struct member *members_by_handle; /* the same (uthash) */
   struct list submissions;
   uint64_t next_comm_handle;
 };
@@ -203,8 +228,10 @@ struct submission {
 
 struct member {
   struct list session_link;
+  UT_hash_handle hh;       /* in session->members_by_handle while it has one */
   struct comm *comm;
   struct session *session; /* NULL once the client is gone */
+  struct tenant *tenant;   /* a local rank: charged one of quota_ranks */
   uint64_t handle;
   int rank;
   pid_t pid;
@@ -221,7 +248,9 @@ struct comm {
   struct list link;
   struct daemon *d;
   uint64_t id;
-  uint8_t secret[CCS__SECRET_BYTES];
+  UT_hash_handle hh;                /* in daemon->comms_by_name */
+  uint8_t name[CCS__NAME_BYTES];    /* from (root, secret, owner): how daemons name it */
+  uint64_t table_key;
   uint8_t id_bytes[CCS_UNIQUE_ID_BYTES]; /* the unique id, for the root daemon */
   uid_t uid;
   struct tenant *tenant;
@@ -361,7 +390,9 @@ void ccsd_daemon_close(struct daemon *d);
 
 void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, int nranks,
                          ccs_result_t status, uint64_t bytes, double seconds);
-char *ccsd_metrics_render(struct daemon *d, int all, uid_t uid, size_t *ret_len);
+/* whose series: the caller's tenant, every tenant's apart, or all summed */
+enum metrics_view { METRICS_TENANT, METRICS_PER_TENANT, METRICS_SUMMED };
+char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, size_t *ret_len);
 void ccsd_metrics_free(struct daemon *d);
 int ccsd_metrics_http_start(struct daemon *d);
 void ccsd_metrics_http_stop(struct daemon *d);
@@ -416,10 +447,12 @@ void ccsd_submission_orphan_all(struct session *s);
 /* unique ids: issued signed, checked on init */
 void ccsd_unique_id_sign(const struct daemon *d, struct ccs__unique_id *id);
 int ccsd_unique_id_valid(const struct daemon *d, const struct ccs__unique_id *id);
+double ccsd_unique_id_age(const struct daemon *d, const struct ccs__unique_id *id); /* -1: expired */
 
 /* comm.c */
 void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m);
-struct comm *ccsd_comm_find(struct daemon *d, const uint8_t *secret);
+void ccsd_comm_name(const struct ccs__unique_id *id, uint8_t name[CCS__NAME_BYTES]);
+struct comm *ccsd_comm_find(struct daemon *d, const uint8_t *name);
 struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id, int nranks,
                               const char *algo, int first_rank, ccs_result_t *rc, char *err,
                               size_t errlen);

@@ -7,9 +7,11 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <sodium.h>
+#include <time.h>
+
 #include "daemon.h"
 #include "log.h"
-#include "siphash.h"
 
 static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
   if (m->protocol != CCS__PROTOCOL_VERSION) {
@@ -35,16 +37,27 @@ static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
   ccsd_session_send(s, &r);
 }
 
-static uint64_t unique_id_mac(const struct daemon *d, const struct ccs__unique_id *id) {
-  return ccsd_siphash24(d->id_key, id, offsetof(struct ccs__unique_id, mac));
+static void unique_id_mac(const struct daemon *d, const struct ccs__unique_id *id,
+                          uint8_t mac[16]) {
+  crypto_generichash(mac, 16, (const uint8_t *)id, offsetof(struct ccs__unique_id, mac), d->id_key,
+                     sizeof(d->id_key));
 }
 
 void ccsd_unique_id_sign(const struct daemon *d, struct ccs__unique_id *id) {
-  id->mac = unique_id_mac(d, id);
+  unique_id_mac(d, id, id->mac);
 }
 
 int ccsd_unique_id_valid(const struct daemon *d, const struct ccs__unique_id *id) {
-  return id->mac == unique_id_mac(d, id);
+  uint8_t mac[16];
+  unique_id_mac(d, id, mac);
+  return sodium_memcmp(mac, id->mac, sizeof(mac)) == 0;
+}
+
+/* Seconds since the id was issued, or -1 when it is past id_ttl (or from
+ * the future: a clock far off, or a forgery). */
+double ccsd_unique_id_age(const struct daemon *d, const struct ccs__unique_id *id) {
+  double age = difftime(time(NULL), (time_t)id->issued_s);
+  return age > d->cfg.id_ttl_s || age < -300 ? -1 : age;
 }
 
 /* The id names the requesting uid, signed: the comm made from it belongs
@@ -55,6 +68,7 @@ static void on_get_unique_id(struct session *s, uint64_t id) {
   uid.magic = CCS__UNIQUE_ID_MAGIC;
   uid.protocol = CCS__PROTOCOL_VERSION;
   uid.owner_uid = (uint32_t)s->uid;
+  uid.issued_s = (uint64_t)time(NULL);
   snprintf(uid.root, sizeof(uid.root), "%s", s->d->self); /* other daemons join through it */
   uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
   if (getrandom(uid.secret, sizeof(uid.secret), 0) != (ssize_t)sizeof(uid.secret)) {
@@ -305,7 +319,7 @@ static struct post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t
 static void on_stats(struct session *s, uint64_t id) {
   struct daemon *d = s->d;
   Ccs__StatsReply st = CCS__STATS_REPLY__INIT;
-  int all = s->uid == 0;
+  int all = s->admin;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->tenants) {
     struct tenant *t = LIST_ENTRY(it, struct tenant, link);

@@ -3,6 +3,8 @@
  * and signals; the session fuzzer drives the same state through a
  * socketpair. */
 #include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -18,6 +20,18 @@ static void on_housekeeping(uv_timer_t *t) {
   }
 }
 
+/* vm.max_map_count: mappings one process may hold (the kernel's default
+ * 65530 where it cannot be read) */
+static size_t max_mappings(void) {
+  FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+  unsigned long n = 0;
+  if (f) {
+    if (fscanf(f, "%lu", &n) != 1) n = 0;
+    fclose(f);
+  }
+  return n > 1024 ? (size_t)n : 65530;
+}
+
 int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   struct ccsd_config cfg = d->cfg;
   ccsd_config_resolve(&cfg);
@@ -30,10 +44,13 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   list_init(&d->tenants);
   list_init(&d->http_conns);
   d->started_ms = uv_now(loop);
-  if (getrandom(d->id_key, sizeof(d->id_key), 0) != (ssize_t)sizeof(d->id_key)) {
-    LOG_ERROR("getrandom: %s", strerror(errno));
+  d->max_buffers = max_mappings() / 2;
+  if (sodium_init() < 0) {
+    LOG_ERROR("libsodium cannot start");
     return -1;
   }
+  randombytes_buf(d->id_key, sizeof(d->id_key));
+  randombytes_buf(d->table_key, sizeof(d->table_key));
   d->pool = engine_pool_new(d->cfg.scratch_keep); /* scratch kept between ops */
   d->exec = ccsd_executor_new(d, d->cfg.threads);
   if (!d->exec) {

@@ -1,6 +1,7 @@
 /* ccsd: the per-node collectives daemon. Runs in the foreground, logs to
  * stderr, stops cleanly on SIGTERM/SIGINT. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "daemon.h"
 #include "log.h"
 #include "tuner.h"
@@ -15,6 +17,7 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ccsd [--config FILE] [--check-config] [--KEY=VALUE ...] [--version]\n"
+          "       ccsd --generate-key FILE     (the cluster key daemons prove to each other)\n"
           "Reads " CCSD_DEFAULT_CONFIG " (or --config FILE), then CCS_<KEY> variables,\n"
           "then --KEY=VALUE (or --KEY VALUE; '-' or '_' in KEY). Keys, with defaults:\n\n");
   ccsd_config_example(f);
@@ -87,6 +90,38 @@ static int tune_table(int n, const struct ccsd_config *cfg) {
   return 0;
 }
 
+/* ccsd --generate-key FILE: a new cluster key, readable by its owner only.
+ * Never overwrites: replacing a key is a decision, not an accident. */
+static int generate_key(const char *path) {
+  char err[160];
+  if (!path) {
+    fprintf(stderr, "usage: ccsd --generate-key FILE\n");
+    return 2;
+  }
+  if (ccs_auth_init(err, sizeof(err))) {
+    fprintf(stderr, "ccsd: %s\n", err);
+    return 1;
+  }
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    fprintf(stderr, "ccsd: %s: %s%s\n", path, strerror(errno),
+            errno == EEXIST ? " (remove it first to replace the key)" : "");
+    return 1;
+  }
+  char text[66];
+  ccs_auth_new_key_text(text);
+  int ok = write(fd, text, 65) == 65 && fsync(fd) == 0;
+  sodium_memzero(text, sizeof(text));
+  if (close(fd) || !ok) {
+    fprintf(stderr, "ccsd: cannot write %s: %s\n", path, strerror(errno));
+    unlink(path);
+    return 1;
+  }
+  printf("wrote a new cluster key to %s: every daemon of the cluster needs the same file "
+         "(cluster_key_file), owned by the daemon's user, mode 0600\n", path);
+  return 0;
+}
+
 /* Sources in order, later ones winning: file, environment, command line. */
 static int configure(int argc, char **argv, struct ccsd_config *cfg, int *check_only) {
   const char *path = CCSD_DEFAULT_CONFIG;
@@ -124,6 +159,7 @@ static int configure(int argc, char **argv, struct ccsd_config *cfg, int *check_
     if (!strcmp(a, "--tune-table")) { /* N: the model's choices over sizes */
       exit(tune_table(i + 1 < argc ? atoi(argv[i + 1]) : 4, cfg));
     }
+    if (!strcmp(a, "--generate-key")) exit(generate_key(i + 1 < argc ? argv[i + 1] : NULL));
     if (!strcmp(a, "--print-example-config")) {
       ccsd_config_example(stdout);
       exit(0);

@@ -21,6 +21,35 @@
 
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 
+/* What a buffer costs its tenant: one of its quota_buffers (each is a
+ * mapping, and vm.max_map_count is shared by every tenant: the daemon as a
+ * whole maps at most half of it) and its bytes. */
+static ccs_result_t charge(struct session *s, size_t size, struct tenant **ret, char *err,
+                           size_t errlen) {
+  struct daemon *d = s->d;
+  if (d->nbuffers >= d->max_buffers) {
+    snprintf(err, errlen, "this daemon holds %zu buffers, as many as it may map (half of "
+             "vm.max_map_count): try again when others are deregistered", d->nbuffers);
+    return CCS_ERR_QUOTA;
+  }
+  struct tenant *t;
+  ccs_result_t rc = ccsd_tenant_charge(d, s->uid, TENANT_BUFFERS, 1, &t, err, errlen);
+  if (rc != CCS_OK) return rc;
+  if ((rc = ccsd_tenant_charge(d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen)) != CCS_OK) {
+    ccsd_tenant_release(t, TENANT_BUFFERS, 1);
+    return rc;
+  }
+  d->nbuffers++;
+  *ret = t;
+  return CCS_OK;
+}
+
+static void uncharge(struct daemon *d, struct tenant *t, size_t size) {
+  d->nbuffers--;
+  ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
+  ccsd_tenant_release(t, TENANT_BUFFERS, 1);
+}
+
 static void unmap(struct membuf *b) {
   if (b->legacy_ipc) ccsd_gpu_close_ipc(b->base);
   else if (b->device >= 0) ccsd_gpu_unmap(b->base, b->size);
@@ -34,11 +63,13 @@ static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t 
   if (!b) {
     struct membuf undo = {.base = base, .size = size, .device = device, .legacy_ipc = legacy_ipc};
     unmap(&undo);
-    ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
+    uncharge(s->d, t, size);
     snprintf(err, errlen, "out of memory");
     return CCS_ERR_NO_MEMORY;
   }
   b->id = ++s->d->next_id;
+  b->d = s->d;
+  b->session = s;
   b->tenant = t;
   b->base = base;
   b->size = size;
@@ -46,6 +77,7 @@ static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t 
   b->legacy_ipc = legacy_ipc;
   b->refs = 1;
   list_insert_tail(&s->buffers, &b->link);
+  HASH_ADD(hh, s->d->buffers_by_id, id, sizeof(b->id), b);
   LOG_TRACE(CCS_LOG_MEM, "client %llu registered %s buffer %llu of %zu bytes",
             (unsigned long long)s->id, device < 0 ? "host" : "device", (unsigned long long)b->id,
             size);
@@ -69,7 +101,7 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
   }
   size_t size = (size_t)st.st_size;
   struct tenant *t;
-  ccs_result_t rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen);
+  ccs_result_t rc = charge(s, size, &t, err, errlen);
   if (rc != CCS_OK) {
     close(fd);
     return rc;
@@ -78,7 +110,7 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
   int saved = errno;
   close(fd); /* the mapping keeps the memory */
   if (base == MAP_FAILED) {
-    ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
+    uncharge(s->d, t, size);
     snprintf(err, errlen, "cannot map %zu bytes: %s", size, strerror(saved));
     return saved == ENOMEM ? CCS_ERR_NO_MEMORY : CCS_ERR_SYSTEM;
   }
@@ -100,7 +132,7 @@ ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t siz
     return host_only(s, err, errlen);
   }
   struct tenant *t;
-  ccs_result_t rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen);
+  ccs_result_t rc = charge(s, size, &t, err, errlen);
   if (rc != CCS_OK) {
     close(fd);
     return rc;
@@ -108,7 +140,7 @@ ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t siz
   void *base;
   int device;
   if ((rc = ccsd_gpu_map(s->d->gpu, fd, size, uuid, &base, &device, err, errlen)) != CCS_OK) {
-    ccsd_tenant_release(t, TENANT_REGISTERED_BYTES, size);
+    uncharge(s->d, t, size);
     return rc;
   }
   return add(s, t, base, (size_t)size, device, 0, ret, err, errlen);
@@ -130,34 +162,20 @@ ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
   ccs_result_t rc = ccsd_gpu_open_ipc(s->d->gpu, handle, uuid, &base, &size, &device, err, errlen);
   if (rc != CCS_OK) return rc;
   struct tenant *t;
-  if ((rc = ccsd_tenant_charge(s->d, s->uid, TENANT_REGISTERED_BYTES, size, &t, err, errlen)) !=
-      CCS_OK) {
+  if ((rc = charge(s, size, &t, err, errlen)) != CCS_OK) {
     ccsd_gpu_close_ipc(base);
     return rc;
   }
   return add(s, t, base, size, device, 1, ret, err, errlen);
 }
 
-static struct membuf *find_in(struct session *s, uint64_t id) {
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &s->buffers) {
-    struct membuf *b = LIST_ENTRY(it, struct membuf, link);
-    if (b->id == id) return b;
-  }
-  return NULL;
-}
-
+/* Ids are unique in the daemon: one table for all, and naming another
+ * client's buffer is told apart from naming none. */
 struct membuf *ccsd_membuf_find(struct session *s, uint64_t id, ccs_result_t *ret_rc) {
-  struct membuf *b = find_in(s, id);
-  if (b) return b;
-  /* Ids are unique in the daemon, so naming another client's buffer is
-   * told apart from naming none (only on this error path: the scan is
-   * over every session). */
-  *ret_rc = CCS_ERR_INVALID_ARGUMENT;
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &s->d->sessions) {
-    if (find_in(LIST_ENTRY(it, struct session, link), id)) *ret_rc = CCS_ERR_PERMISSION;
-  }
+  struct membuf *b;
+  HASH_FIND(hh, s->d->buffers_by_id, &id, sizeof(id), b);
+  if (b && b->session == s) return b;
+  *ret_rc = b ? CCS_ERR_PERMISSION : CCS_ERR_INVALID_ARGUMENT;
   return NULL;
 }
 
@@ -166,11 +184,13 @@ void ccsd_membuf_ref(struct membuf *b) { b->refs++; }
 void ccsd_membuf_unref(struct membuf *b) {
   if (!b || --b->refs > 0) return;
   unmap(b);
-  ccsd_tenant_release(b->tenant, TENANT_REGISTERED_BYTES, b->size);
+  uncharge(b->d, b->tenant, b->size);
   free(b);
 }
 
 void ccsd_membuf_deregister(struct membuf *b) {
   list_remove(&b->link);
+  HASH_DELETE(hh, b->d->buffers_by_id, b);
+  b->session = NULL; /* ops in flight may hold it a while longer */
   ccsd_membuf_unref(b);
 }

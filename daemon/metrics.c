@@ -61,37 +61,71 @@ void ccsd_metrics_free(struct daemon *d) {
   memset(&d->metrics, 0, sizeof(d->metrics));
 }
 
+/* The counters to show: one tenant's, every tenant's, or every tenant's
+ * summed into one series per collective and outcome (no uid label). */
+static size_t view_counters(const struct ccsd_metrics *m, enum metrics_view view, uid_t uid,
+                            struct op_counter **ret) {
+  struct op_counter *out = calloc(m->ncounters ? m->ncounters : 1, sizeof(*out));
+  size_t n = 0;
+  if (!out) return 0;
+  for (size_t i = 0; i < m->ncounters; i++) {
+    const struct op_counter *c = &m->counters[i];
+    if (view == METRICS_TENANT && c->uid != uid) continue;
+    struct op_counter *into = NULL;
+    for (size_t k = 0; k < n && view == METRICS_SUMMED && !into; k++)
+      if (out[k].kind == c->kind && out[k].status == c->status) into = &out[k];
+    if (!into) {
+      into = &out[n++];
+      *into = *c;
+      continue;
+    }
+    into->ops += c->ops;
+    into->bytes += c->bytes;
+    into->bus_bytes += c->bus_bytes;
+  }
+  *ret = out;
+  return n;
+}
+
+/* {tenant="1000",collective="all_reduce"...}: the tenant label only where
+ * series are per tenant. */
+static void labels(struct textbuf *o, enum metrics_view view, uid_t uid, const char *rest) {
+  if (view == METRICS_SUMMED) textbuf_printf(o, "{%s}", rest);
+  else textbuf_printf(o, "{tenant=\"%u\"%s%s}", (unsigned)uid, rest[0] ? "," : "", rest);
+}
+
 /* The text exposition format, version 0.0.4 (OpenMetrics parsers take it). */
-char *ccsd_metrics_render(struct daemon *d, int all, uid_t uid, size_t *ret_len) {
+char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, size_t *ret_len) {
   struct textbuf o = {0};
   const struct ccsd_metrics *m = &d->metrics;
-  textbuf_printf(&o, "# HELP ccs_ops_total Collective calls completed, per rank, by outcome.\n"
-          "# TYPE ccs_ops_total counter\n");
-  for (size_t i = 0; i < m->ncounters; i++) {
-    const struct op_counter *c = &m->counters[i];
-    if (!all && c->uid != uid) continue;
-    textbuf_printf(&o, "ccs_ops_total{tenant=\"%u\",collective=\"%s\",status=\"%s\"} %llu\n",
-        (unsigned)c->uid, ccs__coll_name(c->kind), ccs_result_name(c->status),
-        (unsigned long long)c->ops);
+  int all = view != METRICS_TENANT;
+  struct op_counter *shown = NULL;
+  size_t nshown = view_counters(m, view, uid, &shown);
+  static const struct {
+    const char *name, *help;
+  } families[] = {
+      {"ccs_ops_total", "Collective calls completed, per rank, by outcome."},
+      {"ccs_op_bytes_total", "Bytes of the calls' buffers (the larger of send and receive)."},
+      {"ccs_op_bus_bytes_total", "Bytes times the collective's bus factor (as nccl-tests): its rate is the bus bandwidth."},
+  };
+  for (int f = 0; f < 3; f++) {
+    textbuf_printf(&o, "# HELP %s %s\n# TYPE %s counter\n", families[f].name, families[f].help,
+                   families[f].name);
+    for (size_t i = 0; i < nshown; i++) {
+      const struct op_counter *c = &shown[i];
+      if (f == 2 && c->status != CCS_OK) continue;
+      char rest[160];
+      if (f == 2) snprintf(rest, sizeof(rest), "collective=\"%s\"", ccs__coll_name(c->kind));
+      else snprintf(rest, sizeof(rest), "collective=\"%s\",status=\"%s\"", ccs__coll_name(c->kind),
+                    ccs_result_name(c->status));
+      textbuf_printf(&o, "%s", families[f].name);
+      labels(&o, view, c->uid, rest);
+      if (f == 0) textbuf_printf(&o, " %llu\n", (unsigned long long)c->ops);
+      else if (f == 1) textbuf_printf(&o, " %llu\n", (unsigned long long)c->bytes);
+      else textbuf_printf(&o, " %.0f\n", c->bus_bytes);
+    }
   }
-  textbuf_printf(&o, "# HELP ccs_op_bytes_total Bytes of the calls' buffers (the larger of send and receive).\n"
-          "# TYPE ccs_op_bytes_total counter\n");
-  for (size_t i = 0; i < m->ncounters; i++) {
-    const struct op_counter *c = &m->counters[i];
-    if (!all && c->uid != uid) continue;
-    textbuf_printf(&o, "ccs_op_bytes_total{tenant=\"%u\",collective=\"%s\",status=\"%s\"} %llu\n",
-        (unsigned)c->uid, ccs__coll_name(c->kind), ccs_result_name(c->status),
-        (unsigned long long)c->bytes);
-  }
-  textbuf_printf(&o, "# HELP ccs_op_bus_bytes_total Bytes times the collective's bus factor "
-                     "(as nccl-tests): its rate is the bus bandwidth.\n"
-                     "# TYPE ccs_op_bus_bytes_total counter\n");
-  for (size_t i = 0; i < m->ncounters; i++) {
-    const struct op_counter *c = &m->counters[i];
-    if ((!all && c->uid != uid) || c->status != CCS_OK) continue;
-    textbuf_printf(&o, "ccs_op_bus_bytes_total{tenant=\"%u\",collective=\"%s\"} %.0f\n",
-                   (unsigned)c->uid, ccs__coll_name(c->kind), c->bus_bytes);
-  }
+  free(shown);
   if (all) {
     textbuf_printf(&o, "# HELP ccs_op_seconds Time from a call's arrival to its completion.\n"
             "# TYPE ccs_op_seconds histogram\n");
@@ -119,13 +153,17 @@ char *ccsd_metrics_render(struct daemon *d, int all, uid_t uid, size_t *ret_len)
   };
   for (size_t g = 0; g < sizeof(gauges) / sizeof(gauges[0]); g++) {
     textbuf_printf(&o, "# HELP %s %s\n# TYPE %s gauge\n", gauges[g].name, gauges[g].help, gauges[g].name);
+    uint64_t sum = 0;
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &d->tenants) {
       struct tenant *t = LIST_ENTRY(it, struct tenant, link);
-      if (!all && t->uid != uid) continue;
+      if (view == METRICS_TENANT && t->uid != uid) continue;
+      sum += t->used[gauges[g].k];
+      if (view == METRICS_SUMMED) continue;
       textbuf_printf(&o, "%s{tenant=\"%u\"} %llu\n", gauges[g].name, (unsigned)t->uid,
-          (unsigned long long)t->used[gauges[g].k]);
+                     (unsigned long long)t->used[gauges[g].k]);
     }
+    if (view == METRICS_SUMMED) textbuf_printf(&o, "%s %llu\n", gauges[g].name, (unsigned long long)sum);
   }
   if (all) {
     textbuf_printf(&o, "# HELP ccs_executor_busy_seconds_total Time executor threads spent on tasks.\n"

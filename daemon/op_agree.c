@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "log.h"
 
 struct agreement {
   struct list link; /* in comm->agreements */
@@ -19,15 +20,27 @@ struct agreement {
   int first_rank;
   char first_at[CCSD_ADDR_MAX]; /* the daemon it came from */
   int heard;                    /* daemons that said it, this one included */
+  uint8_t said[];               /* per node: it spoke (a daemon counts once) */
 };
+
+/* Words on ops a comm may hold unsettled: as many ops as one submission may
+ * carry, twice, and some. A daemon that speaks of more is out of line. */
+#define MAX_PENDING (2 * CCS__SUBMIT_MAX_OPS + 64)
 
 static struct agreement *find(struct comm *c, uint64_t seq) {
   struct list *it, *tmp;
+  size_t n = 0;
   LIST_FOREACH_SAFE(it, tmp, &c->agreements) {
     struct agreement *a = LIST_ENTRY(it, struct agreement, link);
     if (a->seq == seq) return a;
+    n++;
   }
-  struct agreement *a = calloc(1, sizeof(*a));
+  if (n >= MAX_PENDING) {
+    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "daemons spoke of more than %d ops not yet agreed on",
+                   MAX_PENDING);
+    return NULL;
+  }
+  struct agreement *a = calloc(1, sizeof(*a) + (size_t)c->nnodes);
   if (!a) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory agreeing on op #%llu",
                    (unsigned long long)seq);
@@ -42,12 +55,18 @@ static int spans_daemons(const struct comm *c, uint32_t kind) {
   return c->spans && c->nnodes > 1 && kind != CCS__SEND && kind != CCS__RECV;
 }
 
-/* One daemon's word on op #seq, compared with the first; forgotten once
- * every daemon spoke. */
-static void heard(struct comm *c, uint64_t seq, const struct op_sig *sig, int rank,
-                  const char *at) {
+/* One daemon's (node's) word on op #seq, compared with the first;
+ * forgotten once every daemon spoke. */
+static void heard(struct comm *c, uint64_t seq, const struct op_sig *sig, int rank, int node) {
   struct agreement *a = find(c, seq);
   if (!a) return;
+  const char *at = c->node_addr[node];
+  if (a->said[node]) {
+    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s spoke twice of op #%llu", at,
+                   (unsigned long long)seq);
+    return;
+  }
+  a->said[node] = 1;
   if (a->heard++ == 0) {
     a->first = *sig;
     a->first_rank = rank;
@@ -72,7 +91,7 @@ void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq) {
   struct op_sig sig = ccsd_op_sig_of(p);
   Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
   Ccs__PeerOp op = CCS__PEER_OP__INIT;
-  op.secret = (ProtobufCBinaryData){CCS__SECRET_BYTES, c->secret};
+  op.name = (ProtobufCBinaryData){CCS__NAME_BYTES, c->name};
   op.seq = seq;
   op.kind = sig.kind;
   op.count = sig.count;
@@ -84,14 +103,33 @@ void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq) {
   m.op = &op;
   for (int k = 0; k < c->nnodes; k++)
     if (k != c->mynode) ccsd_peers_send(c->d->peers, c->node_addr[k], &m);
-  heard(c, seq, &sig, p->member->rank, c->d->self);
+  heard(c, seq, &sig, p->member->rank, c->mynode);
 }
 
+/* The comm's map is set (it is ready) and addr takes part (span.c); every
+ * field is checked before it counts. */
 void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m) {
-  if (c->state != COMM_READY || !spans_daemons(c, m->kind) || m->kind >= CCS__COLL_KIND_COUNT)
+  if (c->state != COMM_READY || c->nnodes < 2) return;
+  int node = -1;
+  for (int k = 0; k < c->nnodes && node < 0; k++)
+    if (k != c->mynode && !strcmp(c->node_addr[k], addr)) node = k;
+  const char *bad = NULL;
+  if (node < 0) bad = "it is not a daemon of the communicator";
+  else if (m->kind >= CCS__COLL_KIND_COUNT || !spans_daemons(c, m->kind)) bad = "no such collective across daemons";
+  else if (m->dtype >= CCS_DTYPE_COUNT) bad = "no such data type";
+  else if (ccs__coll_has_redop(m->kind) && m->redop >= CCS_REDOP_COUNT) bad = "no such reduction";
+  else if (ccs__coll_has_root(m->kind) && (m->root < 0 || m->root >= c->nranks)) bad = "a root out of range";
+  else if (m->rank < 0 || m->rank >= c->nranks || c->node_of_rank[m->rank] != node) bad = "a rank it does not serve";
+  else if (m->seq == 0) bad = "op #0";
+  if (bad) {
+    LOG_WARN("daemon at %s: a word on op #%llu refused: %s", addr, (unsigned long long)m->seq, bad);
+    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s spoke of op #%llu with %s", addr,
+                   (unsigned long long)m->seq, bad);
     return;
-  struct op_sig sig = {m->kind, m->dtype, m->redop, m->count, m->root};
-  heard(c, m->seq, &sig, m->rank, addr);
+  }
+  struct op_sig sig = {m->kind, m->dtype, ccs__coll_has_redop(m->kind) ? m->redop : 0, m->count,
+                       ccs__coll_has_root(m->kind) ? m->root : 0};
+  heard(c, m->seq, &sig, m->rank, node);
 }
 
 void ccsd_agree_release(struct comm *c) {

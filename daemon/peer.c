@@ -11,12 +11,13 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "addr.h"
+#include "auth.h"
 #include "peer.h"
 #include "transport.h"
 
 #define CONTROL_MAX (1u << 20) /* a control connection's largest message (a rank map) */
 #define DATA_CONTROL_MAX 4096  /* a data connection's: its greeting */
-#define CONNECT_TIMEOUT_S 2.0
 
 enum cmd_kind { CMD_CONTROL, CMD_HAND_OVER, CMD_COMM_OPEN, CMD_COMM_CLOSE, CMD_COMM_FREE };
 
@@ -43,10 +44,11 @@ struct pconn {
   struct tconn *tc;
   char addr[CCSD_ADDR_MAX]; /* the peer's, once known */
   int got_hello, is_data, outbound;
-  uint8_t want[CCS__SECRET_BYTES]; /* data, before its comm is known here */
+  uint8_t want[CCS__NAME_BYTES]; /* data, before its comm is known here */
   int waiting_comm, want_lane;
   struct net_comm *nc; /* data: the comm, node and lane it serves */
   int node, lane;
+  int failure_logged;
   uint8_t *rx;          /* the posted control receive */
   size_t rx_cap;
   double opened, last_rx;
@@ -54,7 +56,7 @@ struct pconn {
 
 struct net_comm {
   struct list link;
-  uint8_t secret[CCS__SECRET_BYTES];
+  uint8_t name[CCS__NAME_BYTES];
   int nnodes, mynode, closed, lanes;
   char (*addrs)[CCSD_ADDR_MAX];
   struct pconn **data; /* per node and lane: [node * lanes + lane] */
@@ -92,6 +94,7 @@ struct peers {
   struct list conns, comms;
   struct list deferred; /* post_recs of failed data connections */
   double last_beat;
+  double last_refusal_log;
   struct task_ref {
     struct xop *x;
     size_t task;
@@ -238,7 +241,7 @@ static struct pconn *control_to(struct peers *p, const char *addr) {
   }
   char err[256];
   struct tconn *tc;
-  if (p->ops->connect(p->t, addr, CONNECT_TIMEOUT_S, &tc, err, sizeof(err))) {
+  if (p->ops->connect(p->t, addr, &tc, err, sizeof(err))) {
     emit(p, addr, NULL, err);
     return NULL;
   }
@@ -450,7 +453,7 @@ static void comm_open(struct peers *p, struct net_comm *nc) {
     for (int lane = 0; lane < nc->lanes; lane++) {
       char err[256];
       struct tconn *tc;
-      if (p->ops->connect(p->t, nc->addrs[j], CONNECT_TIMEOUT_S, &tc, err, sizeof(err))) {
+      if (p->ops->connect(p->t, nc->addrs[j], &tc, err, sizeof(err))) {
         emit(p, nc->addrs[j], NULL, err);
         break;
       }
@@ -458,8 +461,8 @@ static void comm_open(struct peers *p, struct net_comm *nc) {
       if (!c) break;
       Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
       Ccs__PeerData dm = CCS__PEER_DATA__INIT;
-      dm.secret.data = nc->secret;
-      dm.secret.len = sizeof(nc->secret);
+      dm.name.data = nc->name;
+      dm.name.len = sizeof(nc->name);
       dm.lane = (uint32_t)lane;
       m.body_case = CCS__PEER_MSG__BODY_DATA;
       m.data = &dm;
@@ -470,7 +473,7 @@ static void comm_open(struct peers *p, struct net_comm *nc) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
-    if (!c->waiting_comm || memcmp(c->want, nc->secret, CCS__SECRET_BYTES)) continue;
+    if (!c->waiting_comm || memcmp(c->want, nc->name, CCS__NAME_BYTES)) continue;
     c->waiting_comm = 0;
     for (int j = 0; j < nc->mynode && c->want_lane < nc->lanes; j++)
       if (!strcmp(nc->addrs[j], c->addr) && !nc->data[j * nc->lanes + c->want_lane])
@@ -509,26 +512,26 @@ static void comm_free(struct peers *p, struct net_comm *nc) {
 
 /* --- what arrives ------------------------------------------------------------ */
 
-static struct net_comm *comm_by_secret(struct peers *p, const ProtobufCBinaryData *secret) {
-  if (secret->len != CCS__SECRET_BYTES) return NULL;
+static struct net_comm *comm_by_name(struct peers *p, const ProtobufCBinaryData *name) {
+  if (name->len != CCS__NAME_BYTES) return NULL;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->comms) {
     struct net_comm *nc = LIST_ENTRY(it, struct net_comm, link);
-    if (!memcmp(nc->secret, secret->data, CCS__SECRET_BYTES)) return nc;
+    if (!memcmp(nc->name, name->data, CCS__NAME_BYTES)) return nc;
   }
   return NULL;
 }
 
-/* A data connection from node addr for the comm with this secret; one for
+/* A data connection from node addr for the comm of this name; one for
  * a comm this daemon has not heard is ready about yet waits for it. */
 static int accept_data(struct peers *p, struct pconn *c, const Ccs__PeerData *dm) {
-  if (dm->secret.len != CCS__SECRET_BYTES || dm->lane >= 64) return -1;
-  struct net_comm *nc = comm_by_secret(p, &dm->secret);
+  if (dm->name.len != CCS__NAME_BYTES || dm->lane >= 64) return -1;
+  struct net_comm *nc = comm_by_name(p, &dm->name);
   if (!nc) {
     c->is_data = c->waiting_comm = 1;
     c->want_lane = (int)dm->lane;
     c->opened = now_s();
-    memcpy(c->want, dm->secret.data, CCS__SECRET_BYTES);
+    memcpy(c->want, dm->name.data, CCS__NAME_BYTES);
     return 0;
   }
   int lane = (int)dm->lane;
@@ -553,8 +556,8 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
       snprintf(text, sizeof(text), "protocol %u, this daemon speaks %u: refused", m->hello->protocol,
                CCS__PROTOCOL_VERSION);
       bad = text;
-    } else if (!m->hello->addr[0] || strlen(m->hello->addr) >= CCSD_ADDR_MAX) {
-      bad = "a greeting without an address";
+    } else if (strlen(m->hello->addr) >= CCSD_ADDR_MAX || !ccs_addr_is_numeric(m->hello->addr)) {
+      bad = "a greeting without a numeric address";
     } else {
       c->got_hello = 1;
       if (!c->addr[0]) snprintf(c->addr, sizeof(c->addr), "%s", m->hello->addr);
@@ -586,6 +589,29 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
   if (post_control_recv(p, c)) drop_conn(p, c, "out of memory");
 }
 
+/* What a connection's failure means, in words. */
+static const char *failure_text(int status) {
+  switch (-status) {
+  case EACCES: return "it did not prove the cluster key (cluster_key_file differs, or not a daemon)";
+  case EPROTO: return "it does not speak the ccs daemons' protocol";
+  case EBADMSG: return "a message failed authentication";
+  case ENOBUFS: return "it sent more than peer_unexpected_bytes no receive was posted for";
+  case ETIMEDOUT: return "no greeting in time";
+  default: return strerror(-status);
+  }
+}
+
+/* Failures that say something about the other end, once per connection. */
+static void log_failure(struct peers *p, struct pconn *c, int status) {
+  if (c->failure_logged || status == -ECONNRESET || status == -EPIPE) return;
+  c->failure_logged = 1;
+  char who[96];
+  p->ops->peer_name(c->tc, who, sizeof(who));
+  LOG_WARN("daemon connection %s %s%s%s: %s: closed", c->outbound ? "to" : "from",
+           c->addr[0] ? c->addr : who, c->addr[0] ? " at " : "", c->addr[0] ? who : "",
+           failure_text(status));
+}
+
 static struct pconn *conn_of(struct peers *p, struct tconn *tc) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
@@ -605,9 +631,10 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
       on_control(p, c, tc->bytes);
       return;
     }
+    if (c && tc->status && tc->status != -ECANCELED) log_failure(p, c, tc->status);
     if (c && tc->status && !c->is_data) {
-      char why[128];
-      snprintf(why, sizeof(why), "connection lost: %s", strerror(-tc->status));
+      char why[160];
+      snprintf(why, sizeof(why), "connection lost: %s", failure_text(tc->status));
       drop_conn(p, c, why);
     }
     /* a data connection the other daemon closed stays until its comm goes:
@@ -617,7 +644,7 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
   struct post_rec *rec = tc->user;
   if (tc->status) {
     char why[80];
-    snprintf(why, sizeof(why), "data connection lost: %s", strerror(-tc->status));
+    snprintf(why, sizeof(why), "data connection lost: %s", failure_text(tc->status));
     fail_later(p, rec, why);
     return;
   }
@@ -693,6 +720,15 @@ static void run_cmd(struct peers *p, struct cmd *cmd) {
   free(cmd);
 }
 
+/* A connection refused at the door (descriptors, peer_max_connections):
+ * said once a second at most. */
+static void refused(struct peers *p, const char *why) {
+  double now = now_s();
+  if (now - p->last_refusal_log < 1) return;
+  p->last_refusal_log = now;
+  LOG_WARN("daemons' port: %s", why);
+}
+
 static void *net_thread(void *arg) {
   struct peers *p = arg;
   struct tcompletion done[64];
@@ -711,7 +747,12 @@ static void *net_thread(void *arg) {
     run_taken(p);
     if (stop) break;
     struct tconn *tc;
-    while (p->ops->accept(p->t, &tc) == 1) adopt(p, tc, NULL, 0);
+    char why[200];
+    for (int r; (r = p->ops->accept(p->t, &tc, why, sizeof(why))) != 0;) {
+      if (r == 1) adopt(p, tc, NULL, 0);
+      else refused(p, why);
+      if (r < 0 && strstr(why, "listen queue")) break;
+    }
     int n = p->ops->poll(p->t, 50, done, 64);
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
     run_taken(p);
@@ -753,7 +794,7 @@ void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m) {
   if (enqueue(p, cmd)) drop_cmd(cmd); /* stopping: the others see the connections close */
 }
 
-struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, int nnodes,
+struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int nnodes,
                                       int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes) {
   struct net_comm *nc = calloc(1, sizeof(*nc));
   struct cmd *cmd = calloc(1, sizeof(*cmd));
@@ -768,7 +809,7 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, in
     free(cmd);
     return NULL;
   }
-  memcpy(nc->secret, secret, CCS__SECRET_BYTES);
+  memcpy(nc->name, name, CCS__NAME_BYTES);
   memcpy(nc->addrs, addrs, sizeof(*nc->addrs) * (size_t)nnodes);
   nc->nnodes = nnodes;
   nc->mynode = mynode;
@@ -833,14 +874,34 @@ struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
   list_init(&p->comms);
   list_init(&p->deferred);
   pthread_mutex_init(&p->mu, NULL);
-  p->t = p->ops->open(err, sizeof(err));
+  struct transport_params params = {
+      .encrypt_data = d->cfg.peer_encrypt,
+      .max_conns = (size_t)d->cfg.peer_max_connections,
+      .unexpected_per_conn = d->cfg.peer_unexpected_bytes,
+      .unexpected_total = d->cfg.peer_unexpected_total,
+      .greeting_timeout_s = d->cfg.peer_timeout_s,
+  };
+  if (ccs_auth_read_key(d->cfg.cluster_key_file, params.key, err, sizeof(err))) {
+    LOG_ERROR("listen needs the cluster key: %s", err);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+    return NULL;
+  }
+  p->t = p->ops->open(&params, err, sizeof(err));
+  ccs_auth_wipe_key(&params);
   if (!p->t || p->ops->listen(p->t, d->cfg.listen, bound, boundlen, err, sizeof(err))) {
     LOG_ERROR("daemons' port: %s", err);
     if (p->t) p->ops->free(p->t);
     free(p);
     return NULL;
   }
-  if (d->cfg.advertise[0]) snprintf(bound, boundlen, "%s", d->cfg.advertise);
+  /* ids and rank maps carry numeric addresses: a name is resolved once, here */
+  if (d->cfg.advertise[0] && ccs_addr_resolve(d->cfg.advertise, bound, boundlen, err, sizeof(err))) {
+    LOG_ERROR("advertise: %s", err);
+    p->ops->free(p->t);
+    free(p);
+    return NULL;
+  }
   snprintf(p->self, sizeof(p->self), "%s", bound);
   uv_async_init(d->loop, &p->async, on_events);
   p->async.data = p;

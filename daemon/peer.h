@@ -24,6 +24,11 @@ struct peers;
 struct net_comm;
 
 #define CCSD_ADDR_MAX 64
+/* Chunks are messages between daemons: a root's chunk size outside these
+ * bounds is refused (1 B would make a task per byte, a huge one wraps the
+ * task count). */
+#define CCSD_PEER_CHUNK_MIN 4096u
+#define CCSD_PEER_CHUNK_MAX (64u << 20)
 
 /* Listens on cfg.listen; bound gets the address other daemons use (the
  * advertise key, or the bound address). NULL (and a log line) on failure. */
@@ -36,7 +41,7 @@ void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m);
 /* A communicator's data connections to the other nodes (addrs[mynode] is
  * this daemon): `lanes` per pair, chunk c on lane c % lanes, so that large
  * messages use several TCP streams; the lower node of each pair connects. */
-struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *secret, int nnodes,
+struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int nnodes,
                                       int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes);
 void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc); /* pending posts fail */
 void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its last op */

@@ -43,6 +43,28 @@ void ccsd_session_refuse(int fd, ccs_result_t rc, const char *why) {
   close(fd);
 }
 
+/* Operators: root, and members of an admin_gids group, as the kernel
+ * knew the client's groups when it connected (SO_PEERGROUPS: no lookup of
+ * group databases on the loop). */
+static int is_admin(const struct daemon *d, int fd, const struct ucred *cred) {
+  if (cred->uid == 0) return 1;
+  const struct ccsd_config *cfg = &d->cfg;
+  for (int i = 0; i < cfg->nadmin_gids; i++)
+    if (cfg->admin_gids[i] == cred->gid) return 1;
+  if (cfg->nadmin_gids == 0) return 0;
+  gid_t stack[256], *groups = stack;
+  socklen_t len = sizeof(stack);
+  int admin = 0;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) && errno == ERANGE &&
+      (groups = malloc(len)) != NULL && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len))
+    len = 0;
+  for (size_t g = 0; groups && g < len / sizeof(gid_t) && !admin; g++)
+    for (int i = 0; i < cfg->nadmin_gids; i++)
+      if (cfg->admin_gids[i] == groups[g]) admin = 1;
+  if (groups != stack) free(groups);
+  return admin;
+}
+
 void ccsd_session_new(struct daemon *d, int fd) {
   struct ucred cred;
   socklen_t len = sizeof(cred);
@@ -72,6 +94,7 @@ void ccsd_session_new(struct daemon *d, int fd) {
   s->pid = cred.pid;
   s->uid = cred.uid;
   s->gid = cred.gid;
+  s->admin = is_admin(d, fd, &cred);
   ccs__frame_reader_init(&s->rd, CCS__FRAME_MAX);
   list_init(&s->outq);
   list_init(&s->buffers);
@@ -82,8 +105,8 @@ void ccsd_session_new(struct daemon *d, int fd) {
   uv_poll_init(d->loop, &s->poll, fd);
   s->poll.data = s;
   update_poll(s);
-  LOG_INFO(CCS_LOG_CLIENT, "client %llu connected: pid %d uid %d gid %d", (unsigned long long)s->id,
-           (int)s->pid, (int)s->uid, (int)s->gid);
+  LOG_INFO(CCS_LOG_CLIENT, "client %llu connected: pid %d uid %d gid %d%s", (unsigned long long)s->id,
+           (int)s->pid, (int)s->uid, (int)s->gid, s->admin ? " (operator)" : "");
 }
 
 /* Past this much unsent reply data a client is not read from until it

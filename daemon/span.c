@@ -12,15 +12,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addr.h"
 #include "daemon.h"
 #include "log.h"
 
-static void send_fail(struct daemon *d, const char *addr, const uint8_t *secret, ccs_result_t status,
+static void send_fail(struct daemon *d, const char *addr, const uint8_t *name, ccs_result_t status,
                       const char *error) {
   Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
   Ccs__PeerFail f = CCS__PEER_FAIL__INIT;
-  f.secret.data = (uint8_t *)secret;
-  f.secret.len = CCS__SECRET_BYTES;
+  f.name.data = (uint8_t *)name;
+  f.name.len = CCS__NAME_BYTES;
   f.status = status;
   f.error = (char *)error;
   m.body_case = CCS__PEER_MSG__BODY_FAIL;
@@ -73,7 +74,7 @@ static int build_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
   c->node_first[c->nnodes] = p;
   c->spans = c->nnodes > 1;
   if (c->spans && c->mynode >= 0)
-    c->net = ccsd_peers_comm_open(c->d->peers, c->secret, c->nnodes, c->mynode,
+    c->net = ccsd_peers_comm_open(c->d->peers, c->name, c->nnodes, c->mynode,
                                   (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes);
   return c->spans && c->mynode >= 0 && !c->net ? -1 : 0;
 }
@@ -100,8 +101,8 @@ void ccsd_span_ready(struct comm *c) {
   } else {
     Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
     Ccs__PeerReady rd = CCS__PEER_READY__INIT;
-    rd.secret.data = c->secret;
-    rd.secret.len = CCS__SECRET_BYTES;
+    rd.name.data = c->name;
+    rd.name.len = CCS__NAME_BYTES;
     rd.n_addrs = (size_t)n;
     rd.addrs = ptrs;
     rd.chunk_bytes = c->chunk_bytes;
@@ -138,7 +139,7 @@ static void for_each_other(struct comm *c, void (*fn)(struct comm *, const char 
 }
 
 static void tell_failed(struct comm *c, const char *addr) {
-  send_fail(c->d, addr, c->secret, c->error, c->error_text);
+  send_fail(c->d, addr, c->name, c->error, c->error_text);
 }
 
 void ccsd_span_failed(struct comm *c) {
@@ -158,27 +159,63 @@ void ccsd_span_free(struct comm *c) {
   free(c->p2p_counts);
 }
 
-static struct comm *find(struct daemon *d, const ProtobufCBinaryData *secret) {
-  return secret->len == CCS__SECRET_BYTES ? ccsd_comm_find(d, secret->data) : NULL;
+static struct comm *find(struct daemon *d, const ProtobufCBinaryData *name) {
+  return name->len == CCS__NAME_BYTES ? ccsd_comm_find(d, name->data) : NULL;
 }
 
-/* The root: a rank joined through the daemon at addr. */
+/* Whether the daemon at addr takes part in c (so may speak of it): a
+ * daemon of its map, its root, or, at the root before it is ready, one
+ * its ranks joined through. A daemon that names a comm it has no part in
+ * is ignored (and logged): it cannot fail or steer other daemons' comms. */
+static int involved(const struct comm *c, const char *addr) {
+  if (c->node_addr) {
+    for (int k = 0; k < c->nnodes; k++)
+      if (k != c->mynode && !strcmp(c->node_addr[k], addr)) return 1;
+    return 0;
+  }
+  if (c->root[0]) return !strcmp(c->root, addr);
+  for (int r = 0; r < c->nranks; r++)
+    if (c->members[r] && c->members[r]->remote && !strcmp(c->members[r]->addr, addr)) return 1;
+  return 0;
+}
+
+/* A refusal of a peer's message, logged once where it is decided. */
+static void refuse(const char *addr, const char *what, const char *why) {
+  LOG_WARN("daemon at %s: %s refused: %s", addr, what, why);
+}
+
+/* The root: a rank joined through the daemon at addr. Every field is
+ * checked before anything is made of it. */
 static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) {
   struct ccs__unique_id id;
   char err[CCS__ERROR_TEXT_MAX];
-  if (j->id.len != CCS_UNIQUE_ID_BYTES) return; /* no secret to answer to */
+  struct algo_rules rules;
+  if (j->id.len != CCS_UNIQUE_ID_BYTES) { /* no name to answer to */
+    refuse(addr, "a join", "its unique id is not 128 bytes");
+    return;
+  }
   memcpy(&id, j->id.data, sizeof(id));
+  id.root[sizeof(id.root) - 1] = 0;
+  uint8_t name[CCS__NAME_BYTES];
+  ccsd_comm_name(&id, name);
+  const char *algo = j->algo ? j->algo : "";
   ccs_result_t rc = CCS_OK;
   if (id.magic != CCS__UNIQUE_ID_MAGIC || id.protocol != CCS__PROTOCOL_VERSION ||
-      !ccsd_unique_id_valid(d, &id) || strcmp(id.root, d->self))
+      strcmp(id.root, d->self) || !ccsd_unique_id_valid(d, &id))
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id not issued by the daemon at %s (or from before it restarted)", d->self);
-  else if (j->uid != id.owner_uid)
+  else if (ccsd_unique_id_age(d, &id) < 0)
+    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id expired (id_ttl %.0f s at the root daemon %s)", d->cfg.id_ttl_s, d->self);
+  else if (j->uid != id.owner_uid) /* the joining daemon vouches for its client's uid */
     rc = CCS_ERR_PERMISSION, snprintf(err, sizeof(err), "this unique id belongs to another user's communicator");
   else if (j->nranks < 1 || j->nranks > CCSD_MAX_RANKS || j->rank >= j->nranks)
-    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "rank %u of %u ranks is out of range", j->rank, j->nranks);
-  struct comm *c = rc == CCS_OK ? ccsd_comm_find(d, id.secret) : NULL;
+    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "rank %u of %u ranks is out of range (1..%d ranks)", j->rank, j->nranks, CCSD_MAX_RANKS);
+  else if (strlen(algo) >= sizeof(((struct comm *)0)->algo_text))
+    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "CCS_ALGO: longer than 511 characters");
+  else if (ccsd_algo_rules_parse(algo, &rules, err + 10, sizeof(err) - 10))
+    rc = CCS_ERR_INVALID_ARGUMENT, memcpy(err, "CCS_ALGO: ", 10);
+  struct comm *c = rc == CCS_OK ? ccsd_comm_find(d, name) : NULL;
   if (rc == CCS_OK && !c) {
-    c = ccsd_comm_create(d, &id, (int)j->nranks, j->algo, (int)j->rank, &rc, err, sizeof(err));
+    c = ccsd_comm_create(d, &id, (int)j->nranks, algo, (int)j->rank, &rc, err, sizeof(err));
     if (c) { /* held for the other daemons until it is ready or failed */
       c->coordinator = 1;
       ccsd_comm_ref(c);
@@ -187,11 +224,11 @@ static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) 
   if (rc == CCS_OK && c->state != COMM_JOINING)
     rc = CCS_ERR_INVALID_USAGE, snprintf(err, sizeof(err), "communicator is %s", c->state == COMM_READY ? "complete" : c->error_text);
   if (rc != CCS_OK) {
-    LOG_WARN("join from the daemon at %s refused: %s", addr, err);
-    send_fail(d, addr, id.secret, rc, err);
+    refuse(addr, "a join", err);
+    send_fail(d, addr, name, rc, err);
     return;
   }
-  if (ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, j->algo, j->pid) != CCS_OK) return;
+  if (ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, algo, j->pid) != CCS_OK) return;
   struct member *mb = calloc(1, sizeof(*mb));
   if (!mb) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory");
@@ -207,12 +244,25 @@ static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) 
   if (++c->joined == c->nranks) ccsd_comm_ready(c);
 }
 
-/* Another daemon's rank joined through us; the root says who is where. */
+/* Another daemon's rank joined through us; the root says who is where.
+ * The map is checked whole before any of it is used. */
 static void on_ready(struct daemon *d, const char *addr, const Ccs__PeerReady *rd) {
-  struct comm *c = find(d, &rd->secret);
-  if (!c || c->state != COMM_JOINING || strcmp(addr, c->root)) return;
-  if (rd->n_addrs != (size_t)c->nranks || rd->chunk_bytes < 1 || rd->lanes < 1 || rd->lanes > 64) {
-    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s sent a bad rank map", addr);
+  struct comm *c = find(d, &rd->name);
+  if (!c || c->state != COMM_JOINING || strcmp(addr, c->root)) {
+    if (c && strcmp(addr, c->root)) refuse(addr, "a rank map", "it is not the comm's root");
+    return;
+  }
+  const char *bad = NULL;
+  if (rd->n_addrs != (size_t)c->nranks) bad = "it does not place every rank";
+  else if (rd->chunk_bytes < CCSD_PEER_CHUNK_MIN || rd->chunk_bytes > CCSD_PEER_CHUNK_MAX)
+    bad = "its chunk size is outside 4 KiB..64 MiB";
+  else if (rd->lanes < 1 || rd->lanes > 64) bad = "its connections per pair are outside 1..64";
+  for (int r = 0; r < c->nranks && !bad; r++)
+    if (!rd->addrs[r] || strlen(rd->addrs[r]) >= CCSD_ADDR_MAX || !ccs_addr_is_numeric(rd->addrs[r]))
+      bad = "it names a daemon by no numeric address";
+  if (bad) {
+    refuse(addr, "a rank map", bad);
+    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s sent a bad rank map: %s", addr, bad);
     return;
   }
   char(*addrs)[CCSD_ADDR_MAX] = calloc((size_t)c->nranks, sizeof(*addrs));
@@ -247,21 +297,35 @@ static void on_ready(struct daemon *d, const char *addr, const Ccs__PeerReady *r
   if (c->state == COMM_JOINING) ccsd_comm_ready(c);
 }
 
+/* A failure told by another daemon: its text is shown to this daemon's
+ * ranks and logs, so it is cut to size and stripped of control bytes. */
+static void on_fail(struct daemon *d, const char *addr, const Ccs__PeerFail *f) {
+  struct comm *c = find(d, &f->name);
+  if (!c) return;
+  if (!involved(c, addr)) {
+    refuse(addr, "a failure", "it takes no part in that communicator");
+    return;
+  }
+  char text[CCS__ERROR_TEXT_MAX];
+  snprintf(text, sizeof(text), "%s", f->error ? f->error : "");
+  for (char *p = text; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+  ccs_result_t status = f->status > 0 && f->status < 64 ? f->status : CCS_ERR_PEER_LOST;
+  ccsd_comm_fail(c, status, "%s", text[0] ? text : "another daemon failed the communicator");
+}
+
 void ccsd_span_message(struct daemon *d, const char *addr, const Ccs__PeerMsg *m) {
   switch (m->body_case) {
   case CCS__PEER_MSG__BODY_JOIN: on_join(d, addr, m->join); break;
   case CCS__PEER_MSG__BODY_READY: on_ready(d, addr, m->ready); break;
   case CCS__PEER_MSG__BODY_OP: {
-    struct comm *c = find(d, &m->op->secret);
-    if (c) ccsd_agree_message(c, addr, m->op);
+    struct comm *c = find(d, &m->op->name);
+    if (!c || c->state != COMM_READY) break; /* words only settle ops of a ready comm */
+    if (!involved(c, addr)) refuse(addr, "a word on an op", "it takes no part in that communicator");
+    else ccsd_agree_message(c, addr, m->op);
     break;
   }
-  case CCS__PEER_MSG__BODY_FAIL: {
-    struct comm *c = find(d, &m->fail->secret);
-    ccs_result_t status = m->fail->status > 0 && m->fail->status < 64 ? m->fail->status : CCS_ERR_PEER_LOST;
-    if (c) ccsd_comm_fail(c, status, "%s", m->fail->error);
-    break;
-  }
+  case CCS__PEER_MSG__BODY_FAIL: on_fail(d, addr, m->fail); break;
   default: break;
   }
 }

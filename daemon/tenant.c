@@ -13,17 +13,16 @@ static const char *const counter_names[TENANT_COUNTERS] = {
     [TENANT_COMMS] = "communicators",
     [TENANT_REGISTERED_BYTES] = "registered bytes",
     [TENANT_OPS] = "ops in flight",
+    [TENANT_RANKS] = "ranks",
+    [TENANT_BUFFERS] = "registered buffers",
 };
 
 const char *ccsd_tenant_counter_name(enum tenant_counter k) { return counter_names[k]; }
 
 static struct tenant *tenant_find(struct daemon *d, uid_t uid) {
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &d->tenants) {
-    struct tenant *t = LIST_ENTRY(it, struct tenant, link);
-    if (t->uid == uid) return t;
-  }
-  return NULL;
+  struct tenant *t;
+  HASH_FIND(hh, d->tenants_by_uid, &uid, sizeof(uid), t);
+  return t;
 }
 
 ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter k,
@@ -43,7 +42,9 @@ ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter
       return CCS_ERR_NO_MEMORY;
     }
     t->uid = uid;
+    t->d = d;
     list_insert_tail(&d->tenants, &t->link);
+    HASH_ADD(hh, d->tenants_by_uid, uid, sizeof(t->uid), t);
   }
   t->used[k] += amount;
   t->charges++;
@@ -56,5 +57,6 @@ void ccsd_tenant_release(struct tenant *t, enum tenant_counter k, uint64_t amoun
   t->used[k] -= amount;
   if (--t->charges > 0) return;
   list_remove(&t->link);
+  HASH_DELETE(hh, t->d->tenants_by_uid, t);
   free(t);
 }

@@ -9,7 +9,7 @@
 #include "ccs.h"
 #include "ccs.pb-c.h"
 
-#define CCS__PROTOCOL_VERSION 1u
+#define CCS__PROTOCOL_VERSION 2u
 
 /* A frame is a 4-byte little-endian length and that many bytes of protobuf.
  * The cap is checked before anything is allocated for the payload: a
@@ -56,10 +56,15 @@ struct ccs__unique_id {
   uint32_t magic;
   uint32_t protocol;
   uint8_t secret[CCS__SECRET_BYTES];
+  uint64_t issued_s;  /* when it was issued (Unix time): ids expire (id_ttl) */
   uint32_t owner_uid; /* the uid it was issued to: its comm's tenant */
-  char root[56];      /* "HOST:PORT" of the issuing daemon for other daemons; "" alone */
-  uint64_t mac;       /* the issuing daemon's MAC over the fields above */
+  char root[56];      /* numeric "ADDR:PORT" of the issuing daemon for other daemons; "" alone */
+  uint8_t mac[16];    /* the issuing daemon's MAC over the fields above (keyed BLAKE2b) */
 };
+/* A comm is named by its whole identity (root, secret, owner): ids that
+ * differ in any of them, forged or not, never meet in one comm. Daemons
+ * name comms to each other by this hash, never by the secret. */
+#define CCS__NAME_BYTES 32u
 _Static_assert(sizeof(struct ccs__unique_id) <= CCS_UNIQUE_ID_BYTES, "unique id too large");
 
 /* --- frame codec --- */

@@ -1,12 +1,20 @@
 /* The TCP transport: non-blocking sockets, TCP_NODELAY, each message a
- * 16-byte header (tag, length) and its payload, written with writev
- * straight from the caller's buffer and read straight into the posted one
- * (only a message that arrives before its receive is posted is held in a
- * buffer of its own, up to 1 GiB). A connection that errors or closes
- * fails its pending posts with a negative errno. */
+ * 16-byte header (tag, length), its payload and a 16-byte authentication
+ * tag, written with writev straight from the caller's buffer and read
+ * straight into the posted one (only a message that arrives before its
+ * receive is posted is held in a buffer of its own, within the caps on
+ * held bytes). A connection that errors, closes or fails authentication
+ * fails its pending posts with a negative errno.
+ *
+ * Every connection first proves, both ways, that its ends hold the
+ * cluster key (auth.h); a connection is only used once that is done, so
+ * nothing of a stranger's is ever read beyond a fixed-size greeting, and
+ * nothing is sent to whatever answers a connect until it greeted as a
+ * daemon of this cluster. Then every message is authenticated under the
+ * connection's keys; control messages (tag 0) are encrypted, data
+ * messages too where either end asked (peer_encrypt). */
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -19,10 +27,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "accept.h"
+#include "addr.h"
+#include "auth.h"
 #include "transport.h"
 
 #define HEADER 16
-#define MAX_UNEXPECTED (1ull << 30)
 
 struct op {
   struct op *next;
@@ -33,24 +43,40 @@ struct op {
   void *user;
 };
 
-struct umsg { /* arrived before its receive */
+struct umsg { /* arrived before its receive: verified (and decrypted) */
   struct umsg *next;
   uint64_t tag;
   size_t len;
   char *data;
 };
 
+enum state {
+  CONNECTING,    /* outbound: the connect is under way */
+  GREETING,      /* the greeting exchange (auth.h) */
+  OPEN,          /* authenticated: messages flow */
+};
+
 struct tconn {
   struct tconn *next;
   struct transport *t;
   int fd, dead;
+  enum state state;
+  int outbound;
+  double opened; /* CLOCK_MONOTONIC: the greeting has a deadline */
+  struct ccs_auth auth;
+  uint8_t hs_in[CCS_AUTH_MSG_MAX], hs_out[CCS_AUTH_MSG_MAX];
+  size_t hs_in_got, hs_in_want, hs_out_len, hs_out_sent;
   struct op *sends, *sends_tail, *recvs, *recvs_tail;
   struct umsg *unexp, *unexp_tail;
-  uint8_t shdr[HEADER];
-  size_t shdr_sent;
+  size_t held; /* bytes of unexp and the message being held */
+  /* the message being sent: header, payload (or its ciphertext), tag */
+  uint8_t shdr[HEADER], smac[CCS_AUTH_TAG];
+  char *sct;           /* its ciphertext, when encrypted */
+  size_t sent;         /* of HEADER + len + CCS_AUTH_TAG */
+  int sending;         /* the head of sends is sealed and under way */
   /* the message being read */
-  uint8_t rhdr[HEADER];
-  size_t rhdr_got, body_len, body_got;
+  uint8_t rhdr[HEADER], rmac[CCS_AUTH_TAG];
+  size_t rhdr_got, body_len, body_got, rmac_got;
   int in_body;
   uint64_t body_tag;
   struct op *body_op;     /* its posted receive, or */
@@ -58,12 +84,22 @@ struct tconn {
 };
 
 struct transport {
+  struct transport_params params;
   int listen_fd;
+  struct accept_reserve reserve;
   int wake_fd; /* an eventfd: wake() from other threads */
   struct tconn *conns;
+  size_t nconns;
+  uint64_t held_total; /* held bytes over every connection */
   struct tcompletion *done;
   size_t ndone, cap;
 };
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static void complete(struct tconn *c, struct op *op, int is_send, int status, size_t bytes) {
   struct transport *t = c->t;
@@ -78,6 +114,17 @@ static void complete(struct tconn *c, struct op *op, int is_send, int status, si
   free(op);
 }
 
+static void unhold(struct tconn *c, size_t len) {
+  c->held -= len;
+  c->t->held_total -= len;
+}
+
+static void free_umsg(struct tconn *c, struct umsg *u) {
+  unhold(c, u->len);
+  free(u->data);
+  free(u);
+}
+
 static void fail(struct tconn *c, int status) {
   if (c->dead) return;
   c->dead = 1;
@@ -87,8 +134,10 @@ static void fail(struct tconn *c, int status) {
   c->sends = c->sends_tail = c->recvs = c->recvs_tail = c->body_op = NULL;
   /* whole messages that arrived stay for the receives still to come: a
    * peer that sent everything and closed lost nothing */
-  if (c->body_umsg) free(c->body_umsg->data), free(c->body_umsg);
+  if (c->body_umsg) free_umsg(c, c->body_umsg);
   c->body_umsg = NULL;
+  free(c->sct);
+  c->sct = NULL;
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
 }
@@ -102,29 +151,125 @@ static uint64_t get64(const uint8_t *p) {
   return v;
 }
 
-static void flush_sends(struct tconn *c) {
-  while (c->sends && !c->dead) {
-    struct op *op = c->sends;
-    if (op->off == 0 && c->shdr_sent == 0) {
-      put64(c->shdr, op->tag);
-      put64(c->shdr + 8, op->len);
+/* Control messages always; data where the greeting said so. */
+static int encrypted(const struct tconn *c, uint64_t tag) {
+  return tag == 0 || c->auth.encrypt_data;
+}
+
+/* --- the greeting ------------------------------------------------------------ */
+
+/* Writes what is left of the greeting's output; -1 when the connection failed. */
+static int hs_flush(struct tconn *c) {
+  while (c->hs_out_sent < c->hs_out_len) {
+    ssize_t n = send(c->fd, c->hs_out + c->hs_out_sent, c->hs_out_len - c->hs_out_sent,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) return 0;
+      fail(c, -errno);
+      return -1;
     }
-    struct iovec iov[2] = {{c->shdr + c->shdr_sent, HEADER - c->shdr_sent},
-                           {(void *)(op->sbuf + op->off), op->len - op->off}};
-    int first = c->shdr_sent == HEADER;
-    ssize_t n = writev(c->fd, iov + first, 2 - first);
+    c->hs_out_sent += (size_t)n;
+  }
+  return 0;
+}
+
+static void flush_sends(struct tconn *c);
+
+/* Feeds what arrived of the greeting to auth.h; opens the connection when
+ * both ends proved the key. */
+static void hs_read(struct tconn *c) {
+  while (!c->dead && c->state == GREETING) {
+    if (hs_flush(c)) return;
+    if (c->hs_in_want == 0) break; /* everything said and heard */
+    ssize_t n = read(c->fd, c->hs_in + c->hs_in_got, c->hs_in_want - c->hs_in_got);
+    if (n == 0) { fail(c, -ECONNRESET); return; }
     if (n < 0) {
       if (errno != EAGAIN && errno != EINTR) fail(c, -errno);
       return;
     }
-    size_t left = (size_t)n;
-    size_t h = HEADER - c->shdr_sent < left ? HEADER - c->shdr_sent : left;
-    c->shdr_sent += h;
-    op->off += left - h;
-    if (c->shdr_sent < HEADER || op->off < op->len) return; /* the socket is full */
+    c->hs_in_got += (size_t)n;
+    if (c->hs_in_got < c->hs_in_want) continue;
+    size_t out_len = 0, want = 0;
+    int rc = ccs_auth_step(&c->auth, c->hs_in, c->hs_in_got, c->hs_out, &out_len, &want);
+    if (rc < 0) {
+      fail(c, rc);
+      return;
+    }
+    c->hs_in_got = 0;
+    c->hs_in_want = want;
+    c->hs_out_len = out_len;
+    c->hs_out_sent = 0;
+    if (hs_flush(c)) return;
+    if (rc == 1) { /* proven both ways */
+      c->state = OPEN;
+      flush_sends(c); /* what was posted meanwhile */
+    }
+  }
+}
+
+/* The acceptor speaks first (its nonce); the connector answers only a
+ * greeting of this protocol. */
+static void hs_start(struct tconn *c) {
+  c->state = GREETING;
+  size_t want = 0;
+  c->hs_out_len = 0;
+  ccs_auth_start(&c->auth, &c->t->params, c->outbound, c->hs_out, &c->hs_out_len, &want);
+  c->hs_out_sent = 0;
+  c->hs_in_got = 0;
+  c->hs_in_want = want;
+  hs_flush(c);
+}
+
+/* --- messages ------------------------------------------------------------------ */
+
+/* Seals the head of sends: its header, and its tag over header and
+ * payload (encrypting the payload into sct where it must be). */
+static int seal_head(struct tconn *c) {
+  struct op *op = c->sends;
+  put64(c->shdr, op->tag);
+  put64(c->shdr + 8, op->len);
+  if (encrypted(c, op->tag)) {
+    c->sct = malloc(op->len ? op->len : 1);
+    if (!c->sct) return -ENOMEM;
+    ccs_auth_seal(&c->auth, c->shdr, (const uint8_t *)op->sbuf, op->len, (uint8_t *)c->sct, c->smac);
+  } else {
+    ccs_auth_seal(&c->auth, c->shdr, (const uint8_t *)op->sbuf, op->len, NULL, c->smac);
+  }
+  c->sending = 1;
+  c->sent = 0;
+  return 0;
+}
+
+static void flush_sends(struct tconn *c) {
+  while (c->sends && !c->dead && c->state == OPEN) {
+    struct op *op = c->sends;
+    if (!c->sending) {
+      int rc = seal_head(c);
+      if (rc) { fail(c, rc); return; }
+    }
+    const char *body = c->sct ? c->sct : op->sbuf;
+    size_t total = HEADER + op->len + CCS_AUTH_TAG, at = c->sent;
+    struct iovec iov[3];
+    int n = 0;
+    if (at < HEADER) iov[n++] = (struct iovec){c->shdr + at, HEADER - at};
+    if (at < HEADER + op->len) {
+      size_t from = at > HEADER ? at - HEADER : 0;
+      iov[n++] = (struct iovec){(void *)(body + from), op->len - from};
+    }
+    size_t mfrom = at > HEADER + op->len ? at - HEADER - op->len : 0;
+    iov[n++] = (struct iovec){c->smac + mfrom, CCS_AUTH_TAG - mfrom};
+    ssize_t w = writev(c->fd, iov, n);
+    if (w < 0) {
+      if (errno != EAGAIN && errno != EINTR) fail(c, -errno);
+      return;
+    }
+    c->sent += (size_t)w;
+    if (c->sent < total) return; /* the socket is full */
     c->sends = op->next;
     if (!c->sends) c->sends_tail = NULL;
-    c->shdr_sent = 0;
+    c->sending = 0;
+    free(c->sct);
+    c->sct = NULL;
     complete(c, op, 1, 0, op->len);
   }
 }
@@ -134,8 +279,7 @@ static int deliver(struct tconn *c, struct umsg *u, struct op *op) {
   if (u->len > op->len) return -EMSGSIZE;
   memcpy(op->rbuf, u->data, u->len);
   complete(c, op, 0, 0, u->len);
-  free(u->data);
-  free(u);
+  free_umsg(c, u);
   return 0;
 }
 
@@ -150,78 +294,114 @@ static struct op *take_recv(struct tconn *c, uint64_t tag) {
   return NULL;
 }
 
+static int held_for(const struct tconn *c, uint64_t tag) {
+  for (struct umsg *u = c->unexp; u; u = u->next)
+    if (u->tag == tag) return 1;
+  return 0;
+}
+
+/* Reads into dst until want bytes are there; 1 when they are, 0 when the
+ * socket is dry, -1 when the connection failed. */
+static int read_some(struct tconn *c, void *dst, size_t *got, size_t want) {
+  while (*got < want) {
+    ssize_t n = read(c->fd, (char *)dst + *got, want - *got);
+    if (n == 0) { fail(c, -ECONNRESET); return -1; }
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EINTR) { fail(c, -errno); return -1; }
+      return 0;
+    }
+    *got += (size_t)n;
+  }
+  return 1;
+}
+
+/* A header arrived: where its payload goes, within the caps on held bytes. */
+static int begin_body(struct tconn *c) {
+  const struct transport_params *pr = &c->t->params;
+  c->body_tag = get64(c->rhdr);
+  c->body_len = get64(c->rhdr + 8);
+  c->body_got = c->rmac_got = 0;
+  c->in_body = 1;
+  /* an earlier held message of this tag keeps its place in the order */
+  c->body_op = held_for(c, c->body_tag) ? NULL : take_recv(c, c->body_tag);
+  if (c->body_op) return c->body_len > c->body_op->len ? -EMSGSIZE : 0;
+  if (c->body_len > pr->unexpected_per_conn - c->held || c->held > pr->unexpected_per_conn ||
+      c->body_len > pr->unexpected_total - c->t->held_total || c->t->held_total > pr->unexpected_total)
+    return -ENOBUFS; /* its receive is not posted, and it would not fit: closed */
+  c->body_umsg = calloc(1, sizeof(*c->body_umsg));
+  if (c->body_umsg) c->body_umsg->data = malloc(c->body_len ? c->body_len : 1);
+  if (!c->body_umsg || !c->body_umsg->data) {
+    if (c->body_umsg) free(c->body_umsg);
+    c->body_umsg = NULL;
+    return -ENOMEM;
+  }
+  c->body_umsg->tag = c->body_tag;
+  c->body_umsg->len = c->body_len;
+  c->held += c->body_len;
+  c->t->held_total += c->body_len;
+  return 0;
+}
+
+/* The whole message is in: its tag is checked (and the payload decrypted
+ * in place) before anyone sees it. */
+static void end_body(struct tconn *c) {
+  char *dst = c->body_op ? c->body_op->rbuf : c->body_umsg->data;
+  int rc = ccs_auth_open(&c->auth, c->rhdr, (uint8_t *)dst, c->body_len,
+                         encrypted(c, c->body_tag), c->rmac);
+  c->in_body = 0;
+  if (rc) {
+    fail(c, -EBADMSG);
+    return;
+  }
+  if (c->body_op) {
+    struct op *op = c->body_op;
+    c->body_op = NULL;
+    complete(c, op, 0, 0, c->body_len);
+    return;
+  }
+  struct umsg *u = c->body_umsg;
+  c->body_umsg = NULL;
+  struct op *op = held_for(c, u->tag) ? NULL : take_recv(c, u->tag); /* posted while it arrived */
+  if (op) {
+    if ((rc = deliver(c, u, op))) {
+      free_umsg(c, u);
+      fail(c, rc);
+    }
+    return;
+  }
+  if (c->unexp_tail) c->unexp_tail->next = u;
+  else c->unexp = u;
+  c->unexp_tail = u;
+}
+
 static void read_messages(struct tconn *c) {
-  while (!c->dead) {
+  while (!c->dead && c->state == OPEN) {
     if (!c->in_body) {
-      ssize_t n = read(c->fd, c->rhdr + c->rhdr_got, HEADER - c->rhdr_got);
-      if (n == 0) { fail(c, -ECONNRESET); return; }
-      if (n < 0) {
-        if (errno != EAGAIN && errno != EINTR) fail(c, -errno);
-        return;
-      }
-      c->rhdr_got += (size_t)n;
-      if (c->rhdr_got < HEADER) continue;
+      int r = read_some(c, c->rhdr, &c->rhdr_got, HEADER);
+      if (r <= 0) return;
       c->rhdr_got = 0;
-      c->body_tag = get64(c->rhdr);
-      c->body_len = get64(c->rhdr + 8);
-      c->body_got = 0;
-      c->in_body = 1;
-      /* an earlier held message of this tag keeps its place in the order */
-      int held = 0;
-      for (struct umsg *u = c->unexp; u; u = u->next) held |= u->tag == c->body_tag;
-      c->body_op = held ? NULL : take_recv(c, c->body_tag);
-      if (c->body_op && c->body_len > c->body_op->len) { fail(c, -EMSGSIZE); return; }
-      if (!c->body_op) {
-        if (c->body_len > MAX_UNEXPECTED) { fail(c, -EMSGSIZE); return; }
-        c->body_umsg = calloc(1, sizeof(*c->body_umsg));
-        if (c->body_umsg) c->body_umsg->data = malloc(c->body_len ? c->body_len : 1);
-        if (!c->body_umsg || !c->body_umsg->data) { fail(c, -ENOMEM); return; }
-        c->body_umsg->tag = c->body_tag;
-        c->body_umsg->len = c->body_len;
-      }
+      int rc = begin_body(c);
+      if (rc) { fail(c, rc); return; }
     }
     char *dst = c->body_op ? c->body_op->rbuf : c->body_umsg->data;
-    if (c->body_got < c->body_len) {
-      ssize_t n = read(c->fd, dst + c->body_got, c->body_len - c->body_got);
-      if (n == 0) { fail(c, -ECONNRESET); return; }
-      if (n < 0) {
-        if (errno != EAGAIN && errno != EINTR) fail(c, -errno);
-        return;
-      }
-      c->body_got += (size_t)n;
-      if (c->body_got < c->body_len) continue;
-    }
-    c->in_body = 0;
-    if (c->body_op) {
-      struct op *op = c->body_op;
-      c->body_op = NULL;
-      complete(c, op, 0, 0, c->body_len);
-      continue;
-    }
-    struct umsg *u = c->body_umsg;
-    c->body_umsg = NULL;
-    struct op *op = NULL;
-    int held = 0;
-    for (struct umsg *e = c->unexp; e; e = e->next) held |= e->tag == u->tag;
-    if (!held) op = take_recv(c, u->tag); /* posted while it was arriving */
-    if (op) {
-      int rc = deliver(c, u, op);
-      if (rc) { fail(c, rc); return; }
-      continue;
-    }
-    if (c->unexp_tail) c->unexp_tail->next = u;
-    else c->unexp = u;
-    c->unexp_tail = u;
+    if (read_some(c, dst, &c->body_got, c->body_len) <= 0) return;
+    if (read_some(c, c->rmac, &c->rmac_got, CCS_AUTH_TAG) <= 0) return;
+    end_body(c);
   }
 }
 
-static struct transport *tcp_open(char *err, size_t errlen) {
+/* --- the transport ------------------------------------------------------------------ */
+
+static struct transport *tcp_open(const struct transport_params *params, char *err, size_t errlen) {
+  if (ccs_auth_init(err, errlen)) return NULL;
   struct transport *t = calloc(1, sizeof(*t));
   if (!t) {
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
+  t->params = *params;
   t->listen_fd = -1;
+  t->reserve.spare = -1;
   t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (t->wake_fd < 0) {
     snprintf(err, errlen, "eventfd: %s", strerror(errno));
@@ -231,22 +411,7 @@ static struct transport *tcp_open(char *err, size_t errlen) {
   return t;
 }
 
-static int resolve(const char *addr, struct addrinfo **ret, char *err, size_t errlen) {
-  char host[256];
-  const char *colon = strrchr(addr, ':');
-  if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof(host)) {
-    snprintf(err, errlen, "'%s' is not HOST:PORT", addr);
-    return -1;
-  }
-  memcpy(host, addr, (size_t)(colon - addr));
-  host[colon - addr] = 0;
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
-  int rc = getaddrinfo(host, colon + 1, &hints, ret);
-  if (rc) snprintf(err, errlen, "%s: %s", addr, gai_strerror(rc));
-  return rc ? -1 : 0;
-}
-
-static struct tconn *adopt(struct transport *t, int fd) {
+static struct tconn *adopt(struct transport *t, int fd, int outbound) {
   struct tconn *c = calloc(1, sizeof(*c));
   if (!c) {
     close(fd);
@@ -257,71 +422,106 @@ static struct tconn *adopt(struct transport *t, int fd) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   c->fd = fd;
   c->t = t;
+  c->outbound = outbound;
+  c->opened = now_s();
   c->next = t->conns;
   t->conns = c;
+  t->nconns++;
   return c;
 }
 
 static int tcp_listen(struct transport *t, const char *addr, char *bound, size_t boundlen, char *err,
                       size_t errlen) {
-  struct addrinfo *ai;
-  if (resolve(addr, &ai, err, errlen)) return -1;
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+  struct sockaddr_storage ss;
+  socklen_t sslen;
+  char numeric[128];
+  /* the operator's own setting: a name is resolved here, once, at start */
+  if (ccs_addr_parse(addr, &ss, &sslen)) {
+    if (ccs_addr_resolve(addr, numeric, sizeof(numeric), err, errlen) ||
+        ccs_addr_parse(numeric, &ss, &sslen)) {
+      if (!err[0]) snprintf(err, errlen, "'%s' is not HOST:PORT", addr);
+      return -1;
+    }
+  }
+  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 128)) {
+  if (fd < 0 || bind(fd, (struct sockaddr *)&ss, sslen) || listen(fd, 128)) {
     snprintf(err, errlen, "cannot listen on %s: %s", addr, strerror(errno));
     if (fd >= 0) close(fd);
-    freeaddrinfo(ai);
     return -1;
   }
-  freeaddrinfo(ai);
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof(ss);
-  char host[128], port[16];
-  getsockname(fd, (struct sockaddr *)&ss, &len);
-  getnameinfo((struct sockaddr *)&ss, len, host, sizeof(host), port, sizeof(port),
-              NI_NUMERICHOST | NI_NUMERICSERV);
-  snprintf(bound, boundlen, strchr(host, ':') ? "[%s]:%s" : "%s:%s", host, port);
+  sslen = sizeof(ss);
+  getsockname(fd, (struct sockaddr *)&ss, &sslen);
+  ccs_addr_format((struct sockaddr *)&ss, sslen, bound, boundlen);
   t->listen_fd = fd;
+  ccs_accept_reserve_init(&t->reserve);
   return 0;
 }
 
-static int tcp_connect(struct transport *t, const char *addr, double timeout_s, struct tconn **ret,
-                       char *err, size_t errlen) {
-  char plain[300];
-  snprintf(plain, sizeof(plain), "%s", addr);
-  if (plain[0] == '[') { /* [v6]:port */
-    char *close_b = strchr(plain, ']');
-    if (close_b) memmove(close_b, close_b + 1, strlen(close_b)), memmove(plain, plain + 1, strlen(plain));
-  }
-  struct addrinfo *ai;
-  if (resolve(plain, &ai, err, errlen)) return -1;
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  int rc = fd < 0 ? -1 : connect(fd, ai->ai_addr, ai->ai_addrlen);
-  freeaddrinfo(ai);
-  if (rc && errno == EINPROGRESS) {
-    struct pollfd p = {fd, POLLOUT, 0};
-    int soerr = ETIMEDOUT;
-    socklen_t len = sizeof(soerr);
-    if (poll(&p, 1, (int)(timeout_s * 1000)) == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
-    errno = soerr;
-    rc = soerr ? -1 : 0;
-  }
-  if (rc) {
-    snprintf(err, errlen, "cannot connect to %s: %s", addr, strerror(errno));
-    if (fd >= 0) close(fd);
+/* Starts a connect and returns at once: the connection is usable (posts
+ * queue) and opens once the greeting is done. Only numeric addresses are
+ * dialled: nothing here ever waits on a resolver. */
+static int tcp_connect(struct transport *t, const char *addr, struct tconn **ret, char *err,
+                       size_t errlen) {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  if (ccs_addr_parse(addr, &ss, &len)) {
+    snprintf(err, errlen, "'%s' is not a numeric ADDRESS:PORT", addr);
     return -1;
   }
-  *ret = adopt(t, fd);
-  if (!*ret) snprintf(err, errlen, "out of memory");
-  return *ret ? 0 : -1;
+  if (t->nconns >= t->params.max_conns) {
+    snprintf(err, errlen, "cannot connect to %s: %zu connections with other daemons already "
+             "(peer_max_connections)", addr, t->nconns);
+    return -1;
+  }
+  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    snprintf(err, errlen, "cannot connect to %s: %s", addr, strerror(errno));
+    return -1;
+  }
+  int rc = connect(fd, (struct sockaddr *)&ss, len);
+  if (rc && errno != EINPROGRESS) {
+    snprintf(err, errlen, "cannot connect to %s: %s", addr, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  struct tconn *c = adopt(t, fd, 1);
+  if (!c) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  if (rc == 0) hs_start(c);
+  else c->state = CONNECTING;
+  *ret = c;
+  return 0;
 }
 
-static int tcp_accept(struct transport *t, struct tconn **ret) {
-  int fd = accept4(t->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0) return errno == EAGAIN || errno == EINTR ? 0 : -1;
-  *ret = adopt(t, fd);
-  return *ret ? 1 : -1;
+static int tcp_accept(struct transport *t, struct tconn **ret, char *err, size_t errlen) {
+  int shed;
+  if (t->listen_fd < 0) return 0;
+  int fd = ccs_accept(&t->reserve, t->listen_fd, &shed);
+  if (fd < 0) {
+    if (errno == EMFILE || errno == ENFILE) {
+      snprintf(err, errlen, "out of file descriptors: connections wait in the listen queue");
+      return -1;
+    }
+    return 0;
+  }
+  if (shed || t->nconns >= t->params.max_conns) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    char who[96] = "?";
+    if (!getpeername(fd, (struct sockaddr *)&ss, &len)) ccs_addr_format((struct sockaddr *)&ss, len, who, sizeof(who));
+    snprintf(err, errlen, "connection from %s refused: %s", who,
+             shed ? "out of file descriptors" : "peer_max_connections reached");
+    close(fd);
+    return -1;
+  }
+  struct tconn *c = adopt(t, fd, 0);
+  if (!c) return 0;
+  hs_start(c);
+  *ret = c;
+  return 1;
 }
 
 static struct op *new_op(const void *sbuf, void *rbuf, size_t len, uint64_t tag, void *user) {
@@ -359,7 +559,7 @@ static int tcp_post_send(struct tconn *c, struct tmem *m, const void *buf, size_
   if (c->sends_tail) c->sends_tail->next = op;
   else c->sends = op;
   c->sends_tail = op;
-  flush_sends(c); /* small messages leave at once */
+  flush_sends(c); /* small messages leave at once (once the connection is open) */
   return 0;
 }
 
@@ -376,8 +576,7 @@ static int tcp_post_recv(struct tconn *c, struct tmem *m, void *buf, size_t len,
     int rc = deliver(c, u, op);
     if (rc) {
       free(op);
-      free(u->data);
-      free(u);
+      free_umsg(c, u);
       return rc;
     }
     return 0;
@@ -392,7 +591,25 @@ static int tcp_post_recv(struct tconn *c, struct tmem *m, void *buf, size_t len,
   return 0;
 }
 
+/* A connect that finished, or failed. */
+static void connected(struct tconn *c) {
+  int soerr = 0;
+  socklen_t len = sizeof(soerr);
+  getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
+  if (soerr) fail(c, -soerr);
+  else hs_start(c);
+}
+
+/* Connections that did not open in time fail. */
+static void check_deadlines(struct transport *t) {
+  double now = now_s();
+  for (struct tconn *c = t->conns; c; c = c->next)
+    if (!c->dead && c->state != OPEN && now - c->opened > t->params.greeting_timeout_s)
+      fail(c, -ETIMEDOUT);
+}
+
 static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out, int max) {
+  check_deadlines(t);
   if (t->ndone == 0) {
     size_t n = 0;
     for (struct tconn *c = t->conns; c; c = c->next) n += !c->dead;
@@ -406,20 +623,36 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
     size_t i = 0;
     for (struct tconn *c = t->conns; c; c = c->next) {
       if (c->dead) continue;
-      fds[i] = (struct pollfd){c->fd, (short)(POLLIN | (c->sends ? POLLOUT : 0)), 0};
+      short ev = POLLIN;
+      if (c->state == CONNECTING) ev = POLLOUT;
+      else if (c->state == GREETING ? c->hs_out_sent < c->hs_out_len : c->sends != NULL) ev |= POLLOUT;
+      fds[i] = (struct pollfd){c->fd, ev, 0};
       who[i++] = c;
     }
     size_t nconn = i;
     fds[i++] = (struct pollfd){t->wake_fd, POLLIN, 0};
-    if (t->listen_fd >= 0) fds[i++] = (struct pollfd){t->listen_fd, POLLIN, 0};
-    if (poll(fds, i, timeout_ms) > 0) {
+    if (t->listen_fd >= 0 && ccs_accept_ready(&t->reserve)) fds[i++] = (struct pollfd){t->listen_fd, POLLIN, 0};
+    /* a listener resting after descriptor exhaustion: wake for it soon */
+    int wait_ms = t->listen_fd >= 0 && !ccs_accept_ready(&t->reserve) && timeout_ms > 100 ? 100 : timeout_ms;
+    if (poll(fds, i, wait_ms) > 0) {
       if (fds[nconn].revents & POLLIN) {
         uint64_t v;
         if (read(t->wake_fd, &v, sizeof(v)) < 0) { /* nothing to do: it was a wake-up */ }
       }
       for (size_t k = 0; k < nconn; k++) {
-        if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) read_messages(who[k]);
-        if (!who[k]->dead && (fds[k].revents & (POLLOUT | POLLERR))) flush_sends(who[k]);
+        struct tconn *c = who[k];
+        short re = fds[k].revents;
+        if (!re) continue;
+        if (c->state == CONNECTING) {
+          connected(c);
+          continue;
+        }
+        if (c->state == GREETING) {
+          if (re & (POLLIN | POLLHUP | POLLERR | POLLOUT)) hs_read(c);
+          if (c->state != OPEN) continue;
+        }
+        if (re & (POLLIN | POLLHUP | POLLERR)) read_messages(c);
+        if (!c->dead && (re & (POLLOUT | POLLERR))) flush_sends(c);
       }
     }
     free(fds);
@@ -436,7 +669,8 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
 
 static void tcp_close(struct tconn *c) {
   fail(c, -ECANCELED);
-  for (struct umsg *u = c->unexp, *next; u; u = next) next = u->next, free(u->data), free(u);
+  for (struct umsg *u = c->unexp, *next; u; u = next) next = u->next, free_umsg(c, u);
+  c->unexp = c->unexp_tail = NULL;
   for (struct tconn **p = &c->t->conns; *p; p = &(*p)->next)
     if (*p == c) {
       *p = c->next;
@@ -444,8 +678,10 @@ static void tcp_close(struct tconn *c) {
     }
   /* completions still to be polled for c no longer name it: c is gone */
   struct transport *t = c->t;
+  t->nconns--;
   for (size_t i = 0; i < t->ndone; i++)
     if (t->done[i].conn == c) t->done[i].conn = NULL;
+  ccs_auth_wipe(&c->auth);
   free(c);
 }
 
@@ -453,14 +689,23 @@ static void tcp_free(struct transport *t) {
   if (!t) return;
   while (t->conns) tcp_close(t->conns);
   if (t->listen_fd >= 0) close(t->listen_fd);
+  ccs_accept_reserve_close(&t->reserve);
   close(t->wake_fd);
   free(t->done);
+  ccs_auth_wipe_key(&t->params);
   free(t);
 }
 
 static void tcp_wake(struct transport *t) {
   uint64_t one = 1;
   if (write(t->wake_fd, &one, sizeof(one)) < 0) { /* the counter is full: a wake-up is pending */ }
+}
+
+static void tcp_peer_name(struct tconn *c, char *buf, size_t len) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  if (c->fd < 0 || getpeername(c->fd, (struct sockaddr *)&ss, &sl)) snprintf(buf, len, "(gone)");
+  else ccs_addr_format((struct sockaddr *)&ss, sl, buf, len);
 }
 
 const struct transport_ops ccs_transport_tcp = {
@@ -477,4 +722,5 @@ const struct transport_ops ccs_transport_tcp = {
     .close = tcp_close,
     .free = tcp_free,
     .wake = tcp_wake,
+    .peer_name = tcp_peer_name,
 };

@@ -2,7 +2,8 @@
  * fabric (TCP everywhere; RDMA verbs where rdma-core and a device exist).
  * Whoever drives it posts sends and receives, each matched by a tag in
  * order per connection, and polls for completions; nothing blocks but
- * connect and poll's own timeout. A message that arrives before its receive
+ * poll's own timeout. Every connection is authenticated (auth.h) before
+ * anything posted on it moves. A message that arrives before its receive
  * is posted is held until it is, also after the connection closed. */
 #ifndef CCS_TRANSPORT_H
 #define CCS_TRANSPORT_H
@@ -23,15 +24,28 @@ struct tcompletion {
   size_t bytes;
 };
 
+/* What a transport is opened with. */
+struct transport_params {
+  uint8_t key[32];            /* the cluster key: every connection proves both ends hold it */
+  int encrypt_data;           /* ask that data messages be encrypted (control ones always are) */
+  size_t max_conns;           /* connections at once; more are refused */
+  uint64_t unexpected_per_conn, unexpected_total; /* bytes held before their receive */
+  double greeting_timeout_s;  /* a connection not authenticated by then fails */
+};
+
 struct transport_ops {
   const char *name;
-  struct transport *(*open)(char *err, size_t errlen);
+  struct transport *(*open)(const struct transport_params *params, char *err, size_t errlen);
   /* "HOST:PORT" (port 0: any); the bound address comes back in bound */
   int (*listen)(struct transport *t, const char *addr, char *bound, size_t boundlen, char *err,
                 size_t errlen);
-  int (*connect)(struct transport *t, const char *addr, double timeout_s, struct tconn **ret,
-                 char *err, size_t errlen);
-  int (*accept)(struct transport *t, struct tconn **ret); /* 1: one, 0: none yet, -1: error */
+  /* Numeric addresses only. Returns at once: posts queue until the
+   * connection is open; a connect or greeting that fails fails them. */
+  int (*connect)(struct transport *t, const char *addr, struct tconn **ret, char *err,
+                 size_t errlen);
+  /* 1: one, 0: none yet, -1: one refused or none could be taken (err says
+   * why; call again) */
+  int (*accept)(struct transport *t, struct tconn **ret, char *err, size_t errlen);
   /* Memory that posts may read or write. A fabric that must pin memory and
    * key it (verbs) does so here; TCP only records the range. Either thread
    * may register and deregister; a range is deregistered after its last
@@ -55,6 +69,7 @@ struct transport_ops {
    * poll also returns when a connection waits to be accepted. */
   void (*wake)(struct transport *t);
   void (*free)(struct transport *t);
+  void (*peer_name)(struct tconn *c, char *buf, size_t len); /* "ADDR:PORT" of the other end */
 };
 
 extern const struct transport_ops ccs_transport_tcp;

@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof(name), "submit-%s", ccs__coll_name(kind));
     open_seed(dir, name, 200);
     hello();
-    struct ccs__unique_id uid = {CCS__UNIQUE_ID_MAGIC, CCS__PROTOCOL_VERSION, {1, 2, 3}, 0, "", 0};
+    struct ccs__unique_id uid = {.magic = CCS__UNIQUE_ID_MAGIC, .protocol = CCS__PROTOCOL_VERSION, .secret = {1, 2, 3}};
     uint8_t idbytes[CCS_UNIQUE_ID_BYTES] = {0};
     memcpy(idbytes, &uid, sizeof(uid));
     Ccs__CommInit ci = CCS__COMM_INIT__INIT;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <dirent.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -22,6 +23,7 @@
 
 static struct test_daemon *live[16];
 static pid_t owner;
+static char key_path[64]; /* the cluster key of this test's daemons */
 
 static void cleanup_at_exit(void) {
   if (getpid() != owner) return; /* forked ranks leave it to the parent */
@@ -34,6 +36,7 @@ static void cleanup_at_exit(void) {
     unlink(live[i]->socket);
     rmdir(live[i]->dir);
   }
+  if (key_path[0]) unlink(key_path);
 }
 
 double test_now(void) {
@@ -113,13 +116,33 @@ int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
   return daemon_start(d, NULL, extra_args);
 }
 
+const char *test_cluster_key(void) {
+  if (key_path[0]) return key_path;
+  if (!owner) {
+    owner = getpid();
+    atexit(cleanup_at_exit);
+  }
+  snprintf(key_path, sizeof(key_path), "/tmp/ccs-test-key-%d", (int)getpid());
+  unlink(key_path);
+  uint8_t key[32];
+  char text[66];
+  if (getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key)) abort();
+  for (int i = 0; i < 32; i++) snprintf(text + 2 * i, 3, "%02x", key[i]);
+  text[64] = '\n';
+  int fd = open(key_path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 || write(fd, text, 65) != 65) abort();
+  close(fd);
+  return key_path;
+}
+
 int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_args) {
   const char *netns = getenv("CCS_TEST_NETNS");
+  const char *key = test_cluster_key();
   for (int i = n - 1; i >= 0; i--) { /* the first last: CCS_SOCKET names it */
     char ns[64], listen[64];
     const char *wrap[] = {"/usr/sbin/ip", "netns", "exec", ns, NULL};
-    const char *args[40] = {"--listen", listen};
-    int k = 2;
+    const char *args[40] = {"--listen", listen, "--cluster-key-file", key};
+    int k = 4;
     for (int j = 0; extra_args && extra_args[j] && k < 38; j++) args[k++] = extra_args[j];
     args[k] = NULL;
     snprintf(ns, sizeof(ns), "%s%d", netns ? netns : "", i);

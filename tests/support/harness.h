@@ -32,6 +32,9 @@ int test_daemon_fds(const struct test_daemon *d);
  * namespaces that tests/support/run_netns.sh makes); CCS_SOCKET points at
  * the first. Returns 0 when all accept connections. */
 int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_args);
+/* The cluster key file of this test's daemons (made on first use, removed
+ * at exit); test_daemons_start passes it to every daemon. */
+const char *test_cluster_key(void);
 /* Ranks forked from now on connect to daemon r % n of these. */
 void test_spread_ranks(const struct test_daemon *d, int n);
 

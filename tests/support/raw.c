@@ -67,7 +67,7 @@ Ccs__Reply *raw_reply(int fd) {
   uint8_t hdr[4];
   if (read_full(fd, hdr, 4)) return NULL;
   uint32_t len = hdr[0] | hdr[1] << 8 | hdr[2] << 16 | (uint32_t)hdr[3] << 24;
-  assert_true(len < CCS__FRAME_MAX);
+  assert_true(len <= CCS__REPLY_MAX);
   uint8_t *body = malloc(len + 1);
   assert_int_equal(read_full(fd, body, len), 0);
   Ccs__Reply *r = ccs__reply_unpack(body, len);

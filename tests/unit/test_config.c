@@ -28,7 +28,11 @@ static void test_every_key(void **state) {
              "chunk_bytes = 1M\nstream_bytes = 0\ninline_bytes = 4096\ninit_timeout = 1.5\n"
              "op_timeout = 30\nio_timeout = 2\nquota_connections = 7\nquota_comms = 8\n"
              "quota_registered_bytes = 2G\nquota_ops = 9\nallow_uids = 0, 1000,1001\n"
-             "allow_gids = 5\nlog_level = info\nlog_subsys = INIT,coll\nmetrics_listen = 127.0.0.1:9464\n");
+             "allow_gids = 5\nlog_level = info\nlog_subsys = INIT,coll\nmetrics_listen = 127.0.0.1:9464\n"
+             "admin_gids = root, 4242\nquota_ranks = 64\nquota_buffers = 99\nid_ttl = 3600\n"
+             "metrics_tenant_labels = true\nmetrics_max_connections = 3\n"
+             "cluster_key_file = /tmp/k\npeer_encrypt = 1\npeer_max_connections = 17\n"
+             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\n");
   struct ccsd_config c;
   char err[512];
   ccsd_config_defaults(&c);
@@ -50,6 +54,16 @@ static void test_every_key(void **state) {
   assert_int_equal(c.log_level, 2);
   assert_int_equal(c.log_subsys, CCS_LOG_INIT | CCS_LOG_COLL);
   assert_string_equal(c.metrics_listen, "127.0.0.1:9464");
+  assert_int_equal(c.nadmin_gids, 2);
+  assert_int_equal(c.admin_gids[0], 0); /* the group named root */
+  assert_int_equal(c.admin_gids[1], 4242);
+  assert_int_equal(c.quota[TENANT_RANKS], 64);
+  assert_int_equal(c.quota[TENANT_BUFFERS], 99);
+  assert_true(c.id_ttl_s == 3600);
+  assert_true(c.metrics_tenant_labels && c.metrics_max_connections == 3);
+  assert_string_equal(c.cluster_key_file, "/tmp/k");
+  assert_true(c.peer_encrypt && c.peer_max_connections == 17);
+  assert_true(c.peer_unexpected_bytes == 8u << 20 && c.peer_unexpected_total == 1u << 30);
   /* what it prints reads back the same */
   char text[8192];
   ccsd_config_format(&c, text, sizeof(text));
@@ -84,7 +98,18 @@ static void test_bad_values_and_unknown_keys(void **state) {
   expect_error("log_level = LOUD\n", "for log_level");
   expect_error("log_subsys = INIT,NOISE\n", "for log_subsys");
   expect_error("allow_uids = 1,x\n", "for allow_uids");
-  expect_error("metrics_listen = 9464\n", "for metrics_listen");
+  expect_error("metrics_listen = host:\n", "for metrics_listen");
+  expect_error("admin_gids = no-such-group-here\n", "for admin_gids");
+  expect_error("chunk_bytes = 128M\n", "for chunk_bytes"); /* messages between daemons: at most 64 MiB */
+  expect_error("peer_unexpected_bytes = 1K\n", "for peer_unexpected_bytes");
+  /* a port alone is on localhost */
+  struct ccsd_config local;
+  char why[256];
+  ccsd_config_defaults(&local);
+  assert_int_equal(ccsd_config_set(&local, "metrics_listen", "9464", why, sizeof(why)), 0);
+  assert_string_equal(local.metrics_listen, "127.0.0.1:9464");
+  assert_int_equal(ccsd_config_set(&local, "metrics_listen", ":9465", why, sizeof(why)), 0);
+  assert_string_equal(local.metrics_listen, "127.0.0.1:9465");
   expect_error("[other]\nthreads = 1\n", "unknown section [other]");
   expect_error("threads\n", ":1:");
   struct ccsd_config c;
