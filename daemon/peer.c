@@ -577,7 +577,9 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
   }
   if (m) ccs__peer_msg__free_unpacked(m, NULL);
   if (bad) {
-    LOG_WARN("daemon connection from %s: %s: closed", c->addr[0] ? c->addr : "(unknown)", bad);
+    char who[96];
+    p->ops->peer_name(c->tc, who, sizeof(who));
+    LOG_WARN("daemon connection from %s: %s: closed", c->addr[0] ? c->addr : who, bad);
     drop_conn(p, c, NULL);
     return;
   }
@@ -607,9 +609,11 @@ static void log_failure(struct peers *p, struct pconn *c, int status) {
   c->failure_logged = 1;
   char who[96];
   p->ops->peer_name(c->tc, who, sizeof(who));
-  LOG_WARN("daemon connection %s %s%s%s: %s: closed", c->outbound ? "to" : "from",
-           c->addr[0] ? c->addr : who, c->addr[0] ? " at " : "", c->addr[0] ? who : "",
-           failure_text(status));
+  if (c->addr[0] && strcmp(c->addr, who))
+    LOG_WARN("daemon connection with %s (from %s): %s: closed", c->addr, who, failure_text(status));
+  else
+    LOG_WARN("daemon connection %s %s: %s: closed", c->outbound ? "to" : "from", who,
+             failure_text(status));
 }
 
 static struct pconn *conn_of(struct peers *p, struct tconn *tc) {
@@ -682,7 +686,9 @@ static void housekeeping(struct peers *p) {
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
     if ((!c->got_hello || c->waiting_comm) && now - c->opened > cfg->io_timeout_s) {
-      LOG_WARN("daemon connection from %s: %s in %.1f s: closed", c->addr[0] ? c->addr : "(unknown)",
+      char who[96];
+      p->ops->peer_name(c->tc, who, sizeof(who));
+      LOG_WARN("daemon connection from %s: %s in %.1f s: closed", c->addr[0] ? c->addr : who,
                c->got_hello ? "no communicator to serve" : "no greeting", cfg->io_timeout_s);
       drop_conn(p, c, NULL);
       continue;

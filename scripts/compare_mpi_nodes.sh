@@ -3,7 +3,8 @@
 # all_reduce and all_gather, 1 MiB .. 256 MiB, with 2 and 4 "nodes" of one
 # rank each and 2 nodes of 2 ranks (Open MPI: 4 ranks over TCP). Open MPI: its TCP transport on loopback (btl self,tcp). ccs:
 # one daemon per node on loopback ports, and one daemon per node in its own
-# network namespace (veth + bridge; needs root).
+# network namespace (veth + bridge; needs root). The daemons authenticate
+# every message; CCS_PEER_ENCRYPT=1 in the environment encrypts the data too.
 #   scripts/compare_mpi_nodes.sh [ITERS [WARMUP]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ if [ -z "${CCS_TEST_NETNS:-}" ]; then
 fi
 
 dir=$(mktemp -d)
+build/daemon/ccsd --generate-key "$dir/key" >/dev/null # the daemons' cluster key
 pids=()
 stop_daemons() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=(); }
 trap 'stop_daemons; rm -rf "$dir"' EXIT
@@ -24,9 +26,10 @@ trap 'stop_daemons; rm -rf "$dir"' EXIT
 start_daemons() {
   for i in $(seq 0 $(($1 - 1))); do
     if [ "$2" = netns ]; then
-      ip netns exec "$CCS_TEST_NETNS$i" build/daemon/ccsd --socket "$dir/$i.sock" --listen "10.231.0.$((i + 1)):7000" &
+      ip netns exec "$CCS_TEST_NETNS$i" build/daemon/ccsd --socket "$dir/$i.sock" --listen "10.231.0.$((i + 1)):7000" \
+        --cluster-key-file "$dir/key" &
     else
-      build/daemon/ccsd --socket "$dir/$i.sock" --listen "127.0.0.1:$((17300 + i))" &
+      build/daemon/ccsd --socket "$dir/$i.sock" --listen "127.0.0.1:$((17300 + i))" --cluster-key-file "$dir/key" &
     fi
     pids+=($!)
   done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for
 # SECONDS (default 60) from the committed corpus. New inputs go to a
-# scratch copy; add the interesting ones to tests/fuzz/corpus/ by hand.
+# scratch copy; add the interesting ones to the target's corpus by hand
+# (tests/fuzz/corpus, corpus_requests, corpus_peer).
 #   scripts/fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,12 +10,20 @@ seconds=${1:-60}
 scripts/setup.sh --deps-only
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCCS_FUZZ=ON \
   -DCCS_SANITIZE=ON -DCCS_WITH_CUDA=OFF >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target fuzz_frame fuzz_session >/dev/null
+targets=(fuzz_frame fuzz_session fuzz_requests fuzz_peer)
+cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]}" >/dev/null
 work=$(mktemp -d /tmp/ccs-fuzz.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-for target in fuzz_frame fuzz_session; do
+corpus_of() { # the committed corpus a target starts from
+  case $1 in
+    fuzz_requests) echo tests/fuzz/corpus_requests ;;
+    fuzz_peer) echo tests/fuzz/corpus_peer ;;
+    *) echo tests/fuzz/corpus ;;
+  esac
+}
+for target in "${targets[@]}"; do
   mkdir -p "$work/$target"
-  cp tests/fuzz/corpus/* "$work/$target/"
+  cp "$(corpus_of "$target")"/* "$work/$target/"
   echo "# $target: $seconds s"
   status=0
   (cd "$work" && "$OLDPWD/build-fuzz/tests/$target" -max_total_time="$seconds" -max_len=65536 \

@@ -62,6 +62,7 @@ struct tconn {
   int fd, dead;
   enum state state;
   int outbound;
+  char peer[64]; /* the other end's address, for logs */
   double opened; /* CLOCK_MONOTONIC: the greeting has a deadline */
   struct ccs_auth auth;
   uint8_t hs_in[CCS_AUTH_MSG_MAX], hs_out[CCS_AUTH_MSG_MAX];
@@ -423,6 +424,10 @@ static struct tconn *adopt(struct transport *t, int fd, int outbound) {
   c->fd = fd;
   c->t = t;
   c->outbound = outbound;
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  if (!outbound && !getpeername(fd, (struct sockaddr *)&ss, &sl))
+    ccs_addr_format((struct sockaddr *)&ss, sl, c->peer, sizeof(c->peer));
   c->opened = now_s();
   c->next = t->conns;
   t->conns = c;
@@ -490,6 +495,7 @@ static int tcp_connect(struct transport *t, const char *addr, struct tconn **ret
     snprintf(err, errlen, "out of memory");
     return -1;
   }
+  snprintf(c->peer, sizeof(c->peer), "%s", addr);
   if (rc == 0) hs_start(c);
   else c->state = CONNECTING;
   *ret = c;
@@ -702,10 +708,7 @@ static void tcp_wake(struct transport *t) {
 }
 
 static void tcp_peer_name(struct tconn *c, char *buf, size_t len) {
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof(ss);
-  if (c->fd < 0 || getpeername(c->fd, (struct sockaddr *)&ss, &sl)) snprintf(buf, len, "(gone)");
-  else ccs_addr_format((struct sockaddr *)&ss, sl, buf, len);
+  snprintf(buf, len, "%s", c->peer[0] ? c->peer : "?");
 }
 
 const struct transport_ops ccs_transport_tcp = {
