@@ -16,8 +16,7 @@ static const char *state_name(const struct comm *c) {
 /* One pending op: which ranks submitted it, which have not (with pids). */
 static void render_slot(struct textbuf *t, const struct comm *c, const struct slot *sl,
                         double age, int json, int *first) {
-  const struct post *any = NULL;
-  for (int r = 0; r < c->nranks && !any; r++) any = sl->posts[r];
+  const struct post *any = sl->posts[0];
   if (json) {
     textbuf_printf(t, "%s{\"comm\": %llu, \"uid\": %u, \"op\": %llu, \"collective\": \"%s\", "
                       "\"age_s\": %.3f, \"submitted\": [", *first ? "" : ", ",
@@ -25,11 +24,11 @@ static void render_slot(struct textbuf *t, const struct comm *c, const struct sl
                    ccs__coll_name(any->kind), age);
     int n = 0;
     for (int r = 0; r < c->nranks; r++)
-      if (sl->posts[r]) textbuf_printf(t, "%s%d", n++ ? ", " : "", r);
+      if (ccsd_slot_has(sl, r)) textbuf_printf(t, "%s%d", n++ ? ", " : "", r);
     textbuf_printf(t, "], \"missing\": [");
     n = 0;
     for (int r = 0; r < c->nranks; r++)
-      if (!sl->posts[r] && !(c->members[r] && c->members[r]->remote)) /* others': their daemons' */
+      if (!ccsd_slot_has(sl, r) && !(c->members[r] && c->members[r]->remote)) /* others': their daemons' */
         textbuf_printf(t, "%s{\"rank\": %d, \"pid\": %d}", n++ ? ", " : "", r,
                        c->members[r] ? (int)c->members[r]->pid : 0);
     textbuf_printf(t, "]}");
@@ -38,7 +37,7 @@ static void render_slot(struct textbuf *t, const struct comm *c, const struct sl
                    (unsigned long long)c->id, ccs__coll_name(any->kind),
                    (unsigned long long)sl->seq, sl->nposted, c->nlocal, c->spans ? "of this node " : "", age);
     for (int r = 0; r < c->nranks; r++)
-      if (!sl->posts[r] && !(c->members[r] && c->members[r]->remote))
+      if (!ccsd_slot_has(sl, r) && !(c->members[r] && c->members[r]->remote))
         textbuf_printf(t, " rank %d (pid %d)", r, c->members[r] ? (int)c->members[r]->pid : 0);
     textbuf_printf(t, "\n");
   }
@@ -69,7 +68,7 @@ static void render_pending(struct textbuf *t, struct daemon *d, int all, uid_t u
   struct list *it, *tmp, *p, *ptmp;
   LIST_FOREACH_SAFE(it, tmp, &d->comms) {
     const struct comm *c = LIST_ENTRY(it, struct comm, link);
-    if (!all && c->uid != uid) continue;
+    if (c->gone || (!all && c->uid != uid)) continue;
     LIST_FOREACH_SAFE(p, ptmp, (struct list *)&c->slots) {
       const struct slot *sl = LIST_ENTRY(p, struct slot, link);
       double age = (double)(now - sl->opened_ms) / 1000.0;
@@ -89,7 +88,7 @@ static void render_comms(struct textbuf *t, struct daemon *d, int all, uid_t uid
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->comms) {
     const struct comm *c = LIST_ENTRY(it, struct comm, link);
-    if (!all && c->uid != uid) continue;
+    if (c->gone || (!all && c->uid != uid)) continue;
     int pending = 0;
     struct list *p, *ptmp;
     LIST_FOREACH_SAFE(p, ptmp, (struct list *)&c->slots) pending++;
@@ -147,7 +146,7 @@ static void render_status(struct textbuf *t, struct daemon *d, int all, uid_t ui
   int first = 1;
   LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
     const struct session *s = LIST_ENTRY(it, struct session, link);
-    if (!all && s->uid != uid) continue;
+    if (s->closing || (!all && s->uid != uid)) continue;
     if (json)
       textbuf_printf(t, "%s{\"client\": %llu, \"pid\": %d, \"uid\": %u}", first ? "" : ", ",
                      (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid);
@@ -198,7 +197,7 @@ static ccs_result_t abort_comm(struct session *s, const char *arg, int all, stru
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &s->d->comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
-    if (c->id != id) continue;
+    if (c->gone || c->id != id) continue;
     if (!all && c->uid != s->uid) break; /* as if it did not exist */
     LOG_WARN("comm %llu aborted by ccsctl (pid %d uid %d)", id, (int)s->pid, (int)s->uid);
     ccsd_comm_fail(c, CCS_ERR_ABORTED, "aborted by an operator (ccsctl, uid %d)", (int)s->uid);

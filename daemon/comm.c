@@ -17,6 +17,7 @@ void ccsd_comm_ref(struct comm *c) { c->refs++; }
 
 static void on_timer_closed(uv_handle_t *h) {
   struct comm *c = h->data;
+  list_remove(&c->link);
   ccsd_span_free(c);
   ccsd_tenant_release(c->tenant, TENANT_COMMS, 1);
   for (int r = 0; r < c->nranks; r++) {
@@ -32,7 +33,9 @@ void ccsd_comm_unref(struct comm *c) {
   if (!list_empty(&c->slots) || !list_empty(&c->p2p))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
-  list_remove(&c->link);
+  /* found no more, but in d->comms until on_timer_closed: a walk of them
+   * may be under way (failing one comm can free others) */
+  c->gone = 1;
   HASH_DELETE(hh, c->d->comms_by_name, c);
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }

@@ -283,6 +283,7 @@ struct comm {
   struct list agreements;   /* op_agree.c: ops not yet agreed by every daemon */
   size_t np2p;
   int refs;          /* members, xops, the timer handle */
+  int gone;          /* unreferenced: leaves d->comms once its timer closed; walks skip it */
 };
 
 struct p2p_count {
@@ -323,13 +324,19 @@ void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq);
 void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m);
 void ccsd_agree_release(struct comm *c); /* the comm failed or goes */
 
+/* Op #seq while its local ranks arrive. It costs what its posts cost (each
+ * charged one of quota_ops) and a bit per rank, whatever the comm's size:
+ * the array by rank is made only when the op launches. */
 struct slot {
   struct list link;
   uint64_t seq;
   uint64_t opened_ms; /* when its first rank posted */
   int nposted;
-  struct post **posts;
+  struct post **posts; /* nposted of them, in arrival order */
+  int cap;
+  uint64_t posted[];   /* a bit per rank */
 };
+int ccsd_slot_has(const struct slot *sl, int rank);
 
 struct xop {
   struct list link;      /* in the executor's queue */

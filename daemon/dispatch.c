@@ -332,7 +332,7 @@ static void on_stats(struct session *s, uint64_t id) {
   }
   LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
     struct session *each = LIST_ENTRY(it, struct session, link);
-    if (!all && each->uid != s->uid) continue;
+    if (each->closing || (!all && each->uid != s->uid)) continue;
     struct list *b, *btmp;
     LIST_FOREACH_SAFE(b, btmp, &each->buffers) st.buffers++;
   }

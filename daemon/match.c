@@ -28,15 +28,22 @@ void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error) {
   ccsd_post_free(p);
 }
 
+int ccsd_slot_has(const struct slot *sl, int rank) {
+  return (sl->posted[rank / 64] >> (rank % 64)) & 1;
+}
+
+static void slot_free(struct slot *sl) {
+  free(sl->posts);
+  free(sl);
+}
+
 void ccsd_comm_fail_pending(struct comm *c) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &c->slots) {
     struct slot *sl = LIST_ENTRY(it, struct slot, link);
     list_remove(&sl->link);
-    for (int r = 0; r < c->nranks; r++)
-      if (sl->posts[r]) ccsd_post_finish(sl->posts[r], c->error, c->error_text);
-    free(sl->posts);
-    free(sl);
+    for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], c->error, c->error_text);
+    slot_free(sl);
   }
   LIST_FOREACH_SAFE(it, tmp, &c->p2p) {
     struct post *p = LIST_ENTRY(it, struct post, link);
@@ -89,15 +96,13 @@ static int same_op(const struct post *a, const struct post *b) {
   return ccsd_op_sig_same(&sa, &sb);
 }
 
-/* Fills err and returns 1 when the posts of op #seq disagree. */
-static int check_mismatch(struct comm *c, struct post **posts, int n, uint64_t seq, char *err,
-                          size_t len) {
+/* Fills err and returns 1 when the n posts of op #seq disagree. */
+static int check_mismatch(struct post **posts, int n, uint64_t seq, char *err, size_t len) {
   size_t used = 0;
   int bad = 0;
-  struct post *first = NULL; /* ranks of other daemons have no post here */
-  for (int r = 0; r < n && !first; r++) first = posts[r];
+  struct post *first = posts[0];
   for (int r = 0; r < n; r++) {
-    if (!posts[r] || same_op(first, posts[r])) continue;
+    if (same_op(first, posts[r])) continue;
     if (bad == 0) {
       used = (size_t)snprintf(err, len, "op #%llu differs across ranks: rank %d called ",
                               (unsigned long long)seq, first->member->rank);
@@ -119,7 +124,7 @@ static void rank_list(char *buf, size_t len, const struct comm *c, const struct 
   int listed = 0;
   buf[0] = 0;
   for (int r = 0; r < c->nranks && n + 40 < len; r++) {
-    if ((sl->posts[r] != NULL) != posted || c->members[r]->remote) continue;
+    if (ccsd_slot_has(sl, r) != posted || c->members[r]->remote) continue;
     if (listed++ == 8) {
       n += (size_t)snprintf(buf + n, len - n, ", ...");
       break;
@@ -142,8 +147,7 @@ void ccsd_comm_check_deadlines(struct comm *c) {
   const struct slot *sl = list_empty(&c->slots) ? NULL : LIST_ENTRY(c->slots.next, struct slot, link);
   const struct post *p = list_empty(&c->p2p) ? NULL : LIST_ENTRY(c->p2p.next, struct post, link);
   if (sl && now - sl->opened_ms >= limit) {
-    const struct post *any = NULL;
-    for (int r = 0; r < c->nranks && !any; r++) any = sl->posts[r];
+    const struct post *any = sl->posts[0];
     char missing[512], waiting[256];
     rank_list(missing, sizeof(missing), c, sl, 0, 1);
     rank_list(waiting, sizeof(waiting), c, sl, 1, 0);
@@ -211,6 +215,19 @@ static void submit_p2p(struct comm *c, struct post *p) {
   if (!uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
 }
 
+/* Op #seq's slot, if a rank posted it. Pending ops are consecutive: a
+ * rank behind finds its op near the oldest, a rank ahead makes the newest,
+ * so neither walks far. */
+static struct slot *find_slot(struct comm *c, uint64_t seq) {
+  if (list_empty(&c->slots) || LIST_ENTRY(c->slots.prev, struct slot, link)->seq < seq) return NULL;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &c->slots) {
+    struct slot *each = LIST_ENTRY(it, struct slot, link);
+    if (each->seq == seq) return each;
+  }
+  return NULL;
+}
+
 void ccsd_post_submit(struct post *p) {
   struct comm *c = p->member->comm;
   int p2p = p->kind == CCS__SEND || p->kind == CCS__RECV;
@@ -235,46 +252,46 @@ void ccsd_post_submit(struct post *p) {
     return;
   }
   uint64_t seq = ++p->member->coll_seq;
-  struct slot *sl = NULL;
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &c->slots) {
-    struct slot *each = LIST_ENTRY(it, struct slot, link);
-    if (each->seq == seq) {
-      sl = each;
-      break;
-    }
-  }
-  if (!sl) {
-    sl = calloc(1, sizeof(*sl));
-    if (sl) sl->posts = calloc((size_t)c->nranks, sizeof(*sl->posts));
-    if (!sl || !sl->posts) {
-      free(sl);
-      ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory matching op #%llu",
-                     (unsigned long long)seq);
-      ccsd_post_finish(p, c->error, c->error_text);
-      return;
-    }
+  struct slot *sl = find_slot(c, seq);
+  struct post **grown = NULL;
+  if (!sl && (sl = calloc(1, sizeof(*sl) + sizeof(uint64_t) * ((size_t)c->nranks + 63) / 64))) {
     sl->seq = seq;
     sl->opened_ms = ccsd_now_ms(c->d);
-    list_insert_tail(&c->slots, &sl->link); /* ranks submit in order: seq ascends */
+    /* ranks submit in order: a new op is the newest (find_slot) */
+    list_insert_tail(&c->slots, &sl->link);
     if (!uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
   }
+  if (sl && sl->nposted == sl->cap) {
+    int cap = sl->cap ? 2 * sl->cap : 4;
+    if ((grown = realloc(sl->posts, sizeof(*grown) * (size_t)cap))) sl->posts = grown, sl->cap = cap;
+  }
+  if (!sl || sl->nposted == sl->cap) {
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory matching op #%llu", (unsigned long long)seq);
+    ccsd_post_finish(p, c->error, c->error_text);
+    return;
+  }
   p->seq = seq;
-  sl->posts[p->member->rank] = p;
-  if (++sl->nposted < c->nlocal) return; /* other daemons' ranks: their daemons */
+  int r = p->member->rank;
+  sl->posted[r / 64] |= (uint64_t)1 << (r % 64);
+  sl->posts[sl->nposted++] = p;
+  if (sl->nposted < c->nlocal) return; /* other daemons' ranks: their daemons */
 
   list_remove(&sl->link);
   char err[CCS__ERROR_TEXT_MAX];
-  if (check_mismatch(c, sl->posts, c->nranks, seq, err, sizeof(err))) {
+  struct post **by_rank = NULL;
+  if (check_mismatch(sl->posts, sl->nposted, seq, err, sizeof(err))) {
     LOG_WARN("comm %llu: %s", (unsigned long long)c->id, err);
     /* Across daemons the others run op #seq without this one's data and
      * would wait for it: the comm fails everywhere, with this text. */
     if (c->spans) ccsd_comm_fail(c, CCS_ERR_MISMATCH, "%s", err);
-    for (int r = 0; r < c->nranks; r++) /* ranks of other daemons have no post here */
-      if (sl->posts[r]) ccsd_post_finish(sl->posts[r], CCS_ERR_MISMATCH, err);
-  } else {
-    ccsd_op_launch(c, sl->posts, c->nranks, seq);
+    for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], CCS_ERR_MISMATCH, err);
+  } else if (!(by_rank = calloc((size_t)c->nranks, sizeof(*by_rank)))) {
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory launching op #%llu", (unsigned long long)seq);
+    for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], c->error, c->error_text);
+  } else { /* ranks of other daemons have no post here */
+    for (int i = 0; i < sl->nposted; i++) by_rank[sl->posts[i]->member->rank] = sl->posts[i];
+    ccsd_op_launch(c, by_rank, c->nranks, seq);
   }
-  free(sl->posts);
-  free(sl);
+  free(by_rank);
+  slot_free(sl);
 }

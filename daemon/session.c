@@ -125,6 +125,7 @@ static void update_poll(struct session *s) {
 
 static void on_closed(uv_handle_t *h) {
   struct session *s = h->data;
+  list_remove(&s->link);
   close(s->fd);
   ccsd_tenant_release(s->tenant, TENANT_SESSIONS, 1);
   free(s);
@@ -132,9 +133,8 @@ static void on_closed(uv_handle_t *h) {
 
 void ccsd_session_close(struct session *s, const char *why) {
   if (s->closing) return;
-  s->closing = 1;
+  s->closing = 1; /* it stays in d->sessions until on_closed: a walk of them may be under way */
   LOG_INFO(CCS_LOG_CLIENT, "client %llu (pid %d) closed: %s", (unsigned long long)s->id, (int)s->pid, why);
-  list_remove(&s->link);
   struct list *it, *tmp;
   /* Leaving fails the client's comms for the other ranks (peer lost). */
   LIST_FOREACH_SAFE(it, tmp, &s->members) {

@@ -346,7 +346,7 @@ void ccsd_span_stopping(struct daemon *d) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
-    if (c->state == COMM_FAILED || (!c->spans && !c->root[0])) continue;
+    if (c->gone || c->state == COMM_FAILED || (!c->spans && !c->root[0])) continue;
     char ranks[256];
     size_t n = 0;
     ranks[0] = 0;
@@ -362,7 +362,7 @@ void ccsd_span_peer_lost(struct daemon *d, const char *addr, const char *why) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
-    if (c->state == COMM_FAILED) continue;
+    if (c->gone || c->state == COMM_FAILED) continue;
     char ranks[256];
     ranks_at(c, addr, ranks, sizeof(ranks));
     int involved = ranks[0] || !strcmp(c->root, addr);

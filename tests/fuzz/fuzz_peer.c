@@ -97,7 +97,7 @@ static const char *sender(struct fuzz_input *in, char *buf, size_t len) {
   return others[0];
 }
 
-static void name_of(struct fuzz_input *in, uint8_t name[CCS__NAME_BYTES], ProtobufCBinaryData *ret) {
+static void name_of(struct fuzz_input *in, uint8_t name[48], ProtobufCBinaryData *ret) {
   int k = fuzz_u8(in) % IDS;
   ccsd_comm_name(&ids[k], name);
   if (fuzz_u8(in) % 16 == 0) name[fuzz_u8(in) % CCS__NAME_BYTES] ^= 1;
@@ -111,7 +111,7 @@ static void one_message(struct fuzz_input *in) {
   Ccs__PeerOp op = CCS__PEER_OP__INIT;
   Ccs__PeerFail f = CCS__PEER_FAIL__INIT;
   Ccs__PeerHeartbeat hb = CCS__PEER_HEARTBEAT__INIT;
-  uint8_t idbytes[CCS_UNIQUE_ID_BYTES] = {0}, name[CCS__NAME_BYTES];
+  uint8_t idbytes[256] = {0}, name[48] = {0}; /* room for lengths that are wrong */
   char from[48], algo[40], text[64], addrbuf[8][48];
   char *addrs[8];
   const char *addr = sender(in, from, sizeof(from));
@@ -119,8 +119,8 @@ static void one_message(struct fuzz_input *in) {
   case 0: { /* a rank joining a comm rooted here */
     int k = fuzz_u8(in) % 2;
     memcpy(idbytes, &ids[k], sizeof(ids[k]));
-    if (fuzz_u8(in) % 8 == 0) idbytes[fuzz_u8(in) % sizeof(idbytes)] ^= (uint8_t)(1 + fuzz_u8(in) % 255);
-    j.id = (ProtobufCBinaryData){fuzz_u8(in) % 16 ? sizeof(idbytes) : fuzz_u8(in), idbytes};
+    if (fuzz_u8(in) % 8 == 0) idbytes[fuzz_u8(in) % CCS_UNIQUE_ID_BYTES] ^= (uint8_t)(1 + fuzz_u8(in) % 255);
+    j.id = (ProtobufCBinaryData){fuzz_u8(in) % 16 ? CCS_UNIQUE_ID_BYTES : fuzz_u8(in), idbytes};
     j.nranks = fuzz_count(in, 4);
     j.rank = fuzz_count(in, 3);
     j.uid = fuzz_u8(in) % 8 ? ids[k].owner_uid : fuzz_u32(in);
@@ -196,7 +196,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* comms held for other daemons would wait for their init deadline */
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d.comms) {
-    ccsd_comm_fail(LIST_ENTRY(it, struct comm, link), CCS_ERR_ABORTED, "fuzz input done");
+    struct comm *c = LIST_ENTRY(it, struct comm, link);
+    if (!c->gone) ccsd_comm_fail(c, CCS_ERR_ABORTED, "fuzz input done");
   }
   for (int i = 0; i < 2000 && (!list_empty(&d.comms) || !list_empty(&d.sessions) || !list_empty(&d.tenants)); i++) {
     spin();

@@ -137,10 +137,10 @@ static void comm_init(struct fuzz_input *in, struct client *c) {
   Ccs__CommInit ci = CCS__COMM_INIT__INIT;
   int k = fuzz_u8(in) % IDS;
   if (fuzz_u8(in) % 4 == 0) new_id(in, k);
-  uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
+  uint8_t bytes[256] = {0}; /* an id, and room for a length that is not one */
   memcpy(bytes, &ids[k], sizeof(ids[k]));
   ci.id.data = bytes;
-  ci.id.len = fuzz_u8(in) % 16 ? sizeof(bytes) : fuzz_u8(in);
+  ci.id.len = fuzz_u8(in) % 16 ? CCS_UNIQUE_ID_BYTES : fuzz_u8(in);
   ci.nranks = fuzz_count(in, 4);
   ci.rank = fuzz_count(in, 3);
   ci.op_timeout_ms = fuzz_u8(in) % 4 ? 0 : fuzz_u32(in);
@@ -156,7 +156,7 @@ static void comm_init(struct fuzz_input *in, struct client *c) {
 static void mem_register(struct fuzz_input *in, struct client *c) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
-  uint8_t dev[16], handle[64];
+  uint8_t dev[20] = {0}, handle[70] = {0};
   m.domain = fuzz_u8(in) % 8 ? CCS__MEM_HOST : fuzz_u8(in) % 4;
   m.size = fuzz_u64(in);
   m.device = (ProtobufCBinaryData){fuzz_u8(in) % 20, dev};
