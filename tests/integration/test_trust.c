@@ -272,17 +272,26 @@ static unsigned long long first_comm(const char *json) {
   return at ? strtoull(at + 8, NULL, 10) : 0;
 }
 
-static void test_tenant_cannot_abort_others(void **state) {
+/* root's lonely rank in a child (*ret_ranks), and its comm as `as_other`
+ * lists it */
+static unsigned long long lonely_comm(int as_other, pid_t *ret_ranks, char *out, size_t len) {
   assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(1, lonely_rank, NULL, 60, NULL));
-  static char out[1 << 16];
   unsigned long long comm = 0;
   for (double until = test_now() + 10; !comm && test_now() < until; usleep(50000)) {
-    assert_int_equal(ccsctl_as(0, "--json comms", out, sizeof(out)), 0);
+    assert_int_equal(ccsctl_as(as_other, "--json comms", out, len), 0);
     comm = first_comm(out);
   }
   assert_true(comm > 0);
+  *ret_ranks = ranks;
+  return comm;
+}
+
+static void test_tenant_cannot_abort_others(void **state) {
+  static char out[1 << 16];
+  pid_t ranks;
+  unsigned long long comm = lonely_comm(0, &ranks, out, sizeof(out));
   /* the tenant neither sees it nor aborts it; the answer is the same as
    * for a comm that does not exist */
   assert_int_equal(ccsctl_as(1, "--json comms", out, sizeof(out)), 0);
@@ -312,16 +321,9 @@ static int setup_admin_group(void **state) {
 }
 
 static void test_admin_group(void **state) {
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
-  pid_t ranks = fork();
-  if (ranks == 0) _exit(test_run_ranks(1, lonely_rank, NULL, 60, NULL));
   static char out[1 << 16];
-  unsigned long long comm = 0;
-  for (double until = test_now() + 10; !comm && test_now() < until; usleep(50000)) {
-    assert_int_equal(ccsctl_as(1, "--json comms", out, sizeof(out)), 0);
-    comm = first_comm(out);
-  }
-  assert_true(comm > 0);
+  pid_t ranks;
+  unsigned long long comm = lonely_comm(1, &ranks, out, sizeof(out));
   assert_non_null(strstr(out, "\"uid\": 0"));
   char cmd[64];
   snprintf(cmd, sizeof(cmd), "abort %llu", comm);

@@ -11,7 +11,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -438,6 +441,58 @@ static void test_connection_cap(void **state) {
   T->free(b);
 }
 
+/* A listener out of file descriptors (a low RLIMIT_NOFILE, in a child):
+ * it refuses what it cannot hold and says why, and does not spin. */
+static void test_descriptor_exhaustion(void **state) {
+  int port_pipe[2];
+  assert_int_equal(pipe(port_pipe), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    char err[256], bound[128];
+    struct transport *t = open_t(7);
+    if (T->listen(t, "127.0.0.1:0", bound, sizeof(bound), err, sizeof(err))) _exit(2);
+    int open_fds = 0;
+    for (int fd = 0; fd < 1024; fd++) open_fds += fcntl(fd, F_GETFD) >= 0;
+    struct rlimit low;
+    getrlimit(RLIMIT_NOFILE, &low);
+    low.rlim_cur = (rlim_t)open_fds + 6; /* room for a few connections */
+    setrlimit(RLIMIT_NOFILE, &low);
+    if (write(port_pipe[1], bound, sizeof(bound)) != (ssize_t)sizeof(bound)) _exit(3);
+    int accepted = 0, refused = 0;
+    struct tcompletion done[16];
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    double t0 = test_now();
+    while (test_now() - t0 < 3) {
+      struct tconn *c;
+      int rc = T->accept(t, &c, err, sizeof(err));
+      accepted += rc == 1;
+      refused += rc < 0 && strstr(err, "file descriptors") != NULL;
+      T->poll(t, 50, done, 16);
+    }
+    getrusage(RUSAGE_SELF, &r1);
+    double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
+                 (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
+    fprintf(stderr, "# out of descriptors: %d accepted, %d refused, CPU %.2f s in 3 s\n", accepted, refused, cpu);
+    _exit(accepted > 0 && refused > 0 && cpu < 1.5 ? 0 : 1);
+  }
+  char bound[128];
+  assert_int_equal(read(port_pipe[0], bound, sizeof(bound)), (ssize_t)sizeof(bound));
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  sa.sin_port = htons((uint16_t)atoi(strrchr(bound, ':') + 1));
+  int fds[40];
+  for (int i = 0; i < 40; i++) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+  }
+  int st;
+  waitpid(pid, &st, 0);
+  for (int i = 0; i < 40; i++) close(fds[i]);
+  close(port_pipe[0]);
+  close(port_pipe[1]);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static int with_encryption(void **state) {
   encrypt_data = 1;
   return 0;
@@ -454,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_message_tags),
       cmocka_unit_test(test_held_bytes_capped),
       cmocka_unit_test(test_connection_cap),
+      cmocka_unit_test(test_descriptor_exhaustion),
       /* everything again with the data encrypted too */
       cmocka_unit_test_setup(test_messages_both_ways, with_encryption),
       cmocka_unit_test_setup(test_messages_outlive_the_close, with_encryption),
