@@ -201,6 +201,7 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr, 
   c->tc = tc;
   c->node = -1;
   snprintf(c->addr, sizeof(c->addr), "%s", addr ? addr : "");
+  c->outbound = addr != NULL; /* we dialled it */
   c->opened = c->last_rx = now_s();
   c->rx_cap = data ? DATA_CONTROL_MAX : CONTROL_MAX;
   list_insert_tail(&p->conns, &c->link);
@@ -245,9 +246,7 @@ static struct pconn *control_to(struct peers *p, const char *addr) {
     emit(p, addr, NULL, err);
     return NULL;
   }
-  struct pconn *c = adopt(p, tc, addr, 0);
-  if (c) c->outbound = 1;
-  return c;
+  return adopt(p, tc, addr, 0);
 }
 
 /* --- data connections and posts ---------------------------------------------- */
@@ -685,7 +684,16 @@ static void housekeeping(struct peers *p) {
   }
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
-    if ((!c->got_hello || c->waiting_comm) && now - c->opened > cfg->io_timeout_s) {
+    /* a connection we dialled has the transport's greeting deadline
+     * (peer_timeout: the connect may take its time); one from a stranger
+     * is dropped sooner */
+    if (c->outbound && !c->got_hello && now - c->opened > cfg->peer_timeout_s + cfg->io_timeout_s) {
+      char why[96];
+      snprintf(why, sizeof(why), "no greeting in %.1f s", now - c->opened);
+      drop_conn(p, c, why);
+      continue;
+    }
+    if (!c->outbound && (!c->got_hello || c->waiting_comm) && now - c->opened > cfg->io_timeout_s) {
       char who[96];
       p->ops->peer_name(c->tc, who, sizeof(who));
       LOG_WARN("daemon connection from %s: %s in %.1f s: closed", c->addr[0] ? c->addr : who,

@@ -128,14 +128,25 @@ static void for_each_other(struct comm *c, void (*fn)(struct comm *, const char 
     fn(c, c->root);
     return;
   }
-  for (int r = 0; r < c->nranks; r++) { /* the root before ready: joined daemons, once each */
+  /* the root before ready: the daemons ranks joined through, once each
+   * (a set of their addresses: one pass, however many ranks) */
+  struct seen {
+    UT_hash_handle hh;
+  } *set = NULL, *entries = calloc((size_t)c->nranks, sizeof(*entries)), *e;
+  for (int r = 0, n = 0; r < c->nranks; r++) {
     const struct member *m = c->members[r];
     if (!m || !m->remote) continue;
-    int first = 1;
-    for (int q = 0; q < r && first; q++)
-      first = !(c->members[q] && c->members[q]->remote && !strcmp(c->members[q]->addr, m->addr));
-    if (first) fn(c, m->addr);
+    size_t len = strlen(m->addr);
+    HASH_FIND(hh, set, m->addr, len, e);
+    if (e) continue;
+    if (entries) { /* without the set: a daemon is told twice, which is harmless */
+      e = &entries[n++];
+      HASH_ADD_KEYPTR(hh, set, m->addr, len, e);
+    }
+    fn(c, m->addr);
   }
+  HASH_CLEAR(hh, set);
+  free(entries);
 }
 
 static void tell_failed(struct comm *c, const char *addr) {

@@ -242,6 +242,8 @@ static int seal_head(struct tconn *c) {
 }
 
 static void flush_sends(struct tconn *c) {
+  /* the acceptor's last proof goes before any message */
+  if (c->hs_out_sent < c->hs_out_len && (hs_flush(c) || c->hs_out_sent < c->hs_out_len)) return;
   while (c->sends && !c->dead && c->state == OPEN) {
     struct op *op = c->sends;
     if (!c->sending) {
@@ -631,7 +633,7 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
       if (c->dead) continue;
       short ev = POLLIN;
       if (c->state == CONNECTING) ev = POLLOUT;
-      else if (c->state == GREETING ? c->hs_out_sent < c->hs_out_len : c->sends != NULL) ev |= POLLOUT;
+      else if (c->hs_out_sent < c->hs_out_len || (c->state == OPEN && c->sends)) ev |= POLLOUT;
       fds[i] = (struct pollfd){c->fd, ev, 0};
       who[i++] = c;
     }
