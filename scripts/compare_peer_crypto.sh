@@ -58,7 +58,8 @@ for coll in all_reduce all_gather; do
   fi
   echo
   echo "## $coll"
-  printf '%12s %12s %12s %12s %12s\n' "size(B)" "before-auth" "authentic" "encrypted" "enc/auth"
+  printf '%12s %12s %12s %12s %12s %12s\n' "size(B)" "before-auth" "authentic" "encrypted" "auth/before" "enc/auth"
   join <(echo "$base" | sort -k1,1) <(echo "$auth" | sort -k1,1) | join - <(echo "$enc" | sort -k1,1) | sort -n |
-    awk '{r = $3 > 0 ? $4 / $3 : 0; printf "%12d %12s %12.3f %12.3f %12.2f\n", $1, $2, $3, $4, r}'
+    awk '{a = $2 > 0 ? sprintf("%.2f", $3 / $2) : "-"; r = $3 > 0 ? $4 / $3 : 0
+          printf "%12d %12s %12.3f %12.3f %12s %12.2f\n", $1, $2, $3, $4, a, r}'
 done
