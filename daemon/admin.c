@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 static const char *state_name(const struct comm *c) {
   return c->state == COMM_JOINING ? "joining" : c->state == COMM_READY ? "ready" : "failed";

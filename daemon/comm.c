@@ -11,7 +11,7 @@
 
 #include "addr.h"
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 void ccsd_comm_ref(struct comm *c) { c->refs++; }
 

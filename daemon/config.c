@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "daemon.h"
-#include "log.h"
-#include "tuner.h"
+#include "base/log.h"
+#include "plan/tuner.h"
 
 enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_SUBSYS, K_ADDRESS,
                 K_RULES, K_BOOL };

@@ -24,11 +24,13 @@
 #include <uv.h>
 
 #include "accept.h"
-#include "engine.h"
+#include "plan/engine.h"
+#include "plan/pool.h"
+#include "run/engine_run.h"
 #include "gpu.h"
-#include "list.h"
+#include "base/list.h"
 #include "peer.h"
-#include "tuner.h"
+#include "plan/tuner.h"
 #include "wire.h"
 
 #define CCSD_MAX_RANKS 4096
@@ -98,14 +100,7 @@ struct tenant {
 
 struct executor;
 
-/* textbuf.c: start zeroed; buf is malloc'ed (or NULL) */
-struct textbuf {
-  char *buf;
-  size_t len, cap;
-  int failed;
-};
-void textbuf_printf(struct textbuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void textbuf_json_string(struct textbuf *t, const char *s);
+#include "base/textbuf.h"
 
 /* metrics.c */
 #define CCSD_LATENCY_BUCKETS 8

@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
   if (m->protocol != CCS__PROTOCOL_VERSION) {

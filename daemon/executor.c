@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 struct tenant_queue {
   struct list link; /* in executor->turns */

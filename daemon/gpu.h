@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "ccs.h"
-#include "list.h"
+#include "base/list.h"
 
 struct daemon;
 struct xop;

@@ -18,7 +18,7 @@
 #include "cuda_vmm.h"
 #include "daemon.h"
 #include "kernels_device.h"
-#include "log.h"
+#include "base/log.h"
 
 struct device {
   struct gpu *g;

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 static void on_housekeeping(uv_timer_t *t) {
   struct daemon *d = t->data;

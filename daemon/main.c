@@ -11,8 +11,8 @@
 
 #include "auth.h"
 #include "daemon.h"
-#include "log.h"
-#include "tuner.h"
+#include "base/log.h"
+#include "plan/tuner.h"
 
 static void usage(FILE *f) {
   fprintf(f,

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 void ccsd_post_free(struct post *p) {
   ccsd_membuf_unref(p->sendbuf);

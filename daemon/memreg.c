@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 

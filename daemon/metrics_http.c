@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 struct http_conn {
   struct list link; /* in d->http_conns until closed */

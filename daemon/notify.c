@@ -4,7 +4,7 @@
 #include <fcntl.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 #ifdef CCS_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 static const enum sched_coll coll_of[CCS__COLL_KIND_COUNT] = {
     [CCS__ALL_REDUCE] = SCHED_ALL_REDUCE, [CCS__BROADCAST] = SCHED_BROADCAST,

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 struct agreement {
   struct list link; /* in comm->agreements */

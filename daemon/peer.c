@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 #include "addr.h"
 #include "auth.h"
 #include "peer.h"

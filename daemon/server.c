@@ -11,7 +11,7 @@
 
 #include "accept.h"
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 static void on_listen_readable(uv_poll_t *h, int status, int events);
 

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 struct outbuf {
   struct list link;

@@ -14,7 +14,7 @@
 
 #include "addr.h"
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 static void send_fail(struct daemon *d, const char *addr, const uint8_t *name, ccs_result_t status,
                       const char *error) {

@@ -17,7 +17,7 @@
 
 #include "daemon.h"
 #include "fuzz_input.h"
-#include "log.h"
+#include "base/log.h"
 
 enum { IDS = 4, CLIENTS = 2 };
 

@@ -18,7 +18,7 @@
 
 #include "daemon.h"
 #include "fuzz_input.h"
-#include "log.h"
+#include "base/log.h"
 
 enum { CLIENTS = 3, IDS = 4, KNOWN = 8 };
 

@@ -14,7 +14,9 @@
 
 #include <cmocka.h>
 
-#include "engine.h"
+#include "plan/engine.h"
+#include "plan/pool.h"
+#include "run/engine_run.h"
 #include "harness.h"
 #include "reference.h"
 

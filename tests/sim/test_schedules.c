@@ -17,7 +17,7 @@
 #include "harness.h"
 #include "kernels.h"
 #include "reference.h"
-#include "schedule.h"
+#include "plan/schedule.h"
 
 struct msg {
   void *data;

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "daemon.h"
-#include "log.h"
+#include "base/log.h"
 
 static char path[64];
 

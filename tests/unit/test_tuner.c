@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "tuner.h"
+#include "plan/tuner.h"
 
 static enum sched_algo pick(enum sched_coll c, int n, uint64_t bytes, const char *rules_text) {
   struct algo_rules rules = {.n = 0};

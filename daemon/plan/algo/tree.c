@@ -4,7 +4,7 @@
  * leaves are the first one's inner nodes (mirrored numbering for even n,
  * shifted for odd), so every participant sends and receives about as much
  * and both directions of the links carry data. */
-#include "algo.h"
+#include "plan/algo/algo.h"
 
 /* Relative rank vr (root = 0): its parent, and the size of its subtree;
  * children are vr + m for m = half, half/2, ... 1 with vr + m < n. */

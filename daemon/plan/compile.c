@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "plan/engine.h"
+#include "plan/pool.h"
 
 enum { V_INPUT, V_REMOTE, V_REDUCE };
 
@@ -421,87 +422,6 @@ static int add_edge(struct compiler *k, uint32_t from, uint32_t to, int chunkwis
   return 0;
 }
 
-struct pool_block {
-  struct pool_block *next;
-  size_t bytes;
-  void *mem;
-};
-
-struct engine_pool {
-  struct pool_block *blocks;
-  size_t kept, keep;
-  void *(*alloc)(size_t bytes, void *ctx);
-  void (*release)(void *mem, void *ctx);
-  void *ctx;
-};
-
-static void *host_alloc(size_t bytes, void *ctx) { return malloc(bytes ? bytes : 1); }
-static void host_release(void *mem, void *ctx) { free(mem); }
-
-struct engine_pool *engine_pool_new_with(size_t keep_bytes, void *(*alloc)(size_t, void *),
-                                         void (*release)(void *, void *), void *ctx) {
-  struct engine_pool *pool = calloc(1, sizeof(*pool));
-  if (pool) *pool = (struct engine_pool){NULL, 0, keep_bytes, alloc, release, ctx};
-  return pool;
-}
-
-struct engine_pool *engine_pool_new(size_t keep_bytes) {
-  return engine_pool_new_with(keep_bytes, host_alloc, host_release, NULL);
-}
-
-void engine_pool_free(struct engine_pool *pool) {
-  if (!pool) return;
-  for (struct pool_block *b = pool->blocks, *next; b; b = next) {
-    next = b->next;
-    pool->release(b->mem, pool->ctx);
-    free(b);
-  }
-  free(pool);
-}
-
-/* The smallest kept block that fits without wasting half of it. */
-static void *pool_get(struct engine_pool *pool, size_t bytes, size_t *got) {
-  struct pool_block **best = NULL;
-  for (struct pool_block **b = pool ? &pool->blocks : NULL; b && *b; b = &(*b)->next)
-    if ((*b)->bytes >= bytes && (*b)->bytes / 2 <= bytes && (!best || (*b)->bytes < (*best)->bytes))
-      best = b;
-  if (!best) {
-    *got = bytes;
-    return pool ? pool->alloc(bytes, pool->ctx) : host_alloc(bytes, NULL);
-  }
-  struct pool_block *blk = *best;
-  void *mem = blk->mem;
-  *best = blk->next;
-  *got = blk->bytes;
-  pool->kept -= blk->bytes;
-  free(blk);
-  return mem;
-}
-
-/* Kept for the next op; the smallest kept blocks make room for it (ops of
- * one size in a row then fault in no fresh page after the first). */
-static void pool_put(struct engine_pool *pool, void *mem, size_t bytes) {
-  while (pool && bytes <= pool->keep && pool->kept + bytes > pool->keep) {
-    struct pool_block **smallest = &pool->blocks;
-    for (struct pool_block **b = &pool->blocks; *b; b = &(*b)->next)
-      if ((*b)->bytes < (*smallest)->bytes) smallest = b;
-    struct pool_block *gone = *smallest;
-    *smallest = gone->next;
-    pool->kept -= gone->bytes;
-    pool->release(gone->mem, pool->ctx);
-    free(gone);
-  }
-  struct pool_block *blk = pool && pool->kept + bytes <= pool->keep ? malloc(sizeof(*blk)) : NULL;
-  if (!blk) {
-    if (pool) pool->release(mem, pool->ctx);
-    else host_release(mem, NULL);
-    return;
-  }
-  *blk = (struct pool_block){pool->blocks, bytes, mem};
-  pool->blocks = blk;
-  pool->kept += bytes;
-}
-
 static void *scratch(struct compiler *k, size_t bytes) {
   struct engine_plan *pl = k->plan;
   void **grown = realloc(pl->scratch, sizeof(void *) * (pl->nscratch + 1));
@@ -510,7 +430,7 @@ static void *scratch(struct compiler *k, size_t bytes) {
   if (!sizes) return oom(k), NULL;
   pl->scratch_bytes = sizes;
   size_t got;
-  void *p = pool_get(k->op->pool, bytes, &got);
+  void *p = engine_pool_get(k->op->pool, bytes, &got);
   if (!p) return oom(k), NULL;
   pl->scratch_bytes[pl->nscratch] = got;
   return pl->scratch[pl->nscratch++] = p;
@@ -877,7 +797,7 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
 }
 
 void engine_plan_free(struct engine_plan *plan) {
-  for (size_t i = 0; i < plan->nscratch; i++) pool_put(plan->pool, plan->scratch[i], plan->scratch_bytes[i]);
+  for (size_t i = 0; i < plan->nscratch; i++) engine_pool_put(plan->pool, plan->scratch[i], plan->scratch_bytes[i]);
   free(plan->scratch);
   free(plan->scratch_bytes);
   free(plan->nodes);

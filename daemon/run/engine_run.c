@@ -3,8 +3,8 @@
  * its lock and runs the tasks themselves outside it. */
 #include <stdlib.h>
 
-#include "engine.h"
 #include "kernels.h"
+#include "run/engine_run.h"
 
 static void make_ready(struct engine_plan *pl, size_t task, size_t *made) {
   if (--pl->pending[task] == 0) {

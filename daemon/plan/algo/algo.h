@@ -2,7 +2,7 @@
 #ifndef CCSD_ALGO_H
 #define CCSD_ALGO_H
 
-#include "../schedule.h"
+#include "plan/schedule.h"
 
 int algo_direct(enum sched_coll c, int n, int me, int root, struct schedule *s);
 int algo_ring(enum sched_coll c, int n, int me, int root, int pipeline, struct schedule *s);

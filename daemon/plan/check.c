@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "schedule.h"
+#include "plan/schedule.h"
 
 struct content {
   uint8_t valid, finalized, from_input;

@@ -1,4 +1,4 @@
-#include "tuner.h"
+#include "plan/tuner.h"
 
 #include <ctype.h>
 #include <math.h>

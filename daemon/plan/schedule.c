@@ -1,10 +1,11 @@
-/* Building schedules: the step list, and which builder makes what. */
+/* Schedules as data: the step list, its names, and widening a schedule of
+ * groups into its members' blocks (builders and the checker use these;
+ * build.c says which builder makes what). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo/algo.h"
-#include "schedule.h"
+#include "plan/schedule.h"
 
 static const char *const coll_names[SCHED_COLL_COUNT] = {
     "all_reduce", "reduce_scatter", "reduce", "all_gather",
@@ -84,23 +85,6 @@ int sched_expand(struct schedule *s, const int *first) {
   sched_free(s);
   *s = out;
   if (rc) sched_free(s);
-  return rc;
-}
-
-int sched_build(enum sched_algo a, enum sched_coll c, int n, int me, int root, int pipeline,
-                struct schedule *ret) {
-  sched_init(ret, 0); /* a builder that declines leaves nothing to free */
-  if (n < 1 || me < 0 || me >= n || root < 0 || root >= n || pipeline < 1) return -1;
-  int rc;
-  switch (a) {
-  case SCHED_DIRECT: rc = algo_direct(c, n, me, root, ret); break;
-  case SCHED_RING: rc = algo_ring(c, n, me, root, pipeline, ret); break;
-  case SCHED_TREE: rc = algo_tree(c, n, me, root, pipeline, ret); break;
-  case SCHED_RHD: rc = algo_rhd(c, n, me, ret); break;
-  default: rc = -1; break;
-  }
-  if (rc == 0 && ret->failed) rc = -2;
-  if (rc != 0) sched_free(ret);
   return rc;
 }
 

@@ -2,7 +2,7 @@
  * block crosses each link twice: the bandwidth-optimal 2(n-1)/n), the
  * halves alone for reduce_scatter and all_gather, and a pipelined chain
  * for broadcast and reduce. */
-#include "algo.h"
+#include "plan/algo/algo.h"
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 

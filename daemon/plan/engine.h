@@ -22,14 +22,14 @@
  *
  * The graph is plain data: tests run it on one thread in any order the
  * dependencies allow; the executor runs it on its threads. */
-#ifndef CCSD_ENGINE_H
-#define CCSD_ENGINE_H
+#ifndef CCSD_PLAN_ENGINE_H
+#define CCSD_PLAN_ENGINE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ccs.h"
-#include "schedule.h"
+#include "plan/schedule.h"
 
 /* One participant's mapped buffers; NULL where its call has none (a
  * non-root of reduce or gather has no output, a non-root of broadcast or
@@ -47,6 +47,8 @@ struct engine_rank {
   int nmembers, root_member;
 };
 
+struct engine_pool;
+
 struct engine_op {
   enum sched_coll coll;
   enum sched_algo algo;
@@ -60,22 +62,12 @@ struct engine_op {
   const int *rank_of;
   size_t chunk_bytes; /* every daemon of a comm must use the same */
   size_t avg_divisor; /* ranks that contribute (CCS_AVG); 0: n */
-  struct engine_pool *pool; /* where scratch comes from; NULL: malloc */
+  struct engine_pool *pool; /* where scratch comes from (pool.h); NULL: malloc */
   /* Groups of all_gather, reduce_scatter, gather and scatter: participant
    * p stands for the ranks rank_of[group_first[p] .. group_first[p+1]-1],
    * its members in that order, and its block for their blocks. */
   const int *group_first;
 };
-
-/* Scratch memory kept between ops: fresh large allocations cost a page
- * fault per page on first touch, which dominates an op that receives tens
- * of MiB from other daemons. One thread at a time (the loop's). */
-struct engine_pool;
-struct engine_pool *engine_pool_new(size_t keep_bytes);
-/* The same over another kind of memory (a GPU's). */
-struct engine_pool *engine_pool_new_with(size_t keep_bytes, void *(*alloc)(size_t bytes, void *ctx),
-                                         void (*release)(void *mem, void *ctx), void *ctx);
-void engine_pool_free(struct engine_pool *pool);
 
 enum engine_kind {
   ENGINE_COMPUTE, /* reduce or copy, on the executor's threads */
@@ -135,31 +127,6 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
                             size_t errlen);
 void engine_plan_free(struct engine_plan *plan);
 
-/* Running: start once; then, under one lock, claim a ready task, run it
- * (without the lock), and finish it, which may make others ready. Compute
- * tasks and network tasks queue apart: whoever drives the network claims
- * its own without passing through the threads that compute. */
-void engine_start(struct engine_plan *plan);
-static inline int engine_has_ready(const struct engine_plan *plan) {
-  return plan->ready_head < plan->ready_tail;
-}
-static inline int engine_has_net_ready(const struct engine_plan *plan) {
-  return plan->net_head < plan->net_tail;
-}
-static inline size_t engine_claim_net(struct engine_plan *plan) { /* engine_has_net_ready first */
-  return plan->net_ready[plan->net_head++];
-}
-static inline int engine_done(const struct engine_plan *plan) {
-  return plan->finished == plan->ntasks;
-}
-size_t engine_claim(struct engine_plan *plan); /* engine_has_ready first */
-/* Task `task` covers elements [*ret_first, *ret_first + return) of its node. */
-size_t engine_task_span(const struct engine_plan *plan, size_t task, size_t *ret_first);
-void engine_run_task(const struct engine_plan *plan, size_t task, int streaming);
-/* How many tasks it made ready. */
-size_t engine_finish(struct engine_plan *plan, size_t task);
-/* Everything, in order, on the calling thread (no SEND or RECV nodes). */
-void engine_run_all(struct engine_plan *plan, int streaming);
 static inline const struct engine_node *engine_task_node(const struct engine_plan *plan,
                                                          size_t task) {
   return &plan->nodes[plan->task_node[task]];

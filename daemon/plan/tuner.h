@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "schedule.h"
+#include "plan/schedule.h"
 
 #define CCSD_MAX_RULES 64
 

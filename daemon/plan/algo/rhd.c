@@ -7,7 +7,7 @@
  * the odd ones and sit the exchanges out; the odd one then stands for both
  * (for reduce_scatter and all_gather it owns both their blocks, a "group"),
  * and hands back what the even one must end with. */
-#include "algo.h"
+#include "plan/algo/algo.h"
 
 static int floor_pow2(int n) {
   int p = 1;

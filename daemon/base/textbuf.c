@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "daemon.h"
+#include "base/textbuf.h"
 
 void textbuf_printf(struct textbuf *t, const char *fmt, ...) {
   va_list ap;

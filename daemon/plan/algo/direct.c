@@ -3,7 +3,7 @@
  * step is a permutation and no participant is hit by all at once);
  * all_reduce one-shot (everyone's whole buffer to everyone); gather,
  * scatter, broadcast and reduce straight between root and each peer. */
-#include "algo.h"
+#include "plan/algo/algo.h"
 
 int algo_direct(enum sched_coll c, int n, int me, int root, struct schedule *s) {
   switch (c) {
