@@ -27,9 +27,10 @@
 #include "plan/engine.h"
 #include "plan/pool.h"
 #include "run/engine_run.h"
-#include "gpu.h"
+#include "run/executor.h"
+#include "run/gpu.h"
+#include "run/net.h"
 #include "base/list.h"
-#include "peer.h"
 #include "plan/tuner.h"
 #include "wire.h"
 
@@ -272,6 +273,7 @@ struct comm {
   int *node_of_rank, *rank_of; /* rank_of: participants ordered by node */
   int *node_first;             /* node k's ranks: rank_of[node_first[k] ..] */
   struct net_comm *net;
+  struct net_map map;       /* who is where, for the network side's texts */
   size_t chunk_bytes;       /* the root's: chunks are messages */
   int lanes;                /* the root's: data connections per pair of daemons */
   struct p2p_count *p2p_counts; /* messages so far per (from, to) rank pair */
@@ -333,38 +335,34 @@ struct slot {
 };
 int ccsd_slot_has(const struct slot *sl, int rank);
 
+/* A matched op: the posts of every local rank, and its run state (the
+ * run layer's part, run/op.h) which comes back through run.on_done. */
 struct xop {
-  struct list link;      /* in the executor's queue */
-  struct list done_link; /* in the executor's completed list */
+  struct run_op run;
   struct list comm_link; /* in comm->running */
   struct comm *comm;
-  uid_t uid; /* the comm's tenant: the executor shares threads per tenant */
   struct post **posts;
   int nposts;
   uint32_t kind;
   uint64_t seq;
   enum sched_algo algo;
   char why[160];           /* why this algorithm (CCS_DEBUG=INFO) */
-  struct engine_plan plan; /* its bookkeeping under the executor's lock */
-  int streaming;           /* outputs past the caches: non-temporal stores */
-  _Atomic int cancelled;   /* the comm failed: skip the remaining work */
-  int net_handover;        /* its ready tasks are on their way to the network thread (under the executor's lock) */
-  int on_net;              /* small, across daemons: the network thread runs its compute tasks too */
   int *part_node;          /* across daemons: each participant's node */
   void *scratch;           /* a barrier's bytes */
   size_t scratch_len;
   uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
-  char net_error[160];     /* a network task failed (first reason; under the executor's lock) */
-  ccs_result_t net_status; /* and how */
-  uint64_t sig_key;        /* across daemons: its arguments, in its data tags */
-  struct net_mem *net_mem; /* its memory, registered with the transport */
-  int device;              /* the GPU that runs it; -1: host memory */
   struct membuf **held;    /* kept for the GPU after early replies (ccsd_xop_enqueued) */
   int nheld;
-  char gpu_error[160];     /* the GPU could not run it */
-  void *gpu_done;          /* its completion event while on the GPU */
-  int gpu_state;           /* what the GPU threads owe the loop (gpu.h; under their lock) */
 };
+
+/* gpu_domain.c: which GPU runs an op whose local posts are posts[0..n)
+ * (NULLs skipped): -1 when every buffer is host memory; else the device of
+ * the first device buffer, which must reach every other (reach[a] has bit
+ * b when GPU a can access GPU b's memory). -2 with rc and err when the
+ * buffers cannot be used together: host and device mixed, device buffers
+ * across daemons, GPUs without peer access, more ranks than a launch takes. */
+int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64_t *reach,
+                       ccs_result_t *rc, char *err, size_t errlen);
 
 /* tenant.c */
 ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter k,
@@ -488,26 +486,7 @@ void ccsd_span_ready(struct comm *c);                     /* the root: every ran
 void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
 void ccsd_span_free(struct comm *c);
 void ccsd_span_stopping(struct daemon *d);                /* fails comms with ranks elsewhere */
-int ccsd_xop_peer_node(const struct xop *x, size_t task); /* the other end's node */
-void ccsd_xop_net_error(struct xop *x, ccs_result_t status, const char *why); /* network thread */
 
-/* executor.c */
-struct executor *ccsd_executor_new(struct daemon *d, int threads);
-/* Joins the threads, completes every op still held (cancelled), and frees
- * the executor once the loop has closed its handle. */
-void ccsd_executor_stop(struct executor *e);
-void ccsd_executor_submit(struct executor *e, struct xop *x);
-/* The network thread: finishes x's task (CCSD_NO_TASK: none), and takes
- * up to max of x's ready network tasks (and compute tasks, x->on_net) into
- * tasks, unless a hand-over of x (ccsd_peers_hand_over) is on its way: that
- * one takes them (handover: this call is it). x may be gone after a call
- * that took none. */
-#define CCSD_NO_TASK ((size_t)-1)
-size_t ccsd_executor_net_step(struct executor *e, struct xop *x, size_t task, int handover,
-                              size_t *tasks, size_t max);
-/* 1 when tasks finished since *seen (updated) or nothing is waiting */
-int ccsd_executor_healthy(struct executor *e, uint64_t *seen);
-double ccsd_executor_busy_seconds(struct executor *e);
 void ccsd_xop_free(struct xop *x);
 
 #endif

@@ -32,6 +32,13 @@ static size_t max_mappings(void) {
   return n > 1024 ? (size_t)n : 65530;
 }
 
+static void on_peer_message(void *arg, const char *addr, const Ccs__PeerMsg *m) {
+  ccsd_span_message(arg, addr, m);
+}
+static void on_peer_lost(void *arg, const char *addr, const char *why) {
+  ccsd_span_peer_lost(arg, addr, why);
+}
+
 int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   struct ccsd_config cfg = d->cfg;
   ccsd_config_resolve(&cfg);
@@ -52,12 +59,12 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   randombytes_buf(d->id_key, sizeof(d->id_key));
   randombytes_buf(d->table_key, sizeof(d->table_key));
   d->pool = engine_pool_new(d->cfg.scratch_keep); /* scratch kept between ops */
-  d->exec = ccsd_executor_new(d, d->cfg.threads);
+  d->exec = ccsd_executor_new(loop, d->cfg.threads);
   if (!d->exec) {
     LOG_ERROR("cannot start %d executor threads", d->cfg.threads);
     return -1;
   }
-  d->gpu = ccsd_gpu_start(d, d->gpu_absent, sizeof(d->gpu_absent));
+  d->gpu = ccsd_gpu_start(loop, d->gpu_absent, sizeof(d->gpu_absent));
   if (d->gpu) {
     char gpus[512];
     ccsd_gpu_describe(d->gpu, gpus, sizeof(gpus));
@@ -66,7 +73,17 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     LOG_INFO(CCS_LOG_INIT, "host-only: %s", d->gpu_absent);
   }
   if (d->cfg.listen[0]) { /* other nodes' daemons */
-    d->peers = ccsd_peers_start(d, d->self, sizeof(d->self));
+    const struct ccsd_config *c = &d->cfg;
+    struct peers_options opt = {
+        .cluster_key_file = c->cluster_key_file, .encrypt = c->peer_encrypt,
+        .max_connections = (size_t)c->peer_max_connections,
+        .unexpected_bytes = c->peer_unexpected_bytes, .unexpected_total = c->peer_unexpected_total,
+        .heartbeat_s = c->heartbeat_s, .peer_timeout_s = c->peer_timeout_s,
+        .io_timeout_s = c->io_timeout_s};
+    snprintf(opt.listen, sizeof(opt.listen), "%s", c->listen);
+    snprintf(opt.advertise, sizeof(opt.advertise), "%s", c->advertise);
+    struct peers_hooks hooks = {on_peer_message, on_peer_lost, d};
+    d->peers = ccsd_peers_start(loop, &opt, &hooks, d->exec, d->self, sizeof(d->self));
     if (!d->peers) return -1;
     if (!strncmp(d->self, "0.0.0.0:", 8) || !strncmp(d->self, "[::]:", 5)) {
       LOG_ERROR("listen=%s accepts on every address: set advertise to the one other daemons use",

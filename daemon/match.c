@@ -51,7 +51,7 @@ void ccsd_comm_fail_pending(struct comm *c) {
     ccsd_post_finish(p, c->error, c->error_text);
   }
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
-    atomic_store(&LIST_ENTRY(it, struct xop, comm_link)->cancelled, 1);
+    atomic_store(&LIST_ENTRY(it, struct xop, comm_link)->run.cancelled, 1);
   }
   ccsd_agree_release(c);
 }
@@ -172,7 +172,7 @@ void ccsd_comm_check_deadlines(struct comm *c) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
     const struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
-    if (x->plan.net_nodes && (!net || x->launched_ms < net->launched_ms)) net = x;
+    if (x->run.plan.net_nodes && (!net || x->launched_ms < net->launched_ms)) net = x;
   }
   if (net && now - net->launched_ms >= limit) {
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT,

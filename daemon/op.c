@@ -35,7 +35,9 @@ static uint64_t op_bytes(const struct post *p, int n) {
 
 void ccsd_xop_free(struct xop *x) {
   if (!x) return;
-  engine_plan_free(&x->plan);
+  engine_plan_free(&x->run.plan);
+  free(x->run.regions);
+  free(x->run.events);
   for (int i = 0; i < x->nheld; i++) ccsd_membuf_unref(x->held[i]);
   free(x->held);
   free(x->posts);
@@ -84,8 +86,8 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   struct engine_op op = {.n = n, .count = p0->count, .dtype = (ccs_dtype_t)p0->dtype,
                          .redop = (ccs_redop_t)p0->redop, .ranks = ranks, .pool = c->d->pool,
                          .chunk_bytes = c->spans ? c->chunk_bytes : cfg->chunk_bytes};
-  if (x->device >= 0) { /* one stream runs it in order: one launch per node, no chunks */
-    op.pool = ccsd_gpu_pool(c->d->gpu, x->device);
+  if (x->run.device >= 0) { /* one stream runs it in order: one launch per node, no chunks */
+    op.pool = ccsd_gpu_pool(c->d->gpu, x->run.device);
     op.chunk_bytes = (size_t)1 << 60;
   }
   int from = -1, to = -1;
@@ -170,49 +172,66 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     op.dtype = CCS_UINT8;
     op.redop = CCS_MAX;
   }
-  ccs_result_t rc = barrier || x->kind != CCS__BARRIER ? engine_compile(&op, &x->plan, err, errlen)
+  ccs_result_t rc = barrier || x->kind != CCS__BARRIER ? engine_compile(&op, &x->run.plan, err, errlen)
                                                        : CCS_ERR_NO_MEMORY;
   free(ranks);
   free(members);
   x->scratch = barrier;
   x->scratch_len = barrier ? 2 * (size_t)n : 0;
-  if (rc == CCS_OK && p2p && x->plan.net_nodes) { /* name the message by its ranks */
-    struct engine_node *nd = &x->plan.nodes[0];
+  if (rc == CCS_OK && p2p && x->run.plan.net_nodes) { /* name the message by its ranks */
+    struct engine_node *nd = &x->run.plan.nodes[0];
     uint32_t number = p2p_number(c, from, to);
     nd->from = from;
     nd->to = to;
     nd->msg = number;
     if (number == UINT32_MAX) rc = CCS_ERR_NO_MEMORY, snprintf(err, errlen, "out of memory");
   }
-  x->streaming = x->plan.bytes_written >= cfg->stream_bytes;
+  x->run.streaming = x->run.plan.bytes_written >= cfg->stream_bytes;
   return rc;
-}
-
-int ccsd_xop_peer_node(const struct xop *x, size_t task) {
-  const struct engine_node *nd = engine_task_node(&x->plan, task);
-  if (x->kind == CCS__SEND || x->kind == CCS__RECV) /* participants 0 and 1 */
-    return x->part_node[nd->kind == ENGINE_SEND ? 1 : 0];
-  return x->part_node[nd->kind == ENGINE_SEND ? nd->to : nd->from];
-}
-
-void ccsd_xop_net_error(struct xop *x, ccs_result_t status, const char *why) {
-  if (!x->net_error[0]) {
-    snprintf(x->net_error, sizeof(x->net_error), "%s", why);
-    x->net_status = status;
-  }
-  atomic_store(&x->cancelled, 1);
 }
 
 /* "all_reduce #3, 1048576 bytes, 4 ranks: ring (rule 1 (all_reduce:ring)); 4 nodes, 16 tasks" */
 static void describe(const struct xop *x, char *buf, size_t len) {
   int n = x->kind == CCS__SEND || x->kind == CCS__RECV ? 2 : x->comm->nranks;
   char where[32] = "";
-  if (x->device >= 0) snprintf(where, sizeof(where), " on GPU %d", x->device);
+  if (x->run.device >= 0) snprintf(where, sizeof(where), " on GPU %d", x->run.device);
   snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks%s%s: %s (%s); %zu nodes, %zu tasks",
            (unsigned long long)x->comm->id, ccs__coll_name(x->kind), (unsigned long long)x->seq,
            (unsigned long long)op_bytes(first_post(x), n), n,
            x->comm->spans ? " across daemons" : "", where, sched_algo_name(x->algo), x->why,
-           x->plan.nnodes, x->plan.ntasks);
+           x->run.plan.nnodes, x->run.plan.ntasks);
+}
+
+static void on_run_done(struct run_op *r) { ccsd_xop_done(LIST_ENTRY(r, struct xop, run)); }
+static void on_run_enqueued(struct run_op *r) { ccsd_xop_enqueued(LIST_ENTRY(r, struct xop, run)); }
+
+/* What the run layer needs of x besides its plan: where it runs, whose
+ * stream order it keeps, the memory its messages may touch, who is where,
+ * and how it comes back. -1 when out of memory. */
+static int hand_down(struct xop *x) {
+  struct comm *c = x->comm;
+  struct run_op *r = &x->run;
+  r->events = calloc((size_t)x->nposts, sizeof(*r->events));
+  r->regions = calloc(2 * (size_t)x->nposts + 1, sizeof(*r->regions));
+  if (!r->events || !r->regions) return -1;
+  r->nevents = x->nposts;
+  for (int i = 0; i < x->nposts; i++) {
+    const struct post *p = x->posts[i];
+    if (!p) continue;
+    r->events[i] = p->events;
+    const struct membuf *bufs[2] = {p->sendbuf, p->recvbuf};
+    for (int k = 0; k < 2; k++)
+      if (bufs[k]) r->regions[r->nregions++] = (struct run_region){bufs[k]->base, bufs[k]->size};
+  }
+  if (x->scratch) r->regions[r->nregions++] = (struct run_region){x->scratch, x->scratch_len};
+  r->net = c->net;
+  r->map = &c->map;
+  r->part_node = x->part_node;
+  r->p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
+  r->seq = x->seq;
+  r->on_done = on_run_done;
+  r->on_enqueued = on_run_enqueued;
+  return 0;
 }
 
 void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq) {
@@ -228,19 +247,19 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   if (x && x->posts) {
     memcpy(x->posts, posts, sizeof(*x->posts) * (size_t)nposts);
     x->comm = c;
-    x->uid = c->uid;
+    x->run.uid = c->uid;
     x->nposts = nposts;
     x->kind = first_post(x) ? first_post(x)->kind : CCS__BARRIER;
     x->seq = seq;
     if (c->spans && x->kind != CCS__SEND && x->kind != CCS__RECV && first_post(x)) {
       struct op_sig sig = ccsd_op_sig_of(first_post(x));
-      x->sig_key = ccsd_op_sig_key(&sig);
+      x->run.sig_key = ccsd_op_sig_key(&sig);
     }
     static const uint64_t no_gpus[CCSD_GPU_MAX_DEVICES];
-    x->device = ccsd_gpu_op_device(x->posts, nposts, c->spans,
+    x->run.device = ccsd_gpu_op_device(x->posts, nposts, c->spans,
                                    c->d->gpu ? ccsd_gpu_reach(c->d->gpu) : no_gpus, &rc, err,
                                    sizeof(err));
-    if (x->device >= -1) rc = plan(x, err, sizeof(err));
+    if (x->run.device >= -1) rc = plan(x, err, sizeof(err));
   }
   if (rc != CCS_OK) {
     for (int i = 0; i < nposts; i++)
@@ -253,24 +272,30 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     describe(x, what, sizeof(what));
     LOG_TRACE(CCS_LOG_COLL, "%s", what);
   }
+  if (hand_down(x)) {
+    for (int i = 0; i < nposts; i++)
+      if (posts[i]) ccsd_post_finish(posts[i], CCS_ERR_NO_MEMORY, "out of memory launching the op");
+    ccsd_xop_free(x);
+    return;
+  }
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);
   x->launched_ms = ccsd_now_ms(c->d);
-  if (x->plan.net_nodes && !uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
-  if (x->device >= 0) {
-    ccsd_gpu_submit(c->d->gpu, x);
+  if (x->run.plan.net_nodes && !uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
+  if (x->run.device >= 0) {
+    ccsd_gpu_submit(c->d->gpu, &x->run);
     return;
   }
   /* Small ops run right here: on these machines a blocking wake-up costs
    * 15-40 us and the executor path takes two, while reducing 64 KiB takes
    * a few; the loop stays responsive. Everything else goes to the threads. */
-  int small = x->plan.bytes_moved <= c->d->cfg.inline_bytes;
-  if (x->plan.ntasks == 0 || (!x->plan.net_nodes && small)) {
-    engine_run_all(&x->plan, x->streaming);
+  int small = x->run.plan.bytes_moved <= c->d->cfg.inline_bytes;
+  if (x->run.plan.ntasks == 0 || (!x->run.plan.net_nodes && small)) {
+    engine_run_all(&x->run.plan, x->run.streaming);
     ccsd_xop_done(x);
   } else {
-    x->on_net = x->plan.net_nodes && small; /* the network thread computes too: no wake-up */
-    ccsd_executor_submit(c->d->exec, x);
+    x->run.on_net = x->run.plan.net_nodes && small; /* the network thread computes too: no wake-up */
+    ccsd_executor_submit(c->d->exec, &x->run);
   }
 }
 
@@ -304,14 +329,14 @@ void ccsd_xop_done(struct xop *x) {
   struct comm *c = x->comm;
   list_remove(&x->comm_link);
   /* its memory leaves the transport before the buffers may go */
-  ccsd_peers_release(c->d->peers, x->net_mem);
-  x->net_mem = NULL;
+  ccsd_peers_release(c->d->peers, x->run.net_mem);
+  x->run.net_mem = NULL;
   char info[512] = "";
-  if (x->net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
-    ccsd_comm_fail(c, x->net_status, "%s", x->net_error);
-  if (x->gpu_error[0] && c->state != COMM_FAILED) /* as NCCL: a CUDA error ends the comm */
-    ccsd_comm_fail(c, CCS_ERR_CUDA, "%s", x->gpu_error);
-  int failed = atomic_load(&x->cancelled) || x->gpu_error[0];
+  if (x->run.net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
+    ccsd_comm_fail(c, x->run.net_status, "%s", x->run.net_error);
+  if (x->run.gpu_error[0] && c->state != COMM_FAILED) /* as NCCL: a CUDA error ends the comm */
+    ccsd_comm_fail(c, CCS_ERR_CUDA, "%s", x->run.gpu_error);
+  int failed = atomic_load(&x->run.cancelled) || x->run.gpu_error[0];
   for (int i = 0; i < x->nposts; i++)
     if (x->posts[i]) /* else a rank of another daemon, or answered when queued on a GPU */
       finish_post(x, i, failed ? c->error : CCS_OK, failed ? c->error_text : NULL, info,

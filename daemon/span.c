@@ -73,6 +73,8 @@ static int build_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
   }
   c->node_first[c->nnodes] = p;
   c->spans = c->nnodes > 1;
+  c->map = (struct net_map){c->nnodes, c->nranks, (const char(*)[CCSD_ADDR_MAX])c->node_addr,
+                            c->node_of_rank};
   if (c->spans && c->mynode >= 0)
     c->net = ccsd_peers_comm_open(c->d->peers, c->name, c->nnodes, c->mynode,
                                   (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes);

@@ -1,4 +1,4 @@
-/* The network thread (peer.h): every transport call happens here. Other
+/* The network thread (net.h): every transport call happens here. Other
  * threads hand it commands through a queue and wake it; it hands the loop
  * thread events through another queue and a uv_async. */
 #include <errno.h>
@@ -9,11 +9,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "daemon.h"
-#include "base/log.h"
 #include "addr.h"
 #include "auth.h"
-#include "peer.h"
+#include "base/log.h"
+#include "run/engine_run.h"
+#include "run/executor.h"
+#include "run/net.h"
 #include "transport.h"
 
 #define CONTROL_MAX (1u << 20) /* a control connection's largest message (a rank map) */
@@ -27,7 +28,7 @@ struct cmd {
   char addr[CCSD_ADDR_MAX];
   uint8_t *frame; /* CONTROL: a packed PeerMsg */
   size_t len;
-  struct xop *x; /* HAND_OVER */
+  struct run_op *x; /* HAND_OVER */
   struct net_comm *nc; /* COMM_* */
 };
 
@@ -67,7 +68,7 @@ struct net_comm {
 /* A post in flight: what the completion finishes. */
 struct post_rec {
   struct list link;
-  struct xop *x;
+  struct run_op *x;
   size_t task;
   double fail_at; /* deferred: a failed data connection */
   char why[80];
@@ -80,7 +81,9 @@ struct post_rec {
 #define FAIL_GRACE_S 0.3
 
 struct peers {
-  struct daemon *d;
+  struct peers_options opt;
+  struct peers_hooks hooks;
+  struct executor *exec;
   const struct transport_ops *ops;
   struct transport *t;
   char self[CCSD_ADDR_MAX];
@@ -96,7 +99,7 @@ struct peers {
   double last_beat;
   double last_refusal_log;
   struct task_ref {
-    struct xop *x;
+    struct run_op *x;
     size_t task;
   } *taken; /* tasks this thread took, not yet run (posted, or computed) */
   size_t ntaken, taken_head, taken_cap;
@@ -146,8 +149,8 @@ static void on_events(uv_async_t *h) {
   while (!list_empty(&got)) {
     struct event *ev = LIST_ENTRY(got.next, struct event, link);
     list_remove(&ev->link);
-    if (ev->msg) ccsd_span_message(p->d, ev->addr, ev->msg);
-    else ccsd_span_peer_lost(p->d, ev->addr, ev->why);
+    if (ev->msg) p->hooks.message(p->hooks.arg, ev->addr, ev->msg);
+    else p->hooks.lost(p->hooks.arg, ev->addr, ev->why);
     if (ev->msg) ccs__peer_msg__free_unpacked(ev->msg, NULL);
     free(ev);
   }
@@ -221,7 +224,7 @@ static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
       struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
-      if (ccsd_xop_peer_node(rec->x, rec->task) != c->node) continue;
+      if (ccsd_run_op_peer_node(rec->x, rec->task) != c->node) continue;
       list_remove(&rec->link);
       fail_later(p, rec, "it closed the communicator's connection");
     }
@@ -260,11 +263,11 @@ static int lane_of(const struct net_comm *nc, const struct post_rec *rec) {
 /* Finishes x's task (CCSD_NO_TASK: none) and queues the network tasks
  * that made ready, or that a hand-over brings; run_taken runs them, so
  * a chain of completions never recurses. */
-static void take_tasks(struct peers *p, struct xop *x, size_t task, int handover) {
+static void take_tasks(struct peers *p, struct run_op *x, size_t task, int handover) {
   enum { BATCH = 64 };
   size_t got[BATCH], n;
   do {
-    n = ccsd_executor_net_step(p->d->exec, x, task, handover, got, BATCH);
+    n = ccsd_executor_net_step(p->exec, x, task, handover, got, BATCH);
     task = CCSD_NO_TASK;
     handover = 0;
     if (p->ntaken + n > p->taken_cap) {
@@ -279,7 +282,7 @@ static void take_tasks(struct peers *p, struct xop *x, size_t task, int handover
   } while (n == BATCH); /* more may wait: x lives while any does */
 }
 
-static void run_task(struct peers *p, struct xop *x, size_t task);
+static void run_task(struct peers *p, struct run_op *x, size_t task);
 
 static void run_taken(struct peers *p) {
   while (p->taken_head < p->ntaken) {
@@ -291,19 +294,19 @@ static void run_taken(struct peers *p) {
 
 /* The op fails, naming the daemon at the other end and its ranks. */
 static void fail_post(struct peers *p, struct post_rec *rec, ccs_result_t status, const char *why) {
-  const struct comm *cm = rec->x->comm; /* its map is fixed once ready */
-  int node = ccsd_xop_peer_node(rec->x, rec->task);
+  const struct net_map *map = rec->x->map; /* fixed once the comm is ready */
+  int node = ccsd_run_op_peer_node(rec->x, rec->task);
   char text[512];
   size_t n = 0;
-  if (cm->node_addr && node >= 0 && node < cm->nnodes) {
-    n = (size_t)snprintf(text, sizeof(text), "the daemon at %s serving rank(s) ", cm->node_addr[node]);
+  if (map && node >= 0 && node < map->nnodes) {
+    n = (size_t)snprintf(text, sizeof(text), "the daemon at %s serving rank(s) ", map->node_addr[node]);
     int listed = 0;
-    for (int r = 0; r < cm->nranks && n + 16 < sizeof(text); r++)
-      if (cm->node_of_rank[r] == node) n += (size_t)snprintf(text + n, sizeof(text) - n, listed++ ? ",%d" : "%d", r);
+    for (int r = 0; r < map->nranks && n + 16 < sizeof(text); r++)
+      if (map->node_of_rank[r] == node) n += (size_t)snprintf(text + n, sizeof(text) - n, listed++ ? ",%d" : "%d", r);
     n += (size_t)snprintf(text + n, sizeof(text) - n, ": ");
   }
   snprintf(text + n, sizeof(text) - n, "%s", why);
-  ccsd_xop_net_error(rec->x, status, text);
+  ccsd_run_op_net_error(rec->x, status, text);
   take_tasks(p, rec->x, rec->task, 0);
   free(rec);
 }
@@ -317,7 +320,7 @@ static void attach(struct peers *p, struct net_comm *nc, int node, int lane, str
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
     struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
-    if (ccsd_xop_peer_node(rec->x, rec->task) != node || lane_of(nc, rec) != lane) continue;
+    if (ccsd_run_op_peer_node(rec->x, rec->task) != node || lane_of(nc, rec) != lane) continue;
     list_remove(&rec->link);
     post_now(p, c, rec);
   }
@@ -353,20 +356,14 @@ static int add_region(struct peers *p, struct net_mem *nm, void *base, size_t le
   return 0;
 }
 
-static struct net_mem *register_op(struct peers *p, struct xop *x) {
+static struct net_mem *register_op(struct peers *p, struct run_op *x) {
   const struct engine_plan *pl = &x->plan;
-  struct net_mem *nm = malloc(sizeof(*nm) + sizeof(nm->r[0]) * (2 * (size_t)x->nposts + pl->nscratch + 1));
+  struct net_mem *nm = malloc(sizeof(*nm) + sizeof(nm->r[0]) * ((size_t)x->nregions + pl->nscratch));
   if (!nm) return NULL;
   nm->n = 0;
   int bad = 0;
-  for (int i = 0; i < x->nposts; i++) {
-    const struct post *each = x->posts[i];
-    if (!each) continue;
-    if (each->sendbuf) bad |= add_region(p, nm, each->sendbuf->base, each->sendbuf->size);
-    if (each->recvbuf) bad |= add_region(p, nm, each->recvbuf->base, each->recvbuf->size);
-  }
+  for (int i = 0; i < x->nregions; i++) bad |= add_region(p, nm, x->regions[i].base, x->regions[i].len);
   for (size_t i = 0; i < pl->nscratch; i++) bad |= add_region(p, nm, pl->scratch[i], pl->scratch_bytes[i]);
-  if (x->scratch) bad |= add_region(p, nm, x->scratch, x->scratch_len);
   if (bad) {
     ccsd_peers_release(p, nm);
     return NULL;
@@ -391,7 +388,7 @@ static struct tmem *region_of(const struct net_mem *nm, const void *buf, size_t 
 }
 
 static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
-  struct xop *x = rec->x;
+  struct run_op *x = rec->x;
   const struct engine_plan *pl = &x->plan;
   const struct engine_node *nd = engine_task_node(pl, rec->task);
   size_t chunk = rec->task - nd->first_task, begin = chunk * pl->chunk_elems;
@@ -417,8 +414,8 @@ static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
 
 /* A task this thread took: skipped once the comm failed or the daemon
  * stops, computed here (a small op's, x->on_net), or posted. */
-static void run_task(struct peers *p, struct xop *x, size_t task) {
-  if (p->stopped) ccsd_xop_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
+static void run_task(struct peers *p, struct run_op *x, size_t task) {
+  if (p->stopped) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
   if (p->stopped || atomic_load_explicit(&x->cancelled, memory_order_relaxed)) { /* skip it */
     take_tasks(p, x, task, 0);
     return;
@@ -432,8 +429,8 @@ static void run_task(struct peers *p, struct xop *x, size_t task) {
   if (!rec) abort(); /* a lost completion would hang the op: nothing sane left */
   rec->x = x;
   rec->task = task;
-  struct net_comm *nc = x->comm->net;
-  int node = ccsd_xop_peer_node(x, task);
+  struct net_comm *nc = x->net;
+  int node = ccsd_run_op_peer_node(x, task);
   if (!nc || nc->closed || node < 0 || node >= nc->nnodes) {
     fail_post(p, rec, CCS_ERR_PEER_LOST, "the communicator's connections are closed");
     return;
@@ -486,7 +483,7 @@ static void comm_close(struct peers *p, struct net_comm *nc) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->deferred) {
     struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
-    if (rec->x->comm->net != nc) continue;
+    if (rec->x->net != nc) continue;
     list_remove(&rec->link);
     fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
@@ -671,7 +668,7 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
 /* Heartbeats out; peers silent too long, and strangers that never greeted,
  * dropped. */
 static void housekeeping(struct peers *p) {
-  const struct ccsd_config *cfg = &p->d->cfg;
+  const struct peers_options *cfg = &p->opt;
   double now = now_s();
   int beat = now - p->last_beat >= cfg->heartbeat_s;
   if (beat) p->last_beat = now;
@@ -852,12 +849,12 @@ void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc) { comm_cmd(p, n
 void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc, CMD_COMM_FREE); }
 
 /* After the network thread is gone: x's network tasks finish unsent. */
-static void finish_unsent(struct executor *e, struct xop *x) {
+static void finish_unsent(struct executor *e, struct run_op *x) {
   enum { BATCH = 64 };
   size_t cap = 4 * BATCH, *unfinished = malloc(cap * sizeof(*unfinished));
   if (!unfinished) abort(); /* an unfinished task would hang its op */
   size_t n = ccsd_executor_net_step(e, x, CCSD_NO_TASK, 1, unfinished, BATCH);
-  if (n) ccsd_xop_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
+  if (n) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
   while (n > 0) { /* x lives while a task of it is unfinished */
     if (cap - n < BATCH && !(unfinished = realloc(unfinished, (cap *= 2) * sizeof(*unfinished)))) abort();
     size_t t = unfinished[--n];
@@ -866,21 +863,27 @@ static void finish_unsent(struct executor *e, struct xop *x) {
   free(unfinished);
 }
 
-void ccsd_peers_hand_over(struct peers *p, struct xop *x) {
+void ccsd_peers_hand_over(struct peers *p, struct run_op *x) {
   struct cmd *cmd = calloc(1, sizeof(*cmd));
   if (!cmd) abort(); /* as above: the op would never finish */
   cmd->kind = CMD_HAND_OVER;
   cmd->x = x;
   if (enqueue(p, cmd) == 0) return;
   drop_cmd(cmd);
-  finish_unsent(p->d->exec, x);
+  finish_unsent(p->exec, x);
 }
 
-struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
+static void hand_over_cb(void *arg, struct run_op *x) { ccsd_peers_hand_over(arg, x); }
+
+struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
+                               const struct peers_hooks *hooks, struct executor *exec,
+                               char *bound, size_t boundlen) {
   char err[256];
   struct peers *p = calloc(1, sizeof(*p));
   if (!p) return NULL;
-  p->d = d;
+  p->opt = *opt;
+  p->hooks = *hooks;
+  p->exec = exec;
   p->ops = &ccs_transport_tcp;
   list_init(&p->cmds);
   list_init(&p->events);
@@ -889,13 +892,13 @@ struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
   list_init(&p->deferred);
   pthread_mutex_init(&p->mu, NULL);
   struct transport_params params = {
-      .encrypt_data = d->cfg.peer_encrypt,
-      .max_conns = (size_t)d->cfg.peer_max_connections,
-      .unexpected_per_conn = d->cfg.peer_unexpected_bytes,
-      .unexpected_total = d->cfg.peer_unexpected_total,
-      .greeting_timeout_s = d->cfg.peer_timeout_s,
+      .encrypt_data = opt->encrypt,
+      .max_conns = opt->max_connections,
+      .unexpected_per_conn = opt->unexpected_bytes,
+      .unexpected_total = opt->unexpected_total,
+      .greeting_timeout_s = opt->peer_timeout_s,
   };
-  if (ccs_auth_read_key(d->cfg.cluster_key_file, params.key, err, sizeof(err))) {
+  if (ccs_auth_read_key(opt->cluster_key_file, params.key, err, sizeof(err))) {
     LOG_ERROR("listen needs the cluster key: %s", err);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -903,21 +906,21 @@ struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
   }
   p->t = p->ops->open(&params, err, sizeof(err));
   ccs_auth_wipe_key(&params);
-  if (!p->t || p->ops->listen(p->t, d->cfg.listen, bound, boundlen, err, sizeof(err))) {
+  if (!p->t || p->ops->listen(p->t, opt->listen, bound, boundlen, err, sizeof(err))) {
     LOG_ERROR("daemons' port: %s", err);
     if (p->t) p->ops->free(p->t);
     free(p);
     return NULL;
   }
   /* ids and rank maps carry numeric addresses: a name is resolved once, here */
-  if (d->cfg.advertise[0] && ccs_addr_resolve(d->cfg.advertise, bound, boundlen, err, sizeof(err))) {
+  if (opt->advertise[0] && ccs_addr_resolve(opt->advertise, bound, boundlen, err, sizeof(err))) {
     LOG_ERROR("advertise: %s", err);
     p->ops->free(p->t);
     free(p);
     return NULL;
   }
   snprintf(p->self, sizeof(p->self), "%s", bound);
-  uv_async_init(d->loop, &p->async, on_events);
+  uv_async_init(loop, &p->async, on_events);
   p->async.data = p;
   p->last_beat = now_s();
   if (pthread_create(&p->thread, NULL, net_thread, p)) {
@@ -927,6 +930,7 @@ struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen) {
     free(p);
     return NULL;
   }
+  ccsd_executor_set_handover(exec, hand_over_cb, p);
   return p;
 }
 

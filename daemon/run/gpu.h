@@ -11,18 +11,17 @@
  * Without the toolkit at build time, a driver or a GPU at run time, the
  * daemon runs host-only: ccsd_gpu_start says why and every device request
  * gets CCS_ERR_UNSUPPORTED with that reason. */
-#ifndef CCSD_GPU_H
-#define CCSD_GPU_H
+#ifndef CCSD_RUN_GPU_H
+#define CCSD_RUN_GPU_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <uv.h>
 
-#include "ccs.h"
 #include "base/list.h"
+#include "ccs.h"
+#include "run/op.h"
 
-struct daemon;
-struct xop;
-struct post;
 struct engine_pool;
 
 #define CCSD_GPU_MAX_DEVICES 64
@@ -30,7 +29,7 @@ struct engine_pool;
 struct gpu;
 
 /* The GPUs of this daemon, or NULL with the reason it runs host-only. */
-struct gpu *ccsd_gpu_start(struct daemon *d, char *why, size_t len);
+struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len);
 void ccsd_gpu_stop(struct gpu *g);
 /* "2 GPUs: NVIDIA H200 (0), NVIDIA H200 (1)" */
 void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len);
@@ -68,18 +67,9 @@ const uint64_t *ccsd_gpu_reach(const struct gpu *g);
 struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device);
 
 /* Queues x, compiled over device buffers, on GPU x->device. From the loop
- * thread; the loop later gets ccsd_xop_enqueued (the ranks that gave
- * events may go on) and ccsd_xop_done (the GPU finished). */
-void ccsd_gpu_submit(struct gpu *g, struct xop *x);
-
-/* Which GPU runs an op whose local posts are posts[0..n) (NULLs skipped):
- * -1 when every buffer is host memory; else the device of the first device
- * buffer, which must reach every other (reach[a] has bit b when GPU a can
- * access GPU b's memory). -2 with rc and err when the buffers cannot be
- * used together: host and device mixed, device buffers across daemons,
- * GPUs without peer access, more ranks than a launch takes. */
-int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64_t *reach,
-                       ccs_result_t *rc, char *err, size_t errlen);
+ * thread; the loop later gets x->on_enqueued (the ranks that gave events
+ * may go on) and x->on_done (the GPU finished). */
+void ccsd_gpu_submit(struct gpu *g, struct run_op *x);
 
 /* The fields of a device registration (MemRegister of domain
  * CCS__MEM_CUDA or _CUDA_IPC) and of EventRegister, before anything is

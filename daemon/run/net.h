@@ -10,16 +10,17 @@
  * data connections per pair (peer_connections of them), so that failing a
  * communicator is closing its connections, which completes everything
  * posted on them. */
-#ifndef CCSD_PEER_H
-#define CCSD_PEER_H
+#ifndef CCSD_RUN_NET_H
+#define CCSD_RUN_NET_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <uv.h>
 
+#include "run/op.h"
 #include "wire.h"
 
-struct daemon;
-struct xop;
+struct executor;
 struct peers;
 struct net_comm;
 
@@ -30,9 +31,40 @@ struct net_comm;
 #define CCSD_PEER_CHUNK_MIN 4096u
 #define CCSD_PEER_CHUNK_MAX (64u << 20)
 
-/* Listens on cfg.listen; bound gets the address other daemons use (the
- * advertise key, or the bound address). NULL (and a log line) on failure. */
-struct peers *ccsd_peers_start(struct daemon *d, char *bound, size_t boundlen);
+/* What the network side is started with (the daemon's settings). */
+struct peers_options {
+  char listen[CCSD_ADDR_MAX];    /* HOST:PORT */
+  char advertise[CCSD_ADDR_MAX]; /* or empty */
+  const char *cluster_key_file;
+  int encrypt;
+  size_t max_connections;
+  uint64_t unexpected_bytes, unexpected_total;
+  double heartbeat_s, peer_timeout_s, io_timeout_s;
+};
+
+/* News for the layer above, on the loop thread: a control message from
+ * the daemon at addr (after the greeting: it holds the cluster key), or
+ * that daemon lost, with why. */
+struct peers_hooks {
+  void (*message)(void *arg, const char *addr, const Ccs__PeerMsg *m);
+  void (*lost)(void *arg, const char *addr, const char *why);
+  void *arg;
+};
+
+/* Who is where, as failures name the daemon at the other end and its
+ * ranks; the layer above keeps it for as long as its ops may fail. */
+struct net_map {
+  int nnodes, nranks;
+  const char (*node_addr)[CCSD_ADDR_MAX];
+  const int *node_of_rank;
+};
+
+/* Listens on opt->listen; bound gets the address other daemons use (the
+ * advertise key, or the bound address). Takes the ops' network tasks from
+ * exec. NULL (and a log line) on failure. */
+struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
+                               const struct peers_hooks *hooks, struct executor *exec,
+                               char *bound, size_t boundlen);
 void ccsd_peers_stop(struct peers *p);
 
 /* Loop thread. A control message to the daemon at addr (connected on
@@ -48,7 +80,7 @@ void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its l
 
 /* Executor threads and the loop: x has ready SEND or RECV tasks for the
  * network thread to take (ccsd_executor_net_step). */
-void ccsd_peers_hand_over(struct peers *p, struct xop *x);
+void ccsd_peers_hand_over(struct peers *p, struct run_op *x);
 
 /* The data tag of one chunk: ops by number (0: send/recv, from and to are
  * ranks and msg counts that pair's messages), the arguments the op was

@@ -3,7 +3,7 @@
  * it is complete (the buffers may go). Either thread may report first or
  * both before the loop looks; the loop must act on each exactly once, and
  * announce before completing. Under the GPU threads' lock. */
-#include "gpu.h"
+#include "run/gpu.h"
 
 int ccsd_gpu_progress_mark(int *state, int flag) {
   *state |= flag;

@@ -15,10 +15,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda_vmm.h"
-#include "daemon.h"
-#include "kernels_device.h"
 #include "base/log.h"
+#include "cuda_vmm.h"
+#include "kernels_device.h"
+#include "plan/pool.h"
+#include "run/engine_run.h"
+#include "run/gpu.h"
+#include "wire.h"
 
 struct device {
   struct gpu *g;
@@ -35,7 +38,6 @@ struct device {
 };
 
 struct gpu {
-  struct daemon *d;
   int ndevices;
   struct device dev[CCSD_GPU_MAX_DEVICES];
   uint64_t reach[CCSD_GPU_MAX_DEVICES];
@@ -68,7 +70,7 @@ static void check_sticky(const struct device *dv, cudaError_t e, const char *wha
   exit(EXIT_FAILURE);
 }
 
-static void to_loop_locked(struct gpu *g, struct xop *x, int flag) {
+static void to_loop_locked(struct gpu *g, struct run_op *x, int flag) {
   if (!ccsd_gpu_progress_mark(&x->gpu_state, flag)) return; /* listed already */
   list_insert_tail(&g->to_loop, &x->done_link);
   uv_async_send(&g->async);
@@ -105,13 +107,13 @@ static cudaError_t record_done(struct device *dv, cudaEvent_t fin, struct gpu_ev
 
 /* Queues x on dv's stream; x->gpu_done is its completion event (NULL when
  * none could be made: nothing of x is queued then). */
-static void queue_op(struct device *dv, struct xop *x) {
+static void queue_op(struct device *dv, struct run_op *x) {
   cudaError_t e = cudaSetDevice(dv->index);
   const char *what = "selecting the device";
-  for (int i = 0; e == cudaSuccess && i < x->nposts; i++)
-    if (x->posts[i] && x->posts[i]->events) {
+  for (int i = 0; e == cudaSuccess && i < x->nevents; i++)
+    if (x->events[i]) {
       what = "waiting for a rank's stream";
-      e = cudaStreamWaitEvent(dv->stream, x->posts[i]->events->ready, 0);
+      e = cudaStreamWaitEvent(dv->stream, x->events[i]->ready, 0);
     }
   engine_start(&x->plan);
   while (e == cudaSuccess && engine_has_ready(&x->plan)) {
@@ -123,10 +125,10 @@ static void queue_op(struct device *dv, struct xop *x) {
   cudaEvent_t fin = NULL;
   cudaError_t ef = cudaEventCreateWithFlags(&fin, cudaEventDisableTiming | cudaEventBlockingSync);
   if (ef == cudaSuccess) ef = cudaEventRecord(fin, dv->stream);
-  for (int i = 0; e == cudaSuccess && ef == cudaSuccess && i < x->nposts; i++)
-    if (x->posts[i] && x->posts[i]->events) {
+  for (int i = 0; e == cudaSuccess && ef == cudaSuccess && i < x->nevents; i++)
+    if (x->events[i]) {
       what = "recording a rank's event";
-      e = record_done(dv, fin, x->posts[i]->events);
+      e = record_done(dv, fin, x->events[i]);
     }
   if (ef != cudaSuccess && e == cudaSuccess) e = ef, what = "recording the op's completion";
   check_sticky(dv, e, what);
@@ -150,7 +152,7 @@ static void *submitter(void *arg) {
       pthread_cond_wait(&dv->cv, &g->mu);
       continue;
     }
-    struct xop *x = LIST_ENTRY(dv->queue.next, struct xop, link);
+    struct run_op *x = LIST_ENTRY(dv->queue.next, struct run_op, link);
     list_remove(&x->link);
     dv->busy = 1;
     pthread_mutex_unlock(&g->mu);
@@ -180,7 +182,7 @@ static void *completer(void *arg) {
       pthread_cond_wait(&dv->cv, &g->mu);
       continue;
     }
-    struct xop *x = LIST_ENTRY(dv->inflight.next, struct xop, link);
+    struct run_op *x = LIST_ENTRY(dv->inflight.next, struct run_op, link);
     pthread_mutex_unlock(&g->mu);
     cudaError_t e = cudaEventSynchronize((cudaEvent_t)x->gpu_done);
     check_sticky(dv, e, "running an op");
@@ -204,13 +206,13 @@ static void drain(struct gpu *g) {
       pthread_mutex_unlock(&g->mu);
       return;
     }
-    struct xop *x = LIST_ENTRY(g->to_loop.next, struct xop, done_link);
+    struct run_op *x = LIST_ENTRY(g->to_loop.next, struct run_op, done_link);
     list_remove(&x->done_link);
     int act = ccsd_gpu_progress_take(&x->gpu_state);
     pthread_mutex_unlock(&g->mu);
     /* the reply to ranks whose streams wait on `done`, then the rest */
-    if (act & CCSD_GPU_DO_ANNOUNCE) ccsd_xop_enqueued(x);
-    if (act & CCSD_GPU_DO_FINISH) ccsd_xop_done(x);
+    if (act & CCSD_GPU_DO_ANNOUNCE) x->on_enqueued(x);
+    if (act & CCSD_GPU_DO_FINISH) x->on_done(x);
   }
 }
 
@@ -233,7 +235,7 @@ static void device_release(void *mem, void *ctx) {
 struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device) { return g->dev[device].pool; }
 const uint64_t *ccsd_gpu_reach(const struct gpu *g) { return g->reach; }
 
-struct gpu *ccsd_gpu_start(struct daemon *d, char *why, size_t len) {
+struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
   if (ccs__cuda_usable(why, len)) return NULL;
   int n = 0;
   cudaGetDeviceCount(&n);
@@ -243,10 +245,9 @@ struct gpu *ccsd_gpu_start(struct daemon *d, char *why, size_t len) {
     snprintf(why, len, "out of memory");
     return NULL;
   }
-  g->d = d;
   pthread_mutex_init(&g->mu, NULL);
   list_init(&g->to_loop);
-  uv_async_init(d->loop, &g->async, on_async);
+  uv_async_init(loop, &g->async, on_async);
   g->async.data = g;
   for (int i = 0; i < n; i++) {
     struct device *dv = &g->dev[i];
@@ -319,7 +320,7 @@ void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len) {
     at += (size_t)snprintf(buf + at, len - at, "%s %s (%d)", i ? "," : "", g->dev[i].name, i);
 }
 
-void ccsd_gpu_submit(struct gpu *g, struct xop *x) {
+void ccsd_gpu_submit(struct gpu *g, struct run_op *x) {
   struct device *dv = &g->dev[x->device];
   pthread_mutex_lock(&g->mu);
   list_insert_tail(&dv->queue, &x->link);

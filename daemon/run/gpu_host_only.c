@@ -3,9 +3,9 @@
  * registrations are refused with the reason). */
 #include <stdio.h>
 
-#include "daemon.h"
+#include "run/gpu.h"
 
-struct gpu *ccsd_gpu_start(struct daemon *d, char *why, size_t len) {
+struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
   snprintf(why, len, "built without the CUDA toolkit");
   return NULL;
 }
@@ -38,5 +38,5 @@ ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, const uint
 void ccsd_gpu_events_unref(struct gpu_events *ev) {}
 struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device) { return NULL; }
 const uint64_t *ccsd_gpu_reach(const struct gpu *g) { return NULL; }
-void ccsd_gpu_submit(struct gpu *g, struct xop *x) {}
+void ccsd_gpu_submit(struct gpu *g, struct run_op *x) {}
 int ccsd_gpu_error_is_sticky(int cuda_error) { return 0; }

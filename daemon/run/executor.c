@@ -1,5 +1,5 @@
-/* Executor threads: run the tasks of matched ops' graphs (engine.h) as
- * they become ready, and hand finished ops back to the loop thread.
+/* Executor threads (executor.h): run the tasks of ops' graphs as they
+ * become ready, and hand finished ops back to the loop thread.
  *
  * Each tenant (uid) has a queue of ops in arrival order, and the tenants
  * take turns task by task: a tenant flooding the daemon with large ops
@@ -17,8 +17,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "daemon.h"
 #include "base/log.h"
+#include "run/engine_run.h"
+#include "run/executor.h"
 
 struct tenant_queue {
   struct list link; /* in executor->turns */
@@ -27,7 +28,8 @@ struct tenant_queue {
 };
 
 struct executor {
-  struct daemon *d;
+  void (*handover)(void *arg, struct run_op *x); /* the network side's */
+  void *handover_arg;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct list turns; /* tenant queues with work, the next turn first */
@@ -52,13 +54,13 @@ double ccsd_executor_busy_seconds(struct executor *e) { return (double)atomic_lo
 
 /* The next task under e->mu: the first claimable op of the first tenant
  * that has one; that tenant's turn then passes to the back. */
-static struct xop *claim(struct executor *e, size_t *ret_task) {
+static struct run_op *claim(struct executor *e, size_t *ret_task) {
   struct list *q, *qtmp;
   LIST_FOREACH_SAFE(q, qtmp, &e->turns) {
     struct tenant_queue *tq = LIST_ENTRY(q, struct tenant_queue, link);
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &tq->ops) {
-      struct xop *x = LIST_ENTRY(it, struct xop, link);
+      struct run_op *x = LIST_ENTRY(it, struct run_op, link);
       if (!engine_has_ready(&x->plan)) continue;
       *ret_task = engine_claim(&x->plan);
       e->running++;
@@ -74,7 +76,7 @@ static struct xop *claim(struct executor *e, size_t *ret_task) {
 
 /* Under e->mu: tasks for the network thread became ready while it is not
  * the one finishing; 1 when it must be told (once until it takes them). */
-static int net_handover(struct xop *x) {
+static int net_handover(struct run_op *x) {
   int ready = engine_has_net_ready(&x->plan) || (x->on_net && engine_has_ready(&x->plan));
   if (x->net_handover || !ready) return 0;
   x->net_handover = 1;
@@ -83,7 +85,7 @@ static int net_handover(struct xop *x) {
 
 /* Under e->mu: once the last task is counted the loop thread may free x.
  * 1 when the network thread must be handed x's network tasks. */
-static int finish_locked(struct executor *e, struct xop *x, size_t task, int on_net_thread) {
+static int finish_locked(struct executor *e, struct run_op *x, size_t task, int on_net_thread) {
   atomic_fetch_add(&e->tasks_done, 1);
   size_t compute_before = x->plan.ready_tail;
   engine_finish(&x->plan, task);
@@ -96,7 +98,7 @@ static int finish_locked(struct executor *e, struct xop *x, size_t task, int on_
   return !on_net_thread && net_handover(x);
 }
 
-size_t ccsd_executor_net_step(struct executor *e, struct xop *x, size_t task, int handover,
+size_t ccsd_executor_net_step(struct executor *e, struct run_op *x, size_t task, int handover,
                               size_t *tasks, size_t max) {
   size_t n = 0;
   pthread_mutex_lock(&e->mu);
@@ -115,7 +117,7 @@ static void *worker(void *arg) {
   pthread_mutex_lock(&e->mu);
   for (;;) {
     size_t task;
-    struct xop *x = claim(e, &task);
+    struct run_op *x = claim(e, &task);
     if (!x) {
       if (e->stop) break;
       pthread_cond_wait(&e->cv, &e->mu);
@@ -131,7 +133,7 @@ static void *worker(void *arg) {
     e->running--;
     if (finish_locked(e, x, task, 0)) { /* x lives on: its network tasks wait */
       pthread_mutex_unlock(&e->mu);
-      ccsd_peers_hand_over(e->d->peers, x);
+      e->handover(e->handover_arg, x);
       pthread_mutex_lock(&e->mu);
     }
   }
@@ -159,24 +161,29 @@ static void drain_done(struct executor *e) {
   pthread_mutex_unlock(&e->mu);
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &done) {
-    struct xop *x = LIST_ENTRY(it, struct xop, done_link);
+    struct run_op *x = LIST_ENTRY(it, struct run_op, done_link);
     list_remove(it);
-    ccsd_xop_done(x);
+    x->on_done(x);
   }
 }
 
 static void on_async(uv_async_t *h) { drain_done(h->data); }
 
-struct executor *ccsd_executor_new(struct daemon *d, int threads) {
+void ccsd_executor_set_handover(struct executor *e, void (*fn)(void *arg, struct run_op *x),
+                                void *arg) {
+  e->handover = fn;
+  e->handover_arg = arg;
+}
+
+struct executor *ccsd_executor_new(uv_loop_t *loop, int threads) {
   struct executor *e = calloc(1, sizeof(*e));
   if (!e) return NULL;
-  e->d = d;
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   list_init(&e->turns);
   list_init(&e->fallback.ops);
   list_init(&e->done);
-  uv_async_init(d->loop, &e->async, on_async);
+  uv_async_init(loop, &e->async, on_async);
   e->async.data = e;
   e->threads = calloc((size_t)threads, sizeof(pthread_t));
   for (int i = 0; e->threads && i < threads; i++) {
@@ -191,13 +198,13 @@ struct executor *ccsd_executor_new(struct daemon *d, int threads) {
   return e;
 }
 
-void ccsd_executor_submit(struct executor *e, struct xop *x) {
+void ccsd_executor_submit(struct executor *e, struct run_op *x) {
   engine_start(&x->plan);
   pthread_mutex_lock(&e->mu);
   int handover = net_handover(x);
   if (x->plan.compute_tasks == 0 || x->on_net) { /* the network thread runs all of it */
     pthread_mutex_unlock(&e->mu);
-    if (handover) ccsd_peers_hand_over(e->d->peers, x);
+    if (handover) e->handover(e->handover_arg, x);
     return;
   }
   struct tenant_queue *tq = NULL;
@@ -219,7 +226,7 @@ void ccsd_executor_submit(struct executor *e, struct xop *x) {
   list_insert_tail(&tq->ops, &x->link);
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
-  if (handover) ccsd_peers_hand_over(e->d->peers, x); /* x waits for these: alive */
+  if (handover) e->handover(e->handover_arg, x); /* x waits for these: alive */
 }
 
 static void on_async_closed(uv_handle_t *h) {
@@ -237,7 +244,7 @@ void ccsd_executor_stop(struct executor *e) {
   struct list *q, *qtmp, *it, *tmp;
   LIST_FOREACH_SAFE(q, qtmp, &e->turns) {
     LIST_FOREACH_SAFE(it, tmp, &LIST_ENTRY(q, struct tenant_queue, link)->ops) {
-      atomic_store(&LIST_ENTRY(it, struct xop, link)->cancelled, 1);
+      atomic_store(&LIST_ENTRY(it, struct run_op, link)->cancelled, 1);
     }
   }
   pthread_cond_broadcast(&e->cv);

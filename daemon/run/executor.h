@@ -1,0 +1,38 @@
+/* Executor threads: run the tasks of ops' graphs (plan/engine.h) as they
+ * become ready, tenants taking turns, and hand finished ops back to the
+ * loop thread (run_op.on_done). */
+#ifndef CCSD_RUN_EXECUTOR_H
+#define CCSD_RUN_EXECUTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "run/op.h"
+
+struct executor;
+
+struct executor *ccsd_executor_new(uv_loop_t *loop, int threads);
+/* Joins the threads, completes every op still held (cancelled), and frees
+ * the executor once the loop has closed its handle. */
+void ccsd_executor_stop(struct executor *e);
+/* From the loop thread: x is compiled and filled (run/op.h). */
+void ccsd_executor_submit(struct executor *e, struct run_op *x);
+
+/* The network side. fn is told (from any thread, outside the executor's
+ * lock) that x has ready network tasks for it to take with net_step. */
+void ccsd_executor_set_handover(struct executor *e, void (*fn)(void *arg, struct run_op *x),
+                                void *arg);
+/* The network thread: finishes x's task (CCSD_NO_TASK: none), and takes
+ * up to max of x's ready network tasks (and compute tasks, x->on_net) into
+ * tasks, unless a hand-over of x is on its way: that one takes them
+ * (handover: this call is it). x may be gone after a call that took none. */
+#define CCSD_NO_TASK ((size_t)-1)
+size_t ccsd_executor_net_step(struct executor *e, struct run_op *x, size_t task, int handover,
+                              size_t *tasks, size_t max);
+
+/* 1 when tasks finished since *seen (updated) or nothing is waiting */
+int ccsd_executor_healthy(struct executor *e, uint64_t *seen);
+double ccsd_executor_busy_seconds(struct executor *e);
+
+#endif

@@ -1,0 +1,18 @@
+#include "run/op.h"
+
+#include <stdio.h>
+
+int ccsd_run_op_peer_node(const struct run_op *x, size_t task) {
+  const struct engine_node *nd = engine_task_node(&x->plan, task);
+  if (x->p2p) /* participants 0 and 1 */
+    return x->part_node[nd->kind == ENGINE_SEND ? 1 : 0];
+  return x->part_node[nd->kind == ENGINE_SEND ? nd->to : nd->from];
+}
+
+void ccsd_run_op_net_error(struct run_op *x, ccs_result_t status, const char *why) {
+  if (!x->net_error[0]) {
+    snprintf(x->net_error, sizeof(x->net_error), "%s", why);
+    x->net_status = status;
+  }
+  atomic_store(&x->cancelled, 1);
+}

@@ -1,0 +1,72 @@
+/* One op as the run layer sees it (executor threads, GPU threads, the
+ * network thread): its graph, where it runs, what of it is done, and how
+ * the layer that launched it hears back. The layer above embeds it in its
+ * own op, fills the first block and hands it down (executor.h, gpu.h);
+ * from then on each block below belongs to the party it names, and the
+ * launcher hears back only through on_done and on_enqueued, on the loop
+ * thread. */
+#ifndef CCSD_RUN_OP_H
+#define CCSD_RUN_OP_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "base/list.h"
+#include "ccs.h"
+#include "plan/engine.h"
+
+struct net_comm;
+struct net_map;
+struct net_mem;
+struct gpu_events;
+
+/* Memory an op's messages may read or write (registered with the
+ * transport at its first message). */
+struct run_region {
+  void *base;
+  size_t len;
+};
+
+struct run_op {
+  /* the launcher's, read-only once handed down */
+  uid_t uid;                  /* its tenant: the executor shares threads per tenant */
+  int streaming;              /* outputs past the caches: non-temporal stores */
+  int device;                 /* the GPU that runs it; -1: host memory */
+  struct gpu_events **events; /* per local post, the client's stream order (or NULL) */
+  int nevents;
+  struct net_comm *net;       /* its comm's connections, across daemons */
+  const struct net_map *map;  /* who is where, for the texts of failures */
+  const int *part_node;       /* each participant's node */
+  int p2p;                    /* a send and its receive: participants 0 and 1 */
+  uint64_t seq, sig_key;      /* what its data tags carry */
+  struct run_region *regions; /* the ranks' buffers and the launcher's scratch */
+  int nregions;
+  void (*on_done)(struct run_op *x);     /* every task finished (or skipped) */
+  void (*on_enqueued)(struct run_op *x); /* queued on its GPU's stream */
+  _Atomic int cancelled;      /* anyone: skip the remaining work */
+
+  /* the executor's (plan's bookkeeping under its lock) */
+  struct engine_plan plan;
+  struct list link, done_link;
+  int net_handover;           /* its ready tasks are on their way to the network thread */
+  int on_net;                 /* small, across daemons: the network thread computes too */
+
+  /* the network thread's */
+  struct net_mem *net_mem;    /* its regions, registered with the transport */
+  char net_error[160];        /* a network task failed (the first reason) */
+  ccs_result_t net_status;
+
+  /* the GPU threads' (under their lock) */
+  char gpu_error[160];
+  void *gpu_done;             /* its completion event while on the GPU */
+  int gpu_state;              /* what they owe the loop (gpu.h) */
+};
+
+/* The node at the other end of a SEND or RECV task. */
+int ccsd_run_op_peer_node(const struct run_op *x, size_t task);
+/* A network task failed: the first reason stays, the rest is skipped. */
+void ccsd_run_op_net_error(struct run_op *x, ccs_result_t status, const char *why);
+
+#endif
