@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "fuzz_input.h"
 #include "base/log.h"
 
@@ -62,8 +62,8 @@ static void make_ids(struct fuzz_input *in) {
     id->secret[2] = (uint8_t)k;
     id->issued_s = (uint64_t)time(NULL);
     id->owner_uid = (uint32_t)getuid();
-    snprintf(id->root, sizeof(id->root), "%s", k < 2 ? d.self : others[k % 3]);
-    ccsd_unique_id_sign(&d, id);
+    snprintf(id->root, sizeof(id->root), "%s", k < 2 ? d.coll.self : others[k % 3]);
+    ccsd_unique_id_sign(&d.coll, id);
   }
 }
 
@@ -92,7 +92,7 @@ static void local_join(int fd, int k, uint32_t nranks, uint32_t rank) {
 static const char *sender(struct fuzz_input *in, char *buf, size_t len) {
   uint8_t b = fuzz_u8(in) % 8;
   if (b < 3) return others[b];
-  if (b == 3) return d.self;
+  if (b == 3) return d.coll.self;
   if (b == 4) return fuzz_string(in, buf, len);
   return others[0];
 }
@@ -135,7 +135,7 @@ static void one_message(struct fuzz_input *in) {
     if (rd.n_addrs > 8) rd.n_addrs = 8;
     for (size_t r = 0; r < rd.n_addrs; r++) {
       uint8_t b = fuzz_u8(in) % 6;
-      addrs[r] = b < 3 ? (char *)others[b] : b == 3 ? d.self : fuzz_string(in, addrbuf[r], sizeof(addrbuf[r]));
+      addrs[r] = b < 3 ? (char *)others[b] : b == 3 ? d.coll.self : fuzz_string(in, addrbuf[r], sizeof(addrbuf[r]));
     }
     rd.addrs = addrs;
     rd.chunk_bytes = fuzz_u8(in) % 4 ? 1u << (12 + fuzz_u8(in) % 16) : fuzz_u64(in);
@@ -164,8 +164,8 @@ static void one_message(struct fuzz_input *in) {
     m.body_case = CCS__PEER_MSG__BODY_HEARTBEAT, m.heartbeat = &hb;
     break;
   }
-  ccsd_span_message(&d, addr, &m);
-  if (fuzz_u8(in) % 16 == 0) ccsd_span_peer_lost(&d, addr, "fuzz: lost");
+  ccsd_span_message(&d.coll, addr, &m);
+  if (fuzz_u8(in) % 16 == 0) ccsd_span_peer_lost(&d.coll, addr, "fuzz: lost");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -195,14 +195,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   spin();
   /* comms held for other daemons would wait for their init deadline */
   struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &d.comms) {
+  LIST_FOREACH_SAFE(it, tmp, &d.coll.comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
     if (!c->gone) ccsd_comm_fail(c, CCS_ERR_ABORTED, "fuzz input done");
   }
-  for (int i = 0; i < 2000 && (!list_empty(&d.comms) || !list_empty(&d.sessions) || !list_empty(&d.tenants)); i++) {
+  for (int i = 0; i < 2000 && (!list_empty(&d.coll.comms) || !list_empty(&d.sessions) || !list_empty(&d.tenants)); i++) {
     spin();
     if (i > 100) usleep(100);
   }
-  if (!list_empty(&d.comms) || !list_empty(&d.sessions) || !list_empty(&d.tenants)) abort();
+  if (!list_empty(&d.coll.comms) || !list_empty(&d.sessions) || !list_empty(&d.tenants)) abort();
   return 0;
 }

@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "fuzz_input.h"
 #include "base/log.h"
 
@@ -118,8 +118,8 @@ static void new_id(struct fuzz_input *in, int k) {
   fuzz_bytes(in, id->secret, 4); /* the rest zero: ids collide often, as the fuzzer likes */
   id->issued_s = (uint64_t)time(NULL);
   id->owner_uid = (uint32_t)getuid();
-  snprintf(id->root, sizeof(id->root), "%s", d.self);
-  ccsd_unique_id_sign(&d, id);
+  snprintf(id->root, sizeof(id->root), "%s", d.coll.self);
+  ccsd_unique_id_sign(&d.coll, id);
   switch (fuzz_u8(in) % 8) { /* mostly intact */
   case 0: id->owner_uid = fuzz_u32(in); break;
   case 1: id->issued_s = fuzz_u64(in); break;
@@ -318,7 +318,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (clients[i].fd >= 0) close(clients[i].fd);
   /* everything the clients made is gone with them (ops on the executor
    * finish first) */
-  for (int i = 0; i < 2000 && (!list_empty(&d.sessions) || !list_empty(&d.comms)); i++) {
+  for (int i = 0; i < 2000 && (!list_empty(&d.sessions) || !list_empty(&d.coll.comms)); i++) {
     spin();
     if (i > 100) usleep(100);
   }
@@ -326,10 +326,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   LIST_FOREACH_SAFE(it, tmp, &d.sessions) {
     ccsd_session_close(LIST_ENTRY(it, struct session, link), "fuzz input done");
   }
-  for (int i = 0; i < 2000 && (!list_empty(&d.comms) || !list_empty(&d.tenants)); i++) {
+  for (int i = 0; i < 2000 && (!list_empty(&d.coll.comms) || !list_empty(&d.tenants)); i++) {
     spin();
     if (i > 100) usleep(100);
   }
-  if (!list_empty(&d.comms) || !list_empty(&d.tenants) || d.nbuffers) abort();
+  if (!list_empty(&d.coll.comms) || !list_empty(&d.tenants) || d.nbuffers) abort();
   return 0;
 }

@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "front/front.h"
 
 static struct daemon d;
 static uv_loop_t loop;
@@ -53,6 +53,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ccsd_session_close(LIST_ENTRY(it, struct session, link), "fuzz input done");
   }
   spin();
-  if (!list_empty(&d.comms) || !list_empty(&d.tenants)) abort();
+  if (!list_empty(&d.coll.comms) || !list_empty(&d.tenants)) abort();
   return 0;
 }

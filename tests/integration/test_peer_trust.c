@@ -30,7 +30,7 @@
 #include <cmocka.h>
 
 #include "auth.h"
-#include "daemon.h"
+#include "front/front.h"
 #include "harness.h"
 #include "raw.h"
 #include "transport.h"

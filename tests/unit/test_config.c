@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 
 static char path[64];

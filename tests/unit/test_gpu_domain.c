@@ -1,5 +1,5 @@
-/* Which memory domain an op runs in and the fields of device registrations
- * (daemon/gpu_domain.c), what the GPU
+/* Which memory domain an op runs in (daemon/coll/device.c) and the fields
+ * of device registrations (run/gpu_check.c), what the GPU
  * threads owe the loop about an op in every order of events
  * (gpu_progress.c), and which CUDA errors end the daemon (sticky ones
  * poison every tenant's context). */
@@ -11,11 +11,10 @@
 
 #include <cmocka.h>
 
-#include "daemon.h"
+#include "coll/coll.h"
 
 enum { MAX = 70 };
 static struct member members[MAX];
-static struct membuf bufs[2 * MAX];
 static struct post posts[MAX];
 static struct post *list[MAX];
 static uint64_t reach[CCSD_GPU_MAX_DEVICES];
@@ -27,10 +26,9 @@ static void build(int n, const int *dev) {
   for (int r = 0; r < n; r++) {
     members[r].rank = r;
     posts[r].member = &members[r];
-    if (dev[r] > -2) {
-      bufs[2 * r].device = bufs[2 * r + 1].device = dev[r];
-      posts[r].sendbuf = &bufs[2 * r];
-      posts[r].recvbuf = &bufs[2 * r + 1];
+    if (dev[r] > -2) { /* any address: only where the memory lives counts */
+      posts[r].send = (struct coll_buf){&posts[r], 64, dev[r]};
+      posts[r].recv = (struct coll_buf){&posts[r], 64, dev[r]};
     }
     list[r] = &posts[r];
   }

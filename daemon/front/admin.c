@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 
 static const char *state_name(const struct comm *c) {
@@ -66,7 +66,7 @@ static void render_pending(struct textbuf *t, struct daemon *d, int all, uid_t u
   uint64_t now = ccsd_now_ms(d);
   int first = 1;
   struct list *it, *tmp, *p, *ptmp;
-  LIST_FOREACH_SAFE(it, tmp, &d->comms) {
+  LIST_FOREACH_SAFE(it, tmp, &d->coll.comms) {
     const struct comm *c = LIST_ENTRY(it, struct comm, link);
     if (c->gone || (!all && c->uid != uid)) continue;
     LIST_FOREACH_SAFE(p, ptmp, (struct list *)&c->slots) {
@@ -86,7 +86,7 @@ static void render_pending(struct textbuf *t, struct daemon *d, int all, uid_t u
 static void render_comms(struct textbuf *t, struct daemon *d, int all, uid_t uid, int json) {
   int first = 1;
   struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &d->comms) {
+  LIST_FOREACH_SAFE(it, tmp, &d->coll.comms) {
     const struct comm *c = LIST_ENTRY(it, struct comm, link);
     if (c->gone || (!all && c->uid != uid)) continue;
     int pending = 0;
@@ -102,7 +102,7 @@ static void render_comms(struct textbuf *t, struct daemon *d, int all, uid_t uid
       for (int r = 0; r < c->nranks; r++) {
         const struct member *m = c->members[r];
         textbuf_printf(t, "%s{\"rank\": %d, \"pid\": %d, \"connected\": %s, \"daemon\": ", r ? ", " : "",
-                       r, m ? (int)m->pid : 0, m && (m->session || m->remote) ? "true" : "false");
+                       r, m ? (int)m->pid : 0, m && (!m->left || m->remote) ? "true" : "false");
         textbuf_json_string(t, m && m->remote ? m->addr : "");
         textbuf_printf(t, "}");
       }
@@ -195,7 +195,7 @@ static ccs_result_t abort_comm(struct session *s, const char *arg, int all, stru
     return CCS_ERR_INVALID_ARGUMENT;
   }
   struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &s->d->comms) {
+  LIST_FOREACH_SAFE(it, tmp, &s->d->coll.comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
     if (c->gone || c->id != id) continue;
     if (!all && c->uid != s->uid) break; /* as if it did not exist */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon.h"
+#include "front/front.h"
 
 struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts) {
   struct submission *sub = calloc(1, sizeof(*sub));

@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
@@ -127,7 +127,7 @@ static ccs_result_t host_only(const struct session *s, char *err, size_t errlen)
 ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
                                          const uint8_t *uuid, struct membuf **ret, char *err,
                                          size_t errlen) {
-  if (!s->d->gpu) {
+  if (!s->d->coll.gpu) {
     close(fd);
     return host_only(s, err, errlen);
   }
@@ -139,7 +139,7 @@ ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t siz
   }
   void *base;
   int device;
-  if ((rc = ccsd_gpu_map(s->d->gpu, fd, size, uuid, &base, &device, err, errlen)) != CCS_OK) {
+  if ((rc = ccsd_gpu_map(s->d->coll.gpu, fd, size, uuid, &base, &device, err, errlen)) != CCS_OK) {
     uncharge(s->d, t, size);
     return rc;
   }
@@ -155,11 +155,11 @@ ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
              "ccs_mem_alloc_device, or pass the buffer unregistered (staged)");
     return CCS_ERR_PERMISSION;
   }
-  if (!s->d->gpu) return host_only(s, err, errlen);
+  if (!s->d->coll.gpu) return host_only(s, err, errlen);
   void *base;
   size_t size;
   int device;
-  ccs_result_t rc = ccsd_gpu_open_ipc(s->d->gpu, handle, uuid, &base, &size, &device, err, errlen);
+  ccs_result_t rc = ccsd_gpu_open_ipc(s->d->coll.gpu, handle, uuid, &base, &size, &device, err, errlen);
   if (rc != CCS_OK) return rc;
   struct tenant *t;
   if ((rc = charge(s, size, &t, err, errlen)) != CCS_OK) {

@@ -15,7 +15,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 #include "plan/tuner.h"
 

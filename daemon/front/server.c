@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "accept.h"
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 
 static void on_listen_readable(uv_poll_t *h, int status, int events);
@@ -134,7 +134,7 @@ void ccsd_server_stop(struct daemon *d) {
     uv_close((uv_handle_t *)&d->listen_rest, NULL);
     uv_close((uv_handle_t *)&d->listen_poll, on_listen_closed);
   }
-  if (d->peers) ccsd_span_stopping(d);
+  if (d->coll.peers) ccsd_span_stopping(&d->coll);
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
     ccsd_session_close(LIST_ENTRY(it, struct session, link), "daemon stopping");

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "auth.h"
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 #include "plan/tuner.h"
 

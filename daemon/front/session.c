@@ -8,7 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 
 struct outbuf {
@@ -99,7 +99,7 @@ void ccsd_session_new(struct daemon *d, int fd) {
   list_init(&s->outq);
   list_init(&s->buffers);
   list_init(&s->events);
-  list_init(&s->members);
+  list_init(&s->comms);
   list_init(&s->submissions);
   list_insert_tail(&d->sessions, &s->link);
   uv_poll_init(d->loop, &s->poll, fd);
@@ -137,8 +137,8 @@ void ccsd_session_close(struct session *s, const char *why) {
   LOG_INFO(CCS_LOG_CLIENT, "client %llu (pid %d) closed: %s", (unsigned long long)s->id, (int)s->pid, why);
   struct list *it, *tmp;
   /* Leaving fails the client's comms for the other ranks (peer lost). */
-  LIST_FOREACH_SAFE(it, tmp, &s->members) {
-    ccsd_member_leave(LIST_ENTRY(it, struct member, session_link), why, 0);
+  LIST_FOREACH_SAFE(it, tmp, &s->comms) {
+    ccsd_client_comm_drop(s, LIST_ENTRY(it, struct client_comm, link), why, 0);
   }
   ccsd_submission_orphan_all(s);
   LIST_FOREACH_SAFE(it, tmp, &s->buffers) {

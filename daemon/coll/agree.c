@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon.h"
+#include "coll/coll.h"
 #include "base/log.h"
 
 struct agreement {
@@ -102,7 +102,7 @@ void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq) {
   m.body_case = CCS__PEER_MSG__BODY_OP;
   m.op = &op;
   for (int k = 0; k < c->nnodes; k++)
-    if (k != c->mynode) ccsd_peers_send(c->d->peers, c->node_addr[k], &m);
+    if (k != c->mynode) ccsd_peers_send(c->co->peers, c->node_addr[k], &m);
   heard(c, seq, &sig, p->member->rank, c->mynode);
 }
 

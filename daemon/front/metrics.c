@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon.h"
+#include "front/front.h"
+#include "run/executor.h"
 
 static const double bounds[CCSD_LATENCY_BUCKETS] = {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, 100};
 
@@ -173,7 +174,7 @@ char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, s
             "ccs_executor_threads %d\n"
             "# HELP ccs_uptime_seconds Seconds since the daemon started.\n"
             "# TYPE ccs_uptime_seconds gauge\nccs_uptime_seconds %.3f\n",
-        ccsd_executor_busy_seconds(d->exec), d->cfg.threads,
+        ccsd_executor_busy_seconds(d->coll.exec), d->cfg.threads,
         (double)(ccsd_now_ms(d) - d->started_ms) / 1000.0);
   }
   if (o.failed) {

@@ -10,7 +10,7 @@
 #include <sodium.h>
 #include <time.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 
 static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
@@ -37,45 +37,12 @@ static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
   ccsd_session_send(s, &r);
 }
 
-static void unique_id_mac(const struct daemon *d, const struct ccs__unique_id *id,
-                          uint8_t mac[16]) {
-  crypto_generichash(mac, 16, (const uint8_t *)id, offsetof(struct ccs__unique_id, mac), d->id_key,
-                     sizeof(d->id_key));
-}
-
-void ccsd_unique_id_sign(const struct daemon *d, struct ccs__unique_id *id) {
-  unique_id_mac(d, id, id->mac);
-}
-
-int ccsd_unique_id_valid(const struct daemon *d, const struct ccs__unique_id *id) {
-  uint8_t mac[16];
-  unique_id_mac(d, id, mac);
-  return sodium_memcmp(mac, id->mac, sizeof(mac)) == 0;
-}
-
-/* Seconds since the id was issued, or -1 when it is past id_ttl (or from
- * the future: a clock far off, or a forgery). */
-double ccsd_unique_id_age(const struct daemon *d, const struct ccs__unique_id *id) {
-  double age = difftime(time(NULL), (time_t)id->issued_s);
-  return age > d->cfg.id_ttl_s || age < -300 ? -1 : age;
-}
-
 /* The id names the requesting uid, signed: the comm made from it belongs
  * to that tenant whichever rank joins first. */
 static void on_get_unique_id(struct session *s, uint64_t id) {
   struct ccs__unique_id uid;
-  memset(&uid, 0, sizeof(uid)); /* padding is signed too */
-  uid.magic = CCS__UNIQUE_ID_MAGIC;
-  uid.protocol = CCS__PROTOCOL_VERSION;
-  uid.owner_uid = (uint32_t)s->uid;
-  uid.issued_s = (uint64_t)time(NULL);
-  snprintf(uid.root, sizeof(uid.root), "%s", s->d->self); /* other daemons join through it */
   uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
-  if (getrandom(uid.secret, sizeof(uid.secret), 0) != (ssize_t)sizeof(uid.secret)) {
-    ccsd_session_reply(s, id, CCS_ERR_SYSTEM, "getrandom failed");
-    return;
-  }
-  ccsd_unique_id_sign(s->d, &uid);
+  ccsd_unique_id_issue(&s->d->coll, s->uid, &uid);
   memcpy(bytes, &uid, sizeof(uid));
   Ccs__Reply r = CCS__REPLY__INIT;
   Ccs__UniqueIdReply u = CCS__UNIQUE_ID_REPLY__INIT;
@@ -145,13 +112,13 @@ static void on_event_register(struct session *s, uint64_t id, const Ccs__EventRe
     ccsd_session_reply(s, id, rc, err);
     return;
   }
-  if (!s->d->gpu) {
+  if (!s->d->coll.gpu) {
     snprintf(err, sizeof(err), "this daemon runs host-only (%s): no stream order to keep",
              s->d->gpu_absent);
     ccsd_session_reply(s, id, CCS_ERR_UNSUPPORTED, err);
     return;
   }
-  rc = ccsd_gpu_events_open(s->d->gpu, m->device.data, m->ready.data, m->done.data, &ev, err,
+  rc = ccsd_gpu_events_open(s->d->coll.gpu, m->device.data, m->ready.data, m->done.data, &ev, err,
                             sizeof(err));
   if (rc != CCS_OK) {
     ccsd_session_reply(s, id, rc, err);
@@ -188,26 +155,27 @@ static void on_event_deregister(struct session *s, uint64_t id, uint64_t events)
   ccsd_session_reply(s, id, CCS_OK, NULL);
 }
 
-static struct member *find_comm(struct session *s, uint64_t id, uint64_t handle) {
-  struct member *m = ccsd_member_find(s, handle);
-  if (!m) ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such communicator");
-  return m;
+static struct client_comm *find_comm(struct session *s, uint64_t id, uint64_t handle) {
+  struct client_comm *cc = ccsd_client_comm_find(s, handle);
+  if (!cc) ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such communicator");
+  return cc;
 }
 
 static void on_comm_destroy(struct session *s, uint64_t id, uint64_t handle, int abort) {
-  struct member *m = find_comm(s, id, handle);
-  if (!m) return;
+  struct client_comm *cc = find_comm(s, id, handle);
+  if (!cc) return;
+  struct member *m = cc->member;
   if (abort)
     ccsd_comm_fail(m->comm, CCS_ERR_ABORTED, "rank %d (pid %d) aborted the communicator",
                    m->rank, (int)m->pid);
-  ccsd_member_leave(m, "destroyed the communicator", 1);
+  ccsd_client_comm_drop(s, cc, "destroyed the communicator", 1);
   ccsd_session_reply(s, id, CCS_OK, NULL);
 }
 
 static void on_comm_query(struct session *s, uint64_t id, uint64_t handle) {
-  struct member *m = find_comm(s, id, handle);
-  if (!m) return;
-  struct comm *c = m->comm;
+  struct client_comm *cc = find_comm(s, id, handle);
+  if (!cc) return;
+  struct comm *c = cc->member->comm;
   ccsd_session_reply(s, id, c->state == COMM_FAILED ? c->error : CCS_OK,
                      c->state == COMM_FAILED ? c->error_text : NULL);
 }
@@ -253,14 +221,15 @@ static ccs_result_t resolve_buf(struct session *s, const Ccs__BufRef *ref, uint6
 }
 
 /* Builds the post of one op; on failure fills err and returns NULL. */
-static struct post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t *rc, char *err,
-                              size_t errlen) {
+static struct client_post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t *rc,
+                                     char *err, size_t errlen) {
   *rc = CCS_ERR_INVALID_ARGUMENT;
-  struct member *m = ccsd_member_find(s, op->comm);
-  if (!m) {
+  struct client_comm *cc = ccsd_client_comm_find(s, op->comm);
+  if (!cc) {
     snprintf(err, errlen, "no such communicator");
     return NULL;
   }
+  struct member *m = cc->member;
   int n = m->comm->nranks;
   if (op->kind >= CCS__COLL_KIND_COUNT) {
     snprintf(err, errlen, "unknown collective %u", op->kind);
@@ -286,20 +255,23 @@ static struct post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t
     snprintf(err, errlen, "count %llu overflows", (unsigned long long)op->count);
     return NULL;
   }
-  struct post *p = calloc(1, sizeof(*p));
-  if (!p) {
+  struct client_post *cp = calloc(1, sizeof(*cp));
+  if (!cp) {
     *rc = CCS_ERR_NO_MEMORY;
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  if ((*rc = resolve_buf(s, op->send, send_len, sz, "send", &p->sendbuf, &p->send_off, err,
+  struct post *p = &cp->post;
+  if ((*rc = resolve_buf(s, op->send, send_len, sz, "send", &cp->sendbuf, &p->send_off, err,
                          errlen)) != CCS_OK ||
-      (*rc = resolve_buf(s, op->recv, recv_len, sz, "receive", &p->recvbuf, &p->recv_off, err,
+      (*rc = resolve_buf(s, op->recv, recv_len, sz, "receive", &cp->recvbuf, &p->recv_off, err,
                          errlen)) != CCS_OK ||
-      (*rc = ccsd_tenant_charge(s->d, s->uid, TENANT_OPS, 1, &p->tenant, err, errlen)) != CCS_OK) {
-    free(p);
+      (*rc = ccsd_tenant_charge(s->d, s->uid, TENANT_OPS, 1, &cp->tenant, err, errlen)) != CCS_OK) {
+    free(cp);
     return NULL;
   }
+  cp->d = s->d;
+  p->ops = &ccsd_client_post_ops;
   p->posted_ms = ccsd_now_ms(s->d);
   p->posted_ns = uv_hrtime();
   p->member = m;
@@ -310,10 +282,15 @@ static struct post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t
   p->root = ccs__coll_has_root(op->kind) || p2p ? op->root : 0;
   p->send_len = send_len;
   p->recv_len = recv_len;
-  if (p->sendbuf) ccsd_membuf_ref(p->sendbuf);
-  if (p->recvbuf) ccsd_membuf_ref(p->recvbuf);
+  struct membuf *bufs[2] = {cp->sendbuf, cp->recvbuf};
+  struct coll_buf *views[2] = {&p->send, &p->recv};
+  for (int k = 0; k < 2; k++) {
+    if (!bufs[k]) continue;
+    ccsd_membuf_ref(bufs[k]);
+    *views[k] = (struct coll_buf){bufs[k]->base, bufs[k]->size, bufs[k]->device};
+  }
   *rc = CCS_OK;
-  return p;
+  return cp;
 }
 
 static void on_stats(struct session *s, uint64_t id) {
@@ -364,7 +341,7 @@ static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
     ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such events on this connection");
     return;
   }
-  struct post **posts = calloc(m->n_ops, sizeof(*posts));
+  struct client_post **posts = calloc(m->n_ops, sizeof(*posts));
   if (!posts) {
     ccsd_session_reply(s, id, CCS_ERR_NO_MEMORY, "out of memory");
     return;
@@ -378,22 +355,22 @@ static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
     char full[CCS__ERROR_TEXT_MAX + 32];
     if (m->n_ops > 1) snprintf(full, sizeof(full), "op %zu of the group: %s", i, err);
     else snprintf(full, sizeof(full), "%s", err);
-    while (i-- > 0) ccsd_post_free(posts[i]);
+    while (i-- > 0) ccsd_client_post_free(posts[i]);
     free(posts);
     ccsd_session_reply(s, id, rc, full);
     return;
   }
   struct submission *sub = ccsd_submission_new(s, id, (int)m->n_ops);
   if (!sub) {
-    for (i = 0; i < m->n_ops; i++) ccsd_post_free(posts[i]);
+    for (i = 0; i < m->n_ops; i++) ccsd_client_post_free(posts[i]);
     free(posts);
     ccsd_session_reply(s, id, CCS_ERR_NO_MEMORY, "out of memory");
     return;
   }
   for (i = 0; i < m->n_ops; i++) {
     posts[i]->sub = sub;
-    if ((posts[i]->events = events) != NULL) events->refs++;
-    ccsd_post_submit(posts[i]);
+    if ((posts[i]->post.events = events) != NULL) events->refs++;
+    ccsd_post_submit(&posts[i]->post);
   }
   free(posts);
 }

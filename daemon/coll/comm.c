@@ -9,19 +9,19 @@
 #include <sodium.h>
 #include <time.h>
 
-#include "addr.h"
-#include "daemon.h"
 #include "base/log.h"
+#include "coll/coll.h"
 
 void ccsd_comm_ref(struct comm *c) { c->refs++; }
 
-static void on_timer_closed(uv_handle_t *h) {
-  struct comm *c = h->data;
+static void on_timer_closed(uv_handle_t *handle) {
+  struct comm *c = handle->data;
   list_remove(&c->link);
   ccsd_span_free(c);
-  ccsd_tenant_release(c->tenant, TENANT_COMMS, 1);
+  const struct coll_hooks *h = &c->co->hooks;
+  h->release(h->arg, c->quota, COLL_CHARGE_COMM);
   for (int r = 0; r < c->nranks; r++) {
-    if (c->members[r]) ccsd_tenant_release(c->members[r]->tenant, TENANT_RANKS, 1);
+    if (c->members[r] && c->members[r]->quota) h->release(h->arg, c->members[r]->quota, COLL_CHARGE_RANK);
     free(c->members[r]);
   }
   free(c->members);
@@ -33,10 +33,10 @@ void ccsd_comm_unref(struct comm *c) {
   if (!list_empty(&c->slots) || !list_empty(&c->p2p))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
-  /* found no more, but in d->comms until on_timer_closed: a walk of them
+  /* found no more, but in coll->comms until on_timer_closed: a walk of them
    * may be under way (failing one comm can free others) */
   c->gone = 1;
-  HASH_DELETE(hh, c->d->comms_by_name, c);
+  HASH_DELETE(hh, c->co->comms_by_name, c);
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }
 
@@ -78,9 +78,9 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
     for (int r = 0; r < c->nranks; r++) {
       struct member *m = c->members[r];
       if (!m || !m->init) continue;
-      struct submission *sub = m->init;
+      struct coll_waiter *w = m->init;
       m->init = NULL;
-      ccsd_submission_post_done(sub, error, c->error_text);
+      w->done(w, error, c->error_text);
     }
   }
   ccsd_comm_fail_pending(c);
@@ -94,7 +94,7 @@ static void on_init_timeout(uv_timer_t *t) {
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
                    "comm init timed out after %.1f s: the root daemon at %s did not report every "
                    "rank (rank(s) %s joined here)",
-                   c->d->cfg.init_timeout_s, c->root, present);
+                   c->co->cfg.init_timeout_s, c->root, present);
     return;
   }
   format_ranks(missing, sizeof(missing), c, 1);
@@ -102,78 +102,65 @@ static void on_init_timeout(uv_timer_t *t) {
   ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
                  "comm init timed out after %.1f s: %d of %d ranks joined; rank(s) %s never "
                  "called ccs_comm_init_rank (ranks %s waited)",
-                 c->d->cfg.init_timeout_s, c->joined, c->nranks, missing, present);
-}
-
-void ccsd_comm_name(const struct ccs__unique_id *id, uint8_t name[CCS__NAME_BYTES]) {
-  crypto_generichash_state st;
-  uint32_t owner = id->owner_uid;
-  crypto_generichash_init(&st, NULL, 0, CCS__NAME_BYTES);
-  crypto_generichash_update(&st, (const uint8_t *)"ccs comm name", 13);
-  crypto_generichash_update(&st, (const uint8_t *)id->root, strnlen(id->root, sizeof(id->root)));
-  crypto_generichash_update(&st, (const uint8_t *)"", 1); /* the root ends here */
-  crypto_generichash_update(&st, id->secret, sizeof(id->secret));
-  crypto_generichash_update(&st, (const uint8_t *)&owner, sizeof(owner));
-  crypto_generichash_final(&st, name, CCS__NAME_BYTES);
+                 c->co->cfg.init_timeout_s, c->joined, c->nranks, missing, present);
 }
 
 /* The table's key: the name hashed with this daemon's own random key, so
  * that names made from chosen secrets cannot be aimed at one bucket. */
-static uint64_t table_key(const struct daemon *d, const uint8_t *name) {
+static uint64_t table_key(const struct coll *co, const uint8_t *name) {
   uint64_t key;
-  crypto_shorthash((uint8_t *)&key, name, CCS__NAME_BYTES, d->table_key);
+  crypto_shorthash((uint8_t *)&key, name, CCS__NAME_BYTES, co->table_key);
   return key;
 }
 
-struct comm *ccsd_comm_find(struct daemon *d, const uint8_t *name) {
-  uint64_t key = table_key(d, name);
+struct comm *ccsd_comm_find(struct coll *co, const uint8_t *name) {
+  uint64_t key = table_key(co, name);
   struct comm *c;
-  HASH_FIND(hh, d->comms_by_name, &key, sizeof(key), c);
+  HASH_FIND(hh, co->comms_by_name, &key, sizeof(key), c);
   return c && !memcmp(c->name, name, CCS__NAME_BYTES) ? c : NULL;
 }
 
-struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id, int nranks,
+struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, int nranks,
                               const char *algo, int first_rank, ccs_result_t *rc, char *err,
                               size_t errlen) {
-  struct tenant *t;
   struct algo_rules rules;
-  if (ccsd_algo_rules_parse(algo[0] ? algo : d->cfg.algo, &rules, err, errlen)) rules.n = 0;
-  if ((*rc = ccsd_tenant_charge(d, id->owner_uid, TENANT_COMMS, 1, &t, err, errlen)) != CCS_OK)
-    return NULL;
+  if (ccsd_algo_rules_parse(algo[0] ? algo : co->cfg.algo, &rules, err, errlen)) rules.n = 0;
+  void *t = co->hooks.charge(co->hooks.arg, id->owner_uid, COLL_CHARGE_COMM, rc, err, errlen);
+  if (!t) return NULL;
   struct comm *c = calloc(1, sizeof(*c));
   if (c) c->members = calloc((size_t)nranks, sizeof(*c->members));
   if (!c || !c->members) {
     free(c);
-    ccsd_tenant_release(t, TENANT_COMMS, 1);
+    co->hooks.release(co->hooks.arg, t, COLL_CHARGE_COMM);
     *rc = CCS_ERR_NO_MEMORY;
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  c->tenant = t;
-  c->d = d;
-  c->id = ++d->next_id;
+  c->quota = t;
+  c->co = co;
+  c->id = ++*co->next_id;
   ccsd_comm_name(id, c->name);
-  c->table_key = table_key(d, c->name);
+  c->table_key = table_key(co, c->name);
   memcpy(c->id_bytes, id, sizeof(*id));
   c->uid = id->owner_uid;
   c->nranks = nranks;
-  c->op_timeout_s = d->cfg.op_timeout_s;
+  c->op_timeout_s = co->cfg.op_timeout_s;
   c->rules = rules;
   c->first_rank = first_rank;
   snprintf(c->algo_text, sizeof(c->algo_text), "%s", algo);
-  if (strcmp(id->root, d->self)) snprintf(c->root, sizeof(c->root), "%s", id->root);
+  if (strcmp(id->root, co->self)) snprintf(c->root, sizeof(c->root), "%s", id->root);
   c->state = COMM_JOINING;
   list_init(&c->slots);
   list_init(&c->p2p);
   list_init(&c->running);
   list_init(&c->agreements);
-  uv_timer_init(d->loop, &c->timer);
+  uv_timer_init(co->loop, &c->timer);
   c->timer.data = c;
   /* a daemon waiting for another root answers after it would have */
-  double wait = d->cfg.init_timeout_s + (c->root[0] ? 2 : 0);
+  double wait = co->cfg.init_timeout_s + (c->root[0] ? 2 : 0);
   uv_timer_start(&c->timer, on_init_timeout, (uint64_t)(wait * 1000), 0);
-  list_insert_tail(&d->comms, &c->link);
-  HASH_ADD(hh, d->comms_by_name, table_key, sizeof(c->table_key), c);
+  list_insert_tail(&co->comms, &c->link);
+  HASH_ADD(hh, co->comms_by_name, table_key, sizeof(c->table_key), c);
   return c;
 }
 
@@ -206,9 +193,9 @@ void ccsd_comm_ready(struct comm *c) {
            c->nlocal);
   for (int r = 0; r < c->nranks; r++) {
     struct member *each = c->members[r];
-    struct submission *pending = each->init;
+    struct coll_waiter *pending = each->init;
     each->init = NULL;
-    if (pending) ccsd_submission_post_done(pending, CCS_OK, NULL);
+    if (pending) pending->done(pending, CCS_OK, NULL);
   }
   if (c->coordinator) { /* the other daemons have it now */
     c->coordinator = 0;
@@ -216,147 +203,60 @@ void ccsd_comm_ready(struct comm *c) {
   }
 }
 
-void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) {
-  struct daemon *d = s->d;
-  struct ccs__unique_id uid;
-  char err[CCS__ERROR_TEXT_MAX];
-  if (m->id.len != CCS_UNIQUE_ID_BYTES) {
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, "unique id must be 128 bytes");
-    return;
-  }
-  memcpy(&uid, m->id.data, sizeof(uid));
-  if (uid.magic != CCS__UNIQUE_ID_MAGIC) {
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
-                       "not a ccs unique id (get one with ccs_get_unique_id)");
-    return;
-  }
-  if (uid.protocol != CCS__PROTOCOL_VERSION) {
-    ccsd_session_reply(s, req_id, CCS_ERR_VERSION, "unique id from another protocol version");
-    return;
-  }
-  if (m->nranks < 1 || m->nranks > CCSD_MAX_RANKS || m->rank >= m->nranks) {
-    snprintf(err, sizeof(err), "rank %u of %u ranks is out of range (1..%d ranks)", m->rank,
-             m->nranks, CCSD_MAX_RANKS);
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
-    return;
-  }
-  uid.root[sizeof(uid.root) - 1] = 0;
-  /* An id of another daemon is checked by that daemon when this one joins. */
-  int ours = !strcmp(uid.root, d->self);
-  if (!ours && !uid.root[0]) {
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
-                       "unique id not issued by this daemon (or from before it restarted)");
-    return;
-  }
-  if (!ours && !d->peers) {
-    snprintf(err, sizeof(err), "unique id from the daemon at %.60s, and this daemon talks to no other (set listen)",
-             uid.root[0] ? uid.root : "(no address)");
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
-    return;
-  }
-  /* Ids carry numeric addresses (resolved when issued): nothing a client
-   * writes makes this daemon resolve a name. */
-  if (!ours && !ccs_addr_is_numeric(uid.root)) {
-    snprintf(err, sizeof(err), "unique id names its root daemon '%.60s', not a numeric ADDRESS:PORT",
-             uid.root);
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
-    return;
-  }
-  if (ours && !ccsd_unique_id_valid(d, &uid)) {
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
-                       "unique id not issued by this daemon (or from before it restarted)");
-    return;
-  }
-  if (ours && ccsd_unique_id_age(d, &uid) < 0) {
-    snprintf(err, sizeof(err), "unique id expired: issued %.0f s ago, valid for %.0f s (id_ttl)",
-             difftime(time(NULL), (time_t)uid.issued_s), d->cfg.id_ttl_s);
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
-    return;
-  }
-  if ((uid_t)uid.owner_uid != s->uid) {
-    /* Same answer whether or not the comm exists yet: no existence leak. */
-    ccsd_session_reply(s, req_id, CCS_ERR_PERMISSION,
-                       "this unique id belongs to another user's communicator");
-    return;
-  }
-  const char *algo = m->algo ? m->algo : "";
-  struct algo_rules rules;
-  if (strlen(algo) >= sizeof(((struct comm *)0)->algo_text) ||
-      ccsd_algo_rules_parse(algo, &rules, err, sizeof(err))) {
-    char msg[CCS__ERROR_TEXT_MAX];
-    snprintf(msg, sizeof(msg), "CCS_ALGO: %.900s", strlen(algo) >= 512 ? "longer than 511 characters" : err);
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, msg);
-    return;
-  }
-  int nranks = (int)m->nranks, rank = (int)m->rank;
-  struct tenant *t;
-  ccs_result_t rc = ccsd_tenant_charge(d, s->uid, TENANT_RANKS, 1, &t, err, sizeof(err));
-  if (rc != CCS_OK) {
-    ccsd_session_reply(s, req_id, rc, err);
-    return;
-  }
+ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, int nranks, int rank,
+                            const char *algo, double op_timeout_s, int debug, pid_t pid,
+                            struct coll_waiter *w, struct member **ret, char *err, size_t errlen) {
+  ccs_result_t rc;
+  void *t = co->hooks.charge(co->hooks.arg, id->owner_uid, COLL_CHARGE_RANK, &rc, err, errlen);
+  if (!t) return rc;
   uint8_t name[CCS__NAME_BYTES];
-  ccsd_comm_name(&uid, name);
-  struct comm *c = ccsd_comm_find(d, name);
+  ccsd_comm_name(id, name);
+  struct comm *c = ccsd_comm_find(co, name);
   if (c && c->state != COMM_JOINING) {
-    ccsd_tenant_release(t, TENANT_RANKS, 1);
-    snprintf(err, sizeof(err), "communicator is %s: %s",
+    co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
+    snprintf(err, errlen, "communicator is %s: %s",
              c->state == COMM_READY ? "complete (every rank already joined)" : "failed",
              c->state == COMM_READY ? "a unique id makes one communicator" : c->error_text);
-    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_USAGE, err);
-    return;
+    return CCS_ERR_INVALID_USAGE;
   }
   if (!c) {
-    c = ccsd_comm_create(d, &uid, nranks, algo, rank, &rc, err, sizeof(err));
+    c = ccsd_comm_create(co, id, nranks, algo, rank, &rc, err, errlen);
     if (!c) {
-      ccsd_tenant_release(t, TENANT_RANKS, 1);
-      ccsd_session_reply(s, req_id, rc, err);
-      return;
+      co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
+      return rc;
     }
-    if (m->op_timeout_ms) c->op_timeout_s = m->op_timeout_ms / 1000.0;
+    if (op_timeout_s > 0) c->op_timeout_s = op_timeout_s;
     LOG_INFO(CCS_LOG_INIT, "comm %llu created by pid %d: %d ranks%s%s", (unsigned long long)c->id,
-             (int)s->pid, nranks, c->root[0] ? ", root daemon " : "", c->root);
+             (int)pid, nranks, c->root[0] ? ", root daemon " : "", c->root);
   }
-  rc = ccsd_comm_check_join(c, rank, nranks, algo, (int)s->pid);
+  rc = ccsd_comm_check_join(c, rank, nranks, algo, (int)pid);
   if (rc != CCS_OK) {
-    ccsd_tenant_release(t, TENANT_RANKS, 1);
-    ccsd_session_reply(s, req_id, rc, c->error_text);
-    return;
+    co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
+    snprintf(err, errlen, "%s", c->error_text);
+    return rc;
   }
   struct member *mb = calloc(1, sizeof(*mb));
-  struct submission *sub = ccsd_submission_new(s, req_id, 1);
-  if (!mb || !sub) {
-    ccsd_tenant_release(t, TENANT_RANKS, 1);
-    free(mb);
-    if (sub) ccsd_submission_post_done(sub, CCS_ERR_NO_MEMORY, "out of memory");
-    else ccsd_session_reply(s, req_id, CCS_ERR_NO_MEMORY, "out of memory");
-    return;
+  if (!mb) {
+    co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
+    snprintf(err, errlen, "out of memory");
+    return CCS_ERR_NO_MEMORY;
   }
   mb->comm = c;
-  mb->session = s;
-  mb->tenant = t;
-  mb->handle = ++s->next_comm_handle;
+  mb->quota = t;
   mb->rank = rank;
-  mb->pid = s->pid;
-  mb->init = sub;
-  mb->debug = m->debug;
-  sub->comm_handle = mb->handle;
-  list_insert_tail(&s->members, &mb->session_link);
-  HASH_ADD(hh, s->members_by_handle, handle, sizeof(mb->handle), mb);
+  mb->pid = pid;
+  mb->init = w;
+  mb->debug = debug;
   c->members[rank] = mb;
   c->joined++;
   c->nlocal++;
   ccsd_comm_ref(c);
   LOG_TRACE(CCS_LOG_INIT, "comm %llu: rank %d joined (pid %d), %d/%d", (unsigned long long)c->id, rank,
-            (int)s->pid, c->joined, c->nranks);
+            (int)pid, c->joined, c->nranks);
+  *ret = mb;
   if (c->root[0]) ccsd_span_joined(c, mb); /* the root says when all are there */
   else if (c->joined == c->nranks) ccsd_comm_ready(c);
-}
-
-struct member *ccsd_member_find(struct session *s, uint64_t handle) {
-  struct member *m;
-  HASH_FIND(hh, s->members_by_handle, &handle, sizeof(handle), m);
-  return m;
+  return CCS_OK;
 }
 
 /* The member stays in comm->members (its rank and pid name it in errors)
@@ -366,9 +266,7 @@ struct member *ccsd_member_find(struct session *s, uint64_t handle) {
  * normal end of a comm, not an error to log. */
 void ccsd_member_leave(struct member *m, const char *why, int graceful) {
   struct comm *c = m->comm;
-  list_remove(&m->session_link);
-  HASH_DELETE(hh, m->session->members_by_handle, m);
-  m->session = NULL;
+  m->left = 1;
   c->departed++;
   /* collectives need every rank; a send or receive only its two */
   int waited_on = c->state == COMM_JOINING || !list_empty(&c->slots);
@@ -382,9 +280,9 @@ void ccsd_member_leave(struct member *m, const char *why, int graceful) {
   if (c->state != COMM_FAILED && c->departed < others && (!graceful || waited_on))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) %s", m->rank, (int)m->pid, why);
   if (m->init) { /* its own init reply cannot be delivered any more */
-    struct submission *sub = m->init;
+    struct coll_waiter *w = m->init;
     m->init = NULL;
-    ccsd_submission_post_done(sub, c->error, c->error_text);
+    w->done(w, c->error, c->error_text);
   }
   ccsd_comm_unref(c);
 }
@@ -392,6 +290,6 @@ void ccsd_member_leave(struct member *m, const char *why, int graceful) {
 /* The first rank that left, for errors of ops submitted after it did. */
 const struct member *ccsd_comm_departed(const struct comm *c) {
   for (int r = 0; r < c->nranks; r++)
-    if (c->members[r] && !c->members[r]->remote && !c->members[r]->session) return c->members[r];
+    if (c->members[r] && !c->members[r]->remote && c->members[r]->left) return c->members[r];
   return NULL;
 }

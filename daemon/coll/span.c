@@ -13,10 +13,10 @@
 #include <string.h>
 
 #include "addr.h"
-#include "daemon.h"
+#include "coll/coll.h"
 #include "base/log.h"
 
-static void send_fail(struct daemon *d, const char *addr, const uint8_t *name, ccs_result_t status,
+static void send_fail(struct coll *co, const char *addr, const uint8_t *name, ccs_result_t status,
                       const char *error) {
   Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
   Ccs__PeerFail f = CCS__PEER_FAIL__INIT;
@@ -26,7 +26,7 @@ static void send_fail(struct daemon *d, const char *addr, const uint8_t *name, c
   f.error = (char *)error;
   m.body_case = CCS__PEER_MSG__BODY_FAIL;
   m.fail = &f;
-  ccsd_peers_send(d->peers, addr, &m);
+  ccsd_peers_send(co->peers, addr, &m);
 }
 
 void ccsd_span_joined(struct comm *c, struct member *mb) {
@@ -41,7 +41,7 @@ void ccsd_span_joined(struct comm *c, struct member *mb) {
   j.algo = c->algo_text;
   m.body_case = CCS__PEER_MSG__BODY_JOIN;
   m.join = &j;
-  ccsd_peers_send(c->d->peers, c->root, &m);
+  ccsd_peers_send(c->co->peers, c->root, &m);
 }
 
 /* Daemons numbered by their first rank, participants ordered by daemon. */
@@ -63,7 +63,7 @@ static int build_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
       memcpy(c->node_addr[node], rank_addr[r], CCSD_ADDR_MAX);
     }
     c->node_of_rank[r] = node;
-    if (!strcmp(rank_addr[r], c->d->self)) c->mynode = node;
+    if (!strcmp(rank_addr[r], c->co->self)) c->mynode = node;
   }
   int p = 0;
   for (int k = 0; k < c->nnodes; k++) {
@@ -76,7 +76,7 @@ static int build_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
   c->map = (struct net_map){c->nnodes, c->nranks, (const char(*)[CCSD_ADDR_MAX])c->node_addr,
                             c->node_of_rank};
   if (c->spans && c->mynode >= 0)
-    c->net = ccsd_peers_comm_open(c->d->peers, c->name, c->nnodes, c->mynode,
+    c->net = ccsd_peers_comm_open(c->co->peers, c->name, c->nnodes, c->mynode,
                                   (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes);
   return c->spans && c->mynode >= 0 && !c->net ? -1 : 0;
 }
@@ -86,18 +86,18 @@ void ccsd_span_ready(struct comm *c) {
   int n = c->nranks;
   char(*addrs)[CCSD_ADDR_MAX] = calloc((size_t)n, sizeof(*addrs));
   char **ptrs = calloc((size_t)n, sizeof(char *));
-  if (!addrs || !ptrs || !c->d->peers) {
+  if (!addrs || !ptrs || !c->co->peers) {
     free(addrs);
     free(ptrs);
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory making the communicator ready");
     return;
   }
   for (int r = 0; r < n; r++) {
-    snprintf(addrs[r], CCSD_ADDR_MAX, "%s", c->members[r]->remote ? c->members[r]->addr : c->d->self);
+    snprintf(addrs[r], CCSD_ADDR_MAX, "%s", c->members[r]->remote ? c->members[r]->addr : c->co->self);
     ptrs[r] = addrs[r];
   }
-  c->chunk_bytes = c->d->cfg.chunk_bytes;
-  c->lanes = c->d->cfg.peer_connections;
+  c->chunk_bytes = c->co->cfg.chunk_bytes;
+  c->lanes = c->co->cfg.peer_connections;
   if (build_map(c, addrs)) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory making the communicator ready");
   } else {
@@ -112,7 +112,7 @@ void ccsd_span_ready(struct comm *c) {
     m.body_case = CCS__PEER_MSG__BODY_READY;
     m.ready = &rd;
     for (int k = 0; k < c->nnodes; k++)
-      if (k != c->mynode) ccsd_peers_send(c->d->peers, c->node_addr[k], &m);
+      if (k != c->mynode) ccsd_peers_send(c->co->peers, c->node_addr[k], &m);
     LOG_INFO(CCS_LOG_INIT, "comm %llu spans %d daemons", (unsigned long long)c->id, c->nnodes);
   }
   free(addrs);
@@ -152,18 +152,18 @@ static void for_each_other(struct comm *c, void (*fn)(struct comm *, const char 
 }
 
 static void tell_failed(struct comm *c, const char *addr) {
-  send_fail(c->d, addr, c->name, c->error, c->error_text);
+  send_fail(c->co, addr, c->name, c->error, c->error_text);
 }
 
 void ccsd_span_failed(struct comm *c) {
-  if (!c->d->peers) return;
+  if (!c->co->peers) return;
   for_each_other(c, tell_failed);
-  if (c->net) ccsd_peers_comm_close(c->d->peers, c->net);
+  if (c->net) ccsd_peers_comm_close(c->co->peers, c->net);
 }
 
 void ccsd_span_free(struct comm *c) {
   ccsd_agree_release(c);
-  if (c->net) ccsd_peers_comm_free(c->d->peers, c->net);
+  if (c->net) ccsd_peers_comm_free(c->co->peers, c->net);
   c->net = NULL;
   free(c->node_addr);
   free(c->node_of_rank);
@@ -172,8 +172,8 @@ void ccsd_span_free(struct comm *c) {
   free(c->p2p_counts);
 }
 
-static struct comm *find(struct daemon *d, const ProtobufCBinaryData *name) {
-  return name->len == CCS__NAME_BYTES ? ccsd_comm_find(d, name->data) : NULL;
+static struct comm *find(struct coll *co, const ProtobufCBinaryData *name) {
+  return name->len == CCS__NAME_BYTES ? ccsd_comm_find(co, name->data) : NULL;
 }
 
 /* Whether the daemon at addr takes part in c (so may speak of it): a
@@ -199,7 +199,7 @@ static void refuse(const char *addr, const char *what, const char *why) {
 
 /* The root: a rank joined through the daemon at addr. Every field is
  * checked before anything is made of it. */
-static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) {
+static void on_join(struct coll *co, const char *addr, const Ccs__PeerJoin *j) {
   struct ccs__unique_id id;
   char err[CCS__ERROR_TEXT_MAX];
   struct algo_rules rules;
@@ -214,10 +214,10 @@ static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) 
   const char *algo = j->algo ? j->algo : "";
   ccs_result_t rc = CCS_OK;
   if (id.magic != CCS__UNIQUE_ID_MAGIC || id.protocol != CCS__PROTOCOL_VERSION ||
-      strcmp(id.root, d->self) || !ccsd_unique_id_valid(d, &id))
-    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id not issued by the daemon at %s (or from before it restarted)", d->self);
-  else if (ccsd_unique_id_age(d, &id) < 0)
-    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id expired (id_ttl %.0f s at the root daemon %s)", d->cfg.id_ttl_s, d->self);
+      strcmp(id.root, co->self) || !ccsd_unique_id_valid(co, &id))
+    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id not issued by the daemon at %s (or from before it restarted)", co->self);
+  else if (ccsd_unique_id_age(co, &id) < 0)
+    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id expired (id_ttl %.0f s at the root daemon %s)", co->cfg.id_ttl_s, co->self);
   else if (j->uid != id.owner_uid) /* the joining daemon vouches for its client's uid */
     rc = CCS_ERR_PERMISSION, snprintf(err, sizeof(err), "this unique id belongs to another user's communicator");
   else if (j->nranks < 1 || j->nranks > CCSD_MAX_RANKS || j->rank >= j->nranks)
@@ -226,9 +226,9 @@ static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) 
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "CCS_ALGO: longer than 511 characters");
   else if (ccsd_algo_rules_parse(algo, &rules, err + 10, sizeof(err) - 10))
     rc = CCS_ERR_INVALID_ARGUMENT, memcpy(err, "CCS_ALGO: ", 10);
-  struct comm *c = rc == CCS_OK ? ccsd_comm_find(d, name) : NULL;
+  struct comm *c = rc == CCS_OK ? ccsd_comm_find(co, name) : NULL;
   if (rc == CCS_OK && !c) {
-    c = ccsd_comm_create(d, &id, (int)j->nranks, algo, (int)j->rank, &rc, err, sizeof(err));
+    c = ccsd_comm_create(co, &id, (int)j->nranks, algo, (int)j->rank, &rc, err, sizeof(err));
     if (c) { /* held for the other daemons until it is ready or failed */
       c->coordinator = 1;
       ccsd_comm_ref(c);
@@ -238,7 +238,7 @@ static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) 
     rc = CCS_ERR_INVALID_USAGE, snprintf(err, sizeof(err), "communicator is %s", c->state == COMM_READY ? "complete" : c->error_text);
   if (rc != CCS_OK) {
     refuse(addr, "a join", err);
-    send_fail(d, addr, name, rc, err);
+    send_fail(co, addr, name, rc, err);
     return;
   }
   if (ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, algo, j->pid) != CCS_OK) return;
@@ -259,8 +259,8 @@ static void on_join(struct daemon *d, const char *addr, const Ccs__PeerJoin *j) 
 
 /* Another daemon's rank joined through us; the root says who is where.
  * The map is checked whole before any of it is used. */
-static void on_ready(struct daemon *d, const char *addr, const Ccs__PeerReady *rd) {
-  struct comm *c = find(d, &rd->name);
+static void on_ready(struct coll *co, const char *addr, const Ccs__PeerReady *rd) {
+  struct comm *c = find(co, &rd->name);
   if (!c || c->state != COMM_JOINING || strcmp(addr, c->root)) {
     if (c && strcmp(addr, c->root)) refuse(addr, "a rank map", "it is not the comm's root");
     return;
@@ -285,7 +285,7 @@ static void on_ready(struct daemon *d, const char *addr, const Ccs__PeerReady *r
   }
   for (int r = 0; r < c->nranks; r++) snprintf(addrs[r], CCSD_ADDR_MAX, "%s", rd->addrs[r]);
   for (int r = 0; r < c->nranks && c->state == COMM_JOINING; r++) {
-    int here = !strcmp(addrs[r], d->self);
+    int here = !strcmp(addrs[r], co->self);
     if (here != (c->members[r] != NULL)) {
       ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s places rank %d %s", addr, r,
                      here ? "here, where it never joined" : "elsewhere, but it joined here");
@@ -312,8 +312,8 @@ static void on_ready(struct daemon *d, const char *addr, const Ccs__PeerReady *r
 
 /* A failure told by another daemon: its text is shown to this daemon's
  * ranks and logs, so it is cut to size and stripped of control bytes. */
-static void on_fail(struct daemon *d, const char *addr, const Ccs__PeerFail *f) {
-  struct comm *c = find(d, &f->name);
+static void on_fail(struct coll *co, const char *addr, const Ccs__PeerFail *f) {
+  struct comm *c = find(co, &f->name);
   if (!c) return;
   if (!involved(c, addr)) {
     refuse(addr, "a failure", "it takes no part in that communicator");
@@ -327,18 +327,18 @@ static void on_fail(struct daemon *d, const char *addr, const Ccs__PeerFail *f) 
   ccsd_comm_fail(c, status, "%s", text[0] ? text : "another daemon failed the communicator");
 }
 
-void ccsd_span_message(struct daemon *d, const char *addr, const Ccs__PeerMsg *m) {
+void ccsd_span_message(struct coll *co, const char *addr, const Ccs__PeerMsg *m) {
   switch (m->body_case) {
-  case CCS__PEER_MSG__BODY_JOIN: on_join(d, addr, m->join); break;
-  case CCS__PEER_MSG__BODY_READY: on_ready(d, addr, m->ready); break;
+  case CCS__PEER_MSG__BODY_JOIN: on_join(co, addr, m->join); break;
+  case CCS__PEER_MSG__BODY_READY: on_ready(co, addr, m->ready); break;
   case CCS__PEER_MSG__BODY_OP: {
-    struct comm *c = find(d, &m->op->name);
+    struct comm *c = find(co, &m->op->name);
     if (!c || c->state != COMM_READY) break; /* words only settle ops of a ready comm */
     if (!involved(c, addr)) refuse(addr, "a word on an op", "it takes no part in that communicator");
     else ccsd_agree_message(c, addr, m->op);
     break;
   }
-  case CCS__PEER_MSG__BODY_FAIL: on_fail(d, addr, m->fail); break;
+  case CCS__PEER_MSG__BODY_FAIL: on_fail(co, addr, m->fail); break;
   default: break;
   }
 }
@@ -355,9 +355,9 @@ static void ranks_at(const struct comm *c, const char *addr, char *buf, size_t l
 
 /* This daemon stops: its comms with ranks elsewhere fail for every daemon,
  * saying so (not as the first of its ranks that happens to be closed). */
-void ccsd_span_stopping(struct daemon *d) {
+void ccsd_span_stopping(struct coll *co) {
   struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &d->comms) {
+  LIST_FOREACH_SAFE(it, tmp, &co->comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
     if (c->gone || c->state == COMM_FAILED || (!c->spans && !c->root[0])) continue;
     char ranks[256];
@@ -367,13 +367,13 @@ void ccsd_span_stopping(struct daemon *d) {
       if (c->members[r] && !c->members[r]->remote)
         n += (size_t)snprintf(ranks + n, sizeof(ranks) - n, n ? ",%d" : "%d", r);
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s serving rank(s) %s is stopping",
-                   d->self, ranks);
+                   co->self, ranks);
   }
 }
 
-void ccsd_span_peer_lost(struct daemon *d, const char *addr, const char *why) {
+void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
   struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &d->comms) {
+  LIST_FOREACH_SAFE(it, tmp, &co->comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
     if (c->gone || c->state == COMM_FAILED) continue;
     char ranks[256];

@@ -8,24 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon.h"
+#include "coll/coll.h"
 #include "base/log.h"
 
-void ccsd_post_free(struct post *p) {
-  ccsd_membuf_unref(p->sendbuf);
-  ccsd_membuf_unref(p->recvbuf);
-  ccsd_tenant_release(p->tenant, TENANT_OPS, 1);
-  ccsd_gpu_events_unref(p->events);
-  free(p);
-}
-
 void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error) {
-  struct comm *c = p->member->comm;
-  ccsd_metrics_record(c->d, c->uid, p->kind, c->nranks, status,
-                      p->send_len > p->recv_len ? p->send_len : p->recv_len,
-                      (double)(uv_hrtime() - p->posted_ns) / 1e9);
-  ccsd_submission_post_done(p->sub, status, error);
-  ccsd_post_free(p);
+  if (!p->replied) {
+    p->replied = 1;
+    p->ops->reply(p, status, error);
+  }
+  p->ops->release(p);
 }
 
 int ccsd_slot_has(const struct slot *sl, int rank) {
@@ -143,7 +134,7 @@ static void on_op_timer(uv_timer_t *t) { ccsd_comm_check_deadlines(t->data); }
  * who has not called it; otherwise arms the timer for the next deadline. */
 void ccsd_comm_check_deadlines(struct comm *c) {
   if (c->state != COMM_READY) return;
-  uint64_t now = ccsd_now_ms(c->d), limit = (uint64_t)(c->op_timeout_s * 1000);
+  uint64_t now = ccsd_now_ms_of(c->co), limit = (uint64_t)(c->op_timeout_s * 1000);
   const struct slot *sl = list_empty(&c->slots) ? NULL : LIST_ENTRY(c->slots.next, struct slot, link);
   const struct post *p = list_empty(&c->p2p) ? NULL : LIST_ENTRY(c->p2p.next, struct post, link);
   if (sl && now - sl->opened_ms >= limit) {
@@ -234,7 +225,7 @@ void ccsd_post_submit(struct post *p) {
   /* An op that needs a rank which destroyed its handle can never run. */
   const struct member *peer = p2p ? c->members[p->root] : NULL;
   const struct member *gone = c->state != COMM_READY ? NULL
-                              : p2p ? (peer->session || peer->remote ? NULL : peer)
+                              : p2p ? (!peer->left || peer->remote ? NULL : peer)
                                     : ccsd_comm_departed(c);
   if (gone)
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) destroyed the communicator",
@@ -256,7 +247,7 @@ void ccsd_post_submit(struct post *p) {
   struct post **grown = NULL;
   if (!sl && (sl = calloc(1, sizeof(*sl) + sizeof(uint64_t) * ((size_t)c->nranks + 63) / 64))) {
     sl->seq = seq;
-    sl->opened_ms = ccsd_now_ms(c->d);
+    sl->opened_ms = ccsd_now_ms_of(c->co);
     /* ranks submit in order: a new op is the newest (find_slot) */
     list_insert_tail(&c->slots, &sl->link);
     if (!uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);

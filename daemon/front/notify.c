@@ -3,7 +3,8 @@
  * a wedged daemon is restarted. Without systemd these do nothing. */
 #include <fcntl.h>
 
-#include "daemon.h"
+#include "front/front.h"
+#include "run/executor.h"
 #include "base/log.h"
 
 #ifdef CCS_HAVE_SYSTEMD
@@ -24,7 +25,7 @@ int ccsd_systemd_listen_fd(void) {
 
 static void on_watchdog(uv_timer_t *t) {
   struct daemon *d = t->data;
-  if (ccsd_executor_healthy(d->exec, &d->watchdog_seen)) sd_notify(0, "WATCHDOG=1");
+  if (ccsd_executor_healthy(d->coll.exec, &d->watchdog_seen)) sd_notify(0, "WATCHDOG=1");
   else LOG_WARN("executor made no progress since the last watchdog period: not pinging");
 }
 

@@ -1,21 +1,18 @@
-/* ccsd's objects and who owns what.
- *
- * Everything below lives on the libuv loop thread except the executor's
- * queue; payload bytes are only touched by executor threads.
+/* The front of the daemon: client connections, requests (protobuf stops
+ * here), the operator's commands and metrics, configuration, tenants and
+ * their quotas, registered memory. Everything here lives on the libuv loop
+ * thread; it calls the collectives layer (coll/) below it.
  *
  *   daemon ── sessions (one per client connection)
- *          │     ├─ buffers   registered memfd mappings (refcounted: ops in
- *          │     │            flight keep a buffer mapped after its owner left)
- *          │     ├─ members   this client's ranks in comms
+ *          │     ├─ buffers   registered mappings (refcounted: ops in flight
+ *          │     │            keep a buffer mapped after its owner left)
+ *          │     ├─ comms     this client's ranks in comms (client_comm)
  *          │     └─ submissions  requests awaiting their reply
- *          └─ comms ── members[nranks], pending collectives (slots by op
- *                      number) and unmatched sends/receives
- * A matched op becomes an xop: the posts of every rank plus the graph the
- * engine compiled from the chosen algorithm's schedules; the executor runs
- * it and hands it back.
+ *          ├─ tenants (one per uid with anything charged)
+ *          └─ coll: the comms, and below it the executor, GPUs, network
  */
-#ifndef CCSD_DAEMON_H
-#define CCSD_DAEMON_H
+#ifndef CCSD_FRONT_H
+#define CCSD_FRONT_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -24,17 +21,11 @@
 #include <uv.h>
 
 #include "accept.h"
-#include "plan/engine.h"
-#include "plan/pool.h"
-#include "run/engine_run.h"
-#include "run/executor.h"
-#include "run/gpu.h"
-#include "run/net.h"
 #include "base/list.h"
-#include "plan/tuner.h"
+#include "base/textbuf.h"
+#include "coll/coll.h"
 #include "wire.h"
 
-#define CCSD_MAX_RANKS 4096
 #define CCSD_MAX_PENDING_FDS 4
 #define CCSD_MAX_OUTPUT_BYTES (16u << 20)
 
@@ -99,10 +90,6 @@ struct tenant {
   uint64_t charges; /* outstanding charges; freed at zero */
 };
 
-struct executor;
-
-#include "base/textbuf.h"
-
 /* metrics.c */
 #define CCSD_LATENCY_BUCKETS 8
 struct op_counter {
@@ -132,21 +119,16 @@ struct daemon {
   uint64_t fd_exhausted_logged_ms;
   uv_signal_t sig_term, sig_int;
   struct list sessions;
-  struct list comms;
   struct list tenants;
   struct tenant *tenants_by_uid; /* the same (uthash): uids come from peers too */
   struct membuf *buffers_by_id; /* every registered buffer (uthash) */
   size_t nbuffers, max_buffers; /* mappings, and half of vm.max_map_count */
   uv_timer_t housekeeping; /* io deadlines of sessions */
   uint64_t started_ms;
-  uint8_t id_key[32];    /* signs the unique ids this daemon issues */
-  uint8_t table_key[16]; /* keys the hash tables of names that come from outside */
-  struct comm *comms_by_name;
   int socket_activated; /* the listening socket is systemd's: not ours to unlink */
   uv_timer_t watchdog;
   int watchdog_on;
   uint64_t watchdog_seen;
-  struct executor *exec;
   struct ccsd_metrics metrics;
   uv_tcp_t metrics_server; /* optional HTTP listener (metrics_listen) */
   int metrics_on;
@@ -154,11 +136,8 @@ struct daemon {
   int nhttp_conns;
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
-  struct peers *peers;       /* other nodes' daemons, when cfg.listen is set */
-  struct gpu *gpu;           /* NULL: host-only, for the reason in gpu_absent */
-  char gpu_absent[200];
-  struct engine_pool *pool;  /* ops' scratch, kept between ops */
-  char self[CCSD_ADDR_MAX];  /* the address they reach this one at */
+  char gpu_absent[200];      /* why coll.gpu is NULL (host-only) */
+  struct coll coll;          /* comms; its executor, GPUs, network side and scratch */
 };
 
 struct membuf {
@@ -204,14 +183,15 @@ struct session {
   size_t out_bytes;
   struct list buffers;
   struct list events; /* struct gpu_events */
-  struct list members;
-  struct member *members_by_handle; /* the same (uthash) */
+  struct list comms;                    /* struct client_comm */
+  struct client_comm *comms_by_handle;  /* the same (uthash) */
   struct list submissions;
   uint64_t next_comm_handle;
 };
 
 /* A request waiting for its reply: a Submit (one post per op) or a CommInit. */
 struct submission {
+  struct coll_waiter waiter; /* a CommInit's: the comm is ready (or not) */
   struct list link;         /* in session->submissions */
   struct session *session;  /* NULL once the client is gone */
   uint64_t req_id;
@@ -222,153 +202,37 @@ struct submission {
   char *info;           /* how its ops ran, for CCS_DEBUG=INFO */
 };
 
-struct member {
-  struct list session_link;
-  UT_hash_handle hh;       /* in session->members_by_handle while it has one */
-  struct comm *comm;
-  struct session *session; /* NULL once the client is gone */
-  struct tenant *tenant;   /* a local rank: charged one of quota_ranks */
+/* A client's rank in a comm, by the handle its connection knows it by. */
+struct client_comm {
+  struct list link;  /* in session->comms */
+  UT_hash_handle hh; /* in session->comms_by_handle */
   uint64_t handle;
-  int rank;
-  pid_t pid;
-  struct submission *init; /* until the comm is ready */
-  int debug;               /* CCS_DEBUG=INFO: replies say how each op ran */
-  int remote;              /* served by the daemon at addr (no session here) */
-  char addr[CCSD_ADDR_MAX];
-  uint64_t coll_seq;       /* collectives submitted so far */
-};
-
-enum comm_state { COMM_JOINING, COMM_READY, COMM_FAILED };
-
-struct comm {
-  struct list link;
-  struct daemon *d;
-  uint64_t id;
-  UT_hash_handle hh;                /* in daemon->comms_by_name */
-  uint8_t name[CCS__NAME_BYTES];    /* from (root, secret, owner): how daemons name it */
-  uint64_t table_key;
-  uint8_t id_bytes[CCS_UNIQUE_ID_BYTES]; /* the unique id, for the root daemon */
-  uid_t uid;
-  struct tenant *tenant;
-  double op_timeout_s;
-  int nranks, joined, departed;
-  struct member **members;
-  enum comm_state state;
-  ccs_result_t error;
-  char error_text[CCS__ERROR_TEXT_MAX];
-  uv_timer_t timer;  /* the init deadline, then the deadline of the oldest op */
-  struct list slots; /* pending collectives, by op number */
-  struct list p2p;   /* unmatched sends and receives */
-  struct list running; /* xops in the executor */
-  struct algo_rules rules; /* the daemon's, or the ranks' CCS_ALGO */
-  char algo_text[512];     /* CCS_ALGO as the first rank gave it */
-  int first_rank;
-  /* across daemons (span.c) */
-  char root[CCSD_ADDR_MAX]; /* the daemon that issued the id, when another */
-  int spans;                /* has ranks on other daemons */
-  int nlocal;               /* ranks that joined here */
-  int coordinator;          /* the root keeps it for other daemons' ranks */
-  int nnodes, mynode;       /* once ready: daemons in address order of first rank */
-  char (*node_addr)[CCSD_ADDR_MAX];
-  int *node_of_rank, *rank_of; /* rank_of: participants ordered by node */
-  int *node_first;             /* node k's ranks: rank_of[node_first[k] ..] */
-  struct net_comm *net;
-  struct net_map map;       /* who is where, for the network side's texts */
-  size_t chunk_bytes;       /* the root's: chunks are messages */
-  int lanes;                /* the root's: data connections per pair of daemons */
-  struct p2p_count *p2p_counts; /* messages so far per (from, to) rank pair */
-  struct list agreements;   /* op_agree.c: ops not yet agreed by every daemon */
-  size_t np2p;
-  int refs;          /* members, xops, the timer handle */
-  int gone;          /* unreferenced: leaves d->comms once its timer closed; walks skip it */
-};
-
-struct p2p_count {
-  int from, to;
-  uint32_t n;
-};
-
-/* One rank's part of one op. */
-struct post {
-  struct list link;
-  struct submission *sub;
   struct member *member;
-  uint32_t kind, dtype, redop;
-  uint64_t count;
-  int root; /* or the peer of a send/recv */
+};
+struct client_comm *ccsd_client_comm_find(struct session *s, uint64_t handle);
+/* The client is done with it (destroyed, or gone): coll hears it left. */
+void ccsd_client_comm_drop(struct session *s, struct client_comm *cc, const char *why, int graceful);
+
+/* A post as the front made it: whose request, which buffers, what charge. */
+struct client_post {
+  struct post post;
+  struct daemon *d;
+  struct submission *sub;
   struct membuf *sendbuf, *recvbuf;
-  uint64_t send_off, send_len, recv_off, recv_len;
-  uint64_t seq;
-  uint64_t posted_ms;
-  uint64_t posted_ns; /* uv_hrtime, for the latency histogram */
-  struct tenant *tenant; /* charged one op in flight */
-  struct gpu_events *events; /* the client's stream order (device buffers) */
+  struct tenant *tenant; /* charged one of quota_ops */
 };
-
-/* What a rank called: the arguments every rank of an op must agree on. */
-struct op_sig {
-  uint32_t kind, dtype, redop;
-  uint64_t count;
-  int root;
-};
-struct op_sig ccsd_op_sig_of(const struct post *p);
-int ccsd_op_sig_same(const struct op_sig *a, const struct op_sig *b); /* redop, root where used */
-int ccsd_op_sig_describe(char *buf, size_t len, const struct op_sig *s); /* "all_reduce(count=8, ...)" */
-uint64_t ccsd_op_sig_key(const struct op_sig *s); /* equal for ops ccsd_op_sig_same calls the same */
-
-/* op_agree.c: ranks on different daemons agree on each op */
-void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq);
-void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m);
-void ccsd_agree_release(struct comm *c); /* the comm failed or goes */
-
-/* Op #seq while its local ranks arrive. It costs what its posts cost (each
- * charged one of quota_ops) and a bit per rank, whatever the comm's size:
- * the array by rank is made only when the op launches. */
-struct slot {
-  struct list link;
-  uint64_t seq;
-  uint64_t opened_ms; /* when its first rank posted */
-  int nposted;
-  struct post **posts; /* nposted of them, in arrival order */
-  int cap;
-  uint64_t posted[];   /* a bit per rank */
-};
-int ccsd_slot_has(const struct slot *sl, int rank);
-
-/* A matched op: the posts of every local rank, and its run state (the
- * run layer's part, run/op.h) which comes back through run.on_done. */
-struct xop {
-  struct run_op run;
-  struct list comm_link; /* in comm->running */
-  struct comm *comm;
-  struct post **posts;
-  int nposts;
-  uint32_t kind;
-  uint64_t seq;
-  enum sched_algo algo;
-  char why[160];           /* why this algorithm (CCS_DEBUG=INFO) */
-  int *part_node;          /* across daemons: each participant's node */
-  void *scratch;           /* a barrier's bytes */
-  size_t scratch_len;
-  uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
-  struct membuf **held;    /* kept for the GPU after early replies (ccsd_xop_enqueued) */
-  int nheld;
-};
-
-/* gpu_domain.c: which GPU runs an op whose local posts are posts[0..n)
- * (NULLs skipped): -1 when every buffer is host memory; else the device of
- * the first device buffer, which must reach every other (reach[a] has bit
- * b when GPU a can access GPU b's memory). -2 with rc and err when the
- * buffers cannot be used together: host and device mixed, device buffers
- * across daemons, GPUs without peer access, more ranks than a launch takes. */
-int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64_t *reach,
-                       ccs_result_t *rc, char *err, size_t errlen);
+extern const struct post_ops ccsd_client_post_ops; /* post.c */
+void ccsd_client_post_free(struct client_post *p); /* never submitted */
 
 /* tenant.c */
 ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter k,
                                 uint64_t amount, struct tenant **ret, char *err, size_t errlen);
 void ccsd_tenant_release(struct tenant *t, enum tenant_counter k, uint64_t amount);
 const char *ccsd_tenant_counter_name(enum tenant_counter k);
+/* coll's quota hooks (arg: the daemon) */
+void *ccsd_tenant_coll_charge(void *arg, uid_t uid, enum coll_charge what, ccs_result_t *rc,
+                              char *err, size_t errlen);
+void ccsd_tenant_coll_release(void *arg, void *token, enum coll_charge what);
 
 static inline uint64_t ccsd_now_ms(const struct daemon *d) { return uv_now(d->loop); }
 
@@ -444,49 +308,7 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
 void ccsd_submission_note(struct submission *sub, const char *info);
 void ccsd_submission_orphan_all(struct session *s);
 
-/* unique ids: issued signed, checked on init */
-void ccsd_unique_id_sign(const struct daemon *d, struct ccs__unique_id *id);
-int ccsd_unique_id_valid(const struct daemon *d, const struct ccs__unique_id *id);
-double ccsd_unique_id_age(const struct daemon *d, const struct ccs__unique_id *id); /* -1: expired */
-
-/* comm.c */
+/* dispatch.c */
 void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m);
-void ccsd_comm_name(const struct ccs__unique_id *id, uint8_t name[CCS__NAME_BYTES]);
-struct comm *ccsd_comm_find(struct daemon *d, const uint8_t *name);
-struct comm *ccsd_comm_create(struct daemon *d, const struct ccs__unique_id *id, int nranks,
-                              const char *algo, int first_rank, ccs_result_t *rc, char *err,
-                              size_t errlen);
-ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const char *algo, int pid);
-void ccsd_comm_ready(struct comm *c);
-struct member *ccsd_member_find(struct session *s, uint64_t handle);
-void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-void ccsd_member_leave(struct member *m, const char *why, int graceful);
-const struct member *ccsd_comm_departed(const struct comm *c);
-void ccsd_comm_ref(struct comm *c);
-void ccsd_comm_unref(struct comm *c);
-
-/* match.c */
-void ccsd_post_submit(struct post *p);
-void ccsd_comm_check_deadlines(struct comm *c);
-void ccsd_post_free(struct post *p);
-void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error);
-
-/* op.c: a matched op: its algorithm, its graph, where it runs */
-void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq);
-void ccsd_xop_done(struct xop *x);
-void ccsd_xop_enqueued(struct xop *x); /* on a GPU: ranks with events get their reply */
-void ccsd_comm_fail_pending(struct comm *c);
-
-/* span.c: communicators across daemons */
-void ccsd_span_message(struct daemon *d, const char *addr, const Ccs__PeerMsg *m);
-void ccsd_span_peer_lost(struct daemon *d, const char *addr, const char *why);
-void ccsd_span_joined(struct comm *c, struct member *m);  /* a local rank, root elsewhere */
-void ccsd_span_ready(struct comm *c);                     /* the root: every rank arrived */
-void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
-void ccsd_span_free(struct comm *c);
-void ccsd_span_stopping(struct daemon *d);                /* fails comms with ranks elsewhere */
-
-void ccsd_xop_free(struct xop *x);
 
 #endif

@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon.h"
+#include "coll/coll.h"
+#include "plan/pool.h"
+#include "run/engine_run.h"
+#include "run/executor.h"
 #include "base/log.h"
 
 static const enum sched_coll coll_of[CCS__COLL_KIND_COUNT] = {
@@ -17,10 +20,10 @@ static const enum sched_coll coll_of[CCS__COLL_KIND_COUNT] = {
 };
 
 static char *send_ptr(const struct post *p) {
-  return p->sendbuf ? (char *)p->sendbuf->base + p->send_off : NULL;
+  return p->send.base ? (char *)p->send.base + p->send_off : NULL;
 }
 static char *recv_ptr(const struct post *p) {
-  return p->recvbuf ? (char *)p->recvbuf->base + p->recv_off : NULL;
+  return p->recv.base ? (char *)p->recv.base + p->recv_off : NULL;
 }
 
 /* The op's size as nccl-tests counts it: what rules and the model measure. */
@@ -38,8 +41,6 @@ void ccsd_xop_free(struct xop *x) {
   engine_plan_free(&x->run.plan);
   free(x->run.regions);
   free(x->run.events);
-  for (int i = 0; i < x->nheld; i++) ccsd_membuf_unref(x->held[i]);
-  free(x->held);
   free(x->posts);
   free(x->part_node);
   free(x->scratch);
@@ -66,7 +67,7 @@ static const struct post *first_post(const struct xop *x) {
 
 static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   struct comm *c = x->comm;
-  const struct ccsd_config *cfg = &c->d->cfg;
+  const struct coll_config *cfg = &c->co->cfg;
   const struct post *p0 = first_post(x);
   int p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
   int n = p2p ? 2 : c->nranks;
@@ -84,10 +85,10 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     return CCS_ERR_NO_MEMORY;
   }
   struct engine_op op = {.n = n, .count = p0->count, .dtype = (ccs_dtype_t)p0->dtype,
-                         .redop = (ccs_redop_t)p0->redop, .ranks = ranks, .pool = c->d->pool,
+                         .redop = (ccs_redop_t)p0->redop, .ranks = ranks, .pool = c->co->pool,
                          .chunk_bytes = c->spans ? c->chunk_bytes : cfg->chunk_bytes};
   if (x->run.device >= 0) { /* one stream runs it in order: one launch per node, no chunks */
-    op.pool = ccsd_gpu_pool(c->d->gpu, x->run.device);
+    op.pool = ccsd_gpu_pool(c->co->gpu, x->run.device);
     op.chunk_bytes = (size_t)1 << 60;
   }
   int from = -1, to = -1;
@@ -202,6 +203,8 @@ static void describe(const struct xop *x, char *buf, size_t len) {
            x->run.plan.nnodes, x->run.plan.ntasks);
 }
 
+static void ccsd_xop_done(struct xop *x);
+static void ccsd_xop_enqueued(struct xop *x);
 static void on_run_done(struct run_op *r) { ccsd_xop_done(LIST_ENTRY(r, struct xop, run)); }
 static void on_run_enqueued(struct run_op *r) { ccsd_xop_enqueued(LIST_ENTRY(r, struct xop, run)); }
 
@@ -219,9 +222,9 @@ static int hand_down(struct xop *x) {
     const struct post *p = x->posts[i];
     if (!p) continue;
     r->events[i] = p->events;
-    const struct membuf *bufs[2] = {p->sendbuf, p->recvbuf};
+    const struct coll_buf *bufs[2] = {&p->send, &p->recv};
     for (int k = 0; k < 2; k++)
-      if (bufs[k]) r->regions[r->nregions++] = (struct run_region){bufs[k]->base, bufs[k]->size};
+      if (bufs[k]->base) r->regions[r->nregions++] = (struct run_region){bufs[k]->base, bufs[k]->size};
   }
   if (x->scratch) r->regions[r->nregions++] = (struct run_region){x->scratch, x->scratch_len};
   r->net = c->net;
@@ -257,7 +260,7 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     }
     static const uint64_t no_gpus[CCSD_GPU_MAX_DEVICES];
     x->run.device = ccsd_gpu_op_device(x->posts, nposts, c->spans,
-                                   c->d->gpu ? ccsd_gpu_reach(c->d->gpu) : no_gpus, &rc, err,
+                                   c->co->gpu ? ccsd_gpu_reach(c->co->gpu) : no_gpus, &rc, err,
                                    sizeof(err));
     if (x->run.device >= -1) rc = plan(x, err, sizeof(err));
   }
@@ -280,56 +283,51 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   }
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);
-  x->launched_ms = ccsd_now_ms(c->d);
+  x->launched_ms = ccsd_now_ms_of(c->co);
   if (x->run.plan.net_nodes && !uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
   if (x->run.device >= 0) {
-    ccsd_gpu_submit(c->d->gpu, &x->run);
+    ccsd_gpu_submit(c->co->gpu, &x->run);
     return;
   }
   /* Small ops run right here: on these machines a blocking wake-up costs
    * 15-40 us and the executor path takes two, while reducing 64 KiB takes
    * a few; the loop stays responsive. Everything else goes to the threads. */
-  int small = x->run.plan.bytes_moved <= c->d->cfg.inline_bytes;
+  int small = x->run.plan.bytes_moved <= c->co->cfg.inline_bytes;
   if (x->run.plan.ntasks == 0 || (!x->run.plan.net_nodes && small)) {
     engine_run_all(&x->run.plan, x->run.streaming);
     ccsd_xop_done(x);
   } else {
     x->run.on_net = x->run.plan.net_nodes && small; /* the network thread computes too: no wake-up */
-    ccsd_executor_submit(c->d->exec, &x->run);
+    ccsd_executor_submit(c->co->exec, &x->run);
   }
 }
 
-/* Replies to posts[i] (NULL afterwards), with how the op ran if asked. */
-static void finish_post(struct xop *x, int i, ccs_result_t status, const char *error, char *info,
-                        size_t infolen) {
+/* Answers posts[i], with how the op ran if asked. */
+static void reply_post(struct xop *x, int i, ccs_result_t status, const char *error, char *info,
+                       size_t infolen) {
   struct post *p = x->posts[i];
-  if (p->member->debug && p->sub) {
+  if (p->replied) return;
+  if (p->member->debug) {
     if (!info[0]) describe(x, info, infolen);
-    ccsd_submission_note(p->sub, info);
+    p->ops->note(p, info);
   }
-  ccsd_post_finish(p, status, error);
-  x->posts[i] = NULL;
+  p->replied = 1;
+  p->ops->reply(p, status, error);
 }
 
-void ccsd_xop_enqueued(struct xop *x) {
+/* On a GPU: the ranks that gave stream events get their answer now (their
+ * streams wait for the GPU); every post is released when the op is done. */
+static void ccsd_xop_enqueued(struct xop *x) {
   char info[512] = "";
-  if (!x->held && !(x->held = calloc(2 * (size_t)x->nposts, sizeof(*x->held)))) return;
-  for (int i = 0; i < x->nposts; i++) {
-    struct post *p = x->posts[i];
-    if (!p || !p->events) continue;
-    /* its stream waits for the GPU; the buffers stay mapped until it is done */
-    struct membuf *bufs[2] = {p->sendbuf, p->recvbuf};
-    for (int k = 0; k < 2; k++)
-      if (bufs[k]) ccsd_membuf_ref(x->held[x->nheld++] = bufs[k]);
-    finish_post(x, i, CCS_OK, NULL, info, sizeof(info));
-  }
+  for (int i = 0; i < x->nposts; i++)
+    if (x->posts[i] && x->posts[i]->events) reply_post(x, i, CCS_OK, NULL, info, sizeof(info));
 }
 
-void ccsd_xop_done(struct xop *x) {
+static void ccsd_xop_done(struct xop *x) {
   struct comm *c = x->comm;
   list_remove(&x->comm_link);
   /* its memory leaves the transport before the buffers may go */
-  ccsd_peers_release(c->d->peers, x->run.net_mem);
+  ccsd_peers_release(c->co->peers, x->run.net_mem);
   x->run.net_mem = NULL;
   char info[512] = "";
   if (x->run.net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
@@ -337,10 +335,11 @@ void ccsd_xop_done(struct xop *x) {
   if (x->run.gpu_error[0] && c->state != COMM_FAILED) /* as NCCL: a CUDA error ends the comm */
     ccsd_comm_fail(c, CCS_ERR_CUDA, "%s", x->run.gpu_error);
   int failed = atomic_load(&x->run.cancelled) || x->run.gpu_error[0];
-  for (int i = 0; i < x->nposts; i++)
-    if (x->posts[i]) /* else a rank of another daemon, or answered when queued on a GPU */
-      finish_post(x, i, failed ? c->error : CCS_OK, failed ? c->error_text : NULL, info,
-                  sizeof(info));
+  for (int i = 0; i < x->nposts; i++) {
+    if (!x->posts[i]) continue; /* a rank of another daemon */
+    reply_post(x, i, failed ? c->error : CCS_OK, failed ? c->error_text : NULL, info, sizeof(info));
+    x->posts[i]->ops->release(x->posts[i]);
+  }
   ccsd_xop_free(x);
   ccsd_comm_unref(c);
 }

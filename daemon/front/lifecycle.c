@@ -9,7 +9,9 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "front/front.h"
+#include "plan/pool.h"
+#include "run/executor.h"
 #include "base/log.h"
 
 static void on_housekeeping(uv_timer_t *t) {
@@ -33,10 +35,10 @@ static size_t max_mappings(void) {
 }
 
 static void on_peer_message(void *arg, const char *addr, const Ccs__PeerMsg *m) {
-  ccsd_span_message(arg, addr, m);
+  ccsd_span_message(&((struct daemon *)arg)->coll, addr, m);
 }
 static void on_peer_lost(void *arg, const char *addr, const char *why) {
-  ccsd_span_peer_lost(arg, addr, why);
+  ccsd_span_peer_lost(&((struct daemon *)arg)->coll, addr, why);
 }
 
 int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
@@ -47,7 +49,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   d->loop = loop;
   d->listen_fd = -1;
   list_init(&d->sessions);
-  list_init(&d->comms);
+  list_init(&d->coll.comms);
   list_init(&d->tenants);
   list_init(&d->http_conns);
   d->started_ms = uv_now(loop);
@@ -56,18 +58,27 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     LOG_ERROR("libsodium cannot start");
     return -1;
   }
-  randombytes_buf(d->id_key, sizeof(d->id_key));
-  randombytes_buf(d->table_key, sizeof(d->table_key));
-  d->pool = engine_pool_new(d->cfg.scratch_keep); /* scratch kept between ops */
-  d->exec = ccsd_executor_new(loop, d->cfg.threads);
-  if (!d->exec) {
+  struct coll *co = &d->coll;
+  co->loop = loop;
+  co->next_id = &d->next_id;
+  co->hooks = (struct coll_hooks){ccsd_tenant_coll_charge, ccsd_tenant_coll_release, d};
+  co->cfg = (struct coll_config){
+      .init_timeout_s = cfg.init_timeout_s, .op_timeout_s = cfg.op_timeout_s, .id_ttl_s = cfg.id_ttl_s,
+      .chunk_bytes = cfg.chunk_bytes, .stream_bytes = cfg.stream_bytes,
+      .inline_bytes = cfg.inline_bytes, .peer_connections = cfg.peer_connections};
+  snprintf(co->cfg.algo, sizeof(co->cfg.algo), "%s", cfg.algo);
+  randombytes_buf(co->id_key, sizeof(co->id_key));
+  randombytes_buf(co->table_key, sizeof(co->table_key));
+  d->coll.pool = engine_pool_new(d->cfg.scratch_keep); /* scratch kept between ops */
+  d->coll.exec = ccsd_executor_new(loop, d->cfg.threads);
+  if (!d->coll.exec) {
     LOG_ERROR("cannot start %d executor threads", d->cfg.threads);
     return -1;
   }
-  d->gpu = ccsd_gpu_start(loop, d->gpu_absent, sizeof(d->gpu_absent));
-  if (d->gpu) {
+  d->coll.gpu = ccsd_gpu_start(loop, d->gpu_absent, sizeof(d->gpu_absent));
+  if (d->coll.gpu) {
     char gpus[512];
-    ccsd_gpu_describe(d->gpu, gpus, sizeof(gpus));
+    ccsd_gpu_describe(d->coll.gpu, gpus, sizeof(gpus));
     LOG_INFO(CCS_LOG_INIT, "device memory: %s", gpus);
   } else {
     LOG_INFO(CCS_LOG_INIT, "host-only: %s", d->gpu_absent);
@@ -83,14 +94,14 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     snprintf(opt.listen, sizeof(opt.listen), "%s", c->listen);
     snprintf(opt.advertise, sizeof(opt.advertise), "%s", c->advertise);
     struct peers_hooks hooks = {on_peer_message, on_peer_lost, d};
-    d->peers = ccsd_peers_start(loop, &opt, &hooks, d->exec, d->self, sizeof(d->self));
-    if (!d->peers) return -1;
-    if (!strncmp(d->self, "0.0.0.0:", 8) || !strncmp(d->self, "[::]:", 5)) {
+    d->coll.peers = ccsd_peers_start(loop, &opt, &hooks, d->coll.exec, d->coll.self, sizeof(d->coll.self));
+    if (!d->coll.peers) return -1;
+    if (!strncmp(d->coll.self, "0.0.0.0:", 8) || !strncmp(d->coll.self, "[::]:", 5)) {
       LOG_ERROR("listen=%s accepts on every address: set advertise to the one other daemons use",
                 d->cfg.listen);
       return -1;
     }
-    LOG_INFO(CCS_LOG_INIT, "other daemons reach this one at %s", d->self);
+    LOG_INFO(CCS_LOG_INIT, "other daemons reach this one at %s", d->coll.self);
   }
   uv_timer_init(loop, &d->housekeeping);
   d->housekeeping.data = d;
@@ -105,11 +116,11 @@ void ccsd_daemon_close(struct daemon *d) {
   uv_close((uv_handle_t *)&d->housekeeping, NULL);
   ccsd_metrics_http_stop(d);
   ccsd_server_stop(d);
-  ccsd_peers_stop(d->peers);
-  ccsd_gpu_stop(d->gpu);
-  ccsd_executor_stop(d->exec);
+  ccsd_peers_stop(d->coll.peers);
+  ccsd_gpu_stop(d->coll.gpu);
+  ccsd_executor_stop(d->coll.exec);
   uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
-  engine_pool_free(d->pool);
+  engine_pool_free(d->coll.pool);
   uv_loop_close(d->loop);
   ccsd_metrics_free(d);
 }

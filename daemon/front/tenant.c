@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "daemon.h"
+#include "front/front.h"
 
 static const char *const counter_names[TENANT_COUNTERS] = {
     [TENANT_SESSIONS] = "connections",
@@ -59,4 +59,20 @@ void ccsd_tenant_release(struct tenant *t, enum tenant_counter k, uint64_t amoun
   list_remove(&t->link);
   HASH_DELETE(hh, t->d->tenants_by_uid, t);
   free(t);
+}
+
+/* coll's quota hooks: a comm, or a rank joined here, charged to its uid. */
+static enum tenant_counter counter_of(enum coll_charge what) {
+  return what == COLL_CHARGE_COMM ? TENANT_COMMS : TENANT_RANKS;
+}
+
+void *ccsd_tenant_coll_charge(void *arg, uid_t uid, enum coll_charge what, ccs_result_t *rc,
+                              char *err, size_t errlen) {
+  struct tenant *t = NULL;
+  *rc = ccsd_tenant_charge(arg, uid, counter_of(what), 1, &t, err, errlen);
+  return *rc == CCS_OK ? t : NULL;
+}
+
+void ccsd_tenant_coll_release(void *arg, void *token, enum coll_charge what) {
+  ccsd_tenant_release(token, counter_of(what), 1);
 }

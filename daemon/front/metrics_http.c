@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon.h"
+#include "front/front.h"
 #include "base/log.h"
 
 struct http_conn {

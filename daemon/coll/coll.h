@@ -1,0 +1,273 @@
+/* The collectives layer: communicators, matching the ranks' ops, agreeing
+ * on them across daemons, and launching them (plan/ compiles, run/ runs).
+ * It knows nothing of client connections: the layer above gives it joins
+ * and posts with the callbacks that answer them (coll_waiter, post_ops),
+ * and the quota hooks a comm or a rank is charged through.
+ *
+ *   coll ── comms ── members[nranks]: ranks joined here, or served by
+ *          │                        other daemons (remote)
+ *          │      ├─ slots: op #k while its local ranks' posts arrive
+ *          │      ├─ p2p: unmatched sends and receives
+ *          │      └─ running: launched ops (xop), each a run_op below
+ *          └─ agreements (agree.c), unique ids (unique_id.c)
+ * Everything here lives on the loop thread. */
+#ifndef CCSD_COLL_H
+#define CCSD_COLL_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <uthash.h>
+#include <uv.h>
+
+#include "base/list.h"
+#include "plan/tuner.h"
+#include "run/gpu.h"
+#include "run/net.h"
+#include "run/op.h"
+#include "wire.h"
+
+#define CCSD_MAX_RANKS 4096
+
+/* What the layer above charges a comm or a rank joined here to (its
+ * tenants' quotas): a token released later, or NULL with rc and err. */
+enum coll_charge { COLL_CHARGE_COMM, COLL_CHARGE_RANK };
+struct coll_hooks {
+  void *(*charge)(void *arg, uid_t uid, enum coll_charge what, ccs_result_t *rc, char *err,
+                  size_t errlen);
+  void (*release)(void *arg, void *token, enum coll_charge what);
+  void *arg;
+};
+
+struct coll_config {
+  double init_timeout_s, op_timeout_s, id_ttl_s;
+  size_t chunk_bytes, stream_bytes, inline_bytes;
+  int peer_connections;
+  char algo[512]; /* the daemon's algorithm rules */
+};
+
+struct coll {
+  uv_loop_t *loop;
+  struct coll_config cfg;
+  char self[CCSD_ADDR_MAX];   /* where other daemons reach this one ("": alone) */
+  struct executor *exec;
+  struct gpu *gpu;            /* NULL: host-only */
+  struct peers *peers;        /* NULL: this node only */
+  struct engine_pool *pool;   /* ops' scratch, kept between ops */
+  struct list comms;
+  struct comm *comms_by_name; /* the same (uthash, keyed by table_key) */
+  uint8_t id_key[32];         /* signs the unique ids this daemon issues */
+  uint8_t table_key[16];      /* keys tables of names that come from outside */
+  uint64_t *next_id;          /* numbers for logs, shared with the layer above */
+  struct coll_hooks hooks;
+};
+
+static inline uint64_t ccsd_now_ms_of(const struct coll *co) { return uv_now(co->loop); }
+
+/* Answers a join once: the comm is ready, or failed, or the join refused. */
+struct coll_waiter {
+  void (*done)(struct coll_waiter *w, ccs_result_t status, const char *error);
+};
+
+struct member {
+  struct comm *comm;
+  int rank;
+  pid_t pid;
+  int left;                  /* a local rank whose client destroyed it or went */
+  void *quota;               /* a local rank: its charge (COLL_CHARGE_RANK) */
+  struct coll_waiter *init;  /* until the comm is ready */
+  int debug;                 /* CCS_DEBUG=INFO: replies say how each op ran */
+  int remote;                /* served by the daemon at addr */
+  char addr[CCSD_ADDR_MAX];
+  uint64_t coll_seq;         /* collectives submitted so far */
+};
+
+enum comm_state { COMM_JOINING, COMM_READY, COMM_FAILED };
+
+struct comm {
+  struct list link;
+  struct coll *co;
+  uint64_t id;
+  UT_hash_handle hh;                /* in coll->comms_by_name */
+  uint8_t name[CCS__NAME_BYTES];    /* from (root, secret, owner): how daemons name it */
+  uint64_t table_key;
+  uint8_t id_bytes[CCS_UNIQUE_ID_BYTES]; /* the unique id, for the root daemon */
+  uid_t uid;
+  void *quota;                      /* its charge (COLL_CHARGE_COMM) */
+  double op_timeout_s;
+  int nranks, joined, departed;
+  struct member **members;
+  enum comm_state state;
+  ccs_result_t error;
+  char error_text[CCS__ERROR_TEXT_MAX];
+  uv_timer_t timer;  /* the init deadline, then the deadline of the oldest op */
+  struct list slots; /* pending collectives, by op number */
+  struct list p2p;   /* unmatched sends and receives */
+  struct list running; /* launched ops */
+  struct algo_rules rules; /* the daemon's, or the ranks' CCS_ALGO */
+  char algo_text[512];     /* CCS_ALGO as the first rank gave it */
+  int first_rank;
+  /* across daemons (span.c) */
+  char root[CCSD_ADDR_MAX]; /* the daemon that issued the id, when another */
+  int spans;                /* has ranks on other daemons */
+  int nlocal;               /* ranks that joined here */
+  int coordinator;          /* the root keeps it for other daemons' ranks */
+  int nnodes, mynode;       /* once ready: daemons in address order of first rank */
+  char (*node_addr)[CCSD_ADDR_MAX];
+  int *node_of_rank, *rank_of; /* rank_of: participants ordered by node */
+  int *node_first;             /* node k's ranks: rank_of[node_first[k] ..] */
+  struct net_comm *net;
+  struct net_map map;       /* who is where, for the network side's texts */
+  size_t chunk_bytes;       /* the root's: chunks are messages */
+  int lanes;                /* the root's: data connections per pair of daemons */
+  struct p2p_count *p2p_counts; /* messages so far per (from, to) rank pair */
+  struct list agreements;   /* agree.c: ops not yet agreed by every daemon */
+  size_t np2p;
+  int refs;          /* members, xops, the timer handle */
+  int gone;          /* unreferenced: leaves the list once its timer closed; walks skip it */
+};
+
+struct p2p_count {
+  int from, to;
+  uint32_t n;
+};
+
+/* A registered buffer as an op sees it. */
+struct coll_buf {
+  void *base; /* NULL: none */
+  size_t size;
+  int device; /* -1: host memory */
+};
+
+struct post;
+/* How a post is answered and let go; the layer above made the post. */
+struct post_ops {
+  /* The rank's answer, once. A GPU op answers the ranks that gave stream
+   * events when it is queued, and releases them when it is done. */
+  void (*reply)(struct post *p, ccs_result_t status, const char *error);
+  void (*note)(struct post *p, const char *info); /* how it ran (CCS_DEBUG=INFO), before reply */
+  void (*release)(struct post *p); /* its buffers are no longer touched: frees p */
+};
+
+/* One rank's part of one op. */
+struct post {
+  struct list link;
+  const struct post_ops *ops;
+  struct member *member;
+  uint32_t kind, dtype, redop;
+  uint64_t count;
+  int root; /* or the peer of a send/recv */
+  struct coll_buf send, recv;
+  uint64_t send_off, send_len, recv_off, recv_len;
+  uint64_t seq;
+  uint64_t posted_ms;
+  uint64_t posted_ns; /* uv_hrtime, for the latency histogram */
+  struct gpu_events *events; /* the client's stream order (device buffers) */
+  int replied;
+};
+
+/* What a rank called: the arguments every rank of an op must agree on. */
+struct op_sig {
+  uint32_t kind, dtype, redop;
+  uint64_t count;
+  int root;
+};
+struct op_sig ccsd_op_sig_of(const struct post *p);
+int ccsd_op_sig_same(const struct op_sig *a, const struct op_sig *b); /* redop, root where used */
+int ccsd_op_sig_describe(char *buf, size_t len, const struct op_sig *s); /* "all_reduce(count=8, ...)" */
+uint64_t ccsd_op_sig_key(const struct op_sig *s); /* equal for ops ccsd_op_sig_same calls the same */
+
+/* Op #seq while its local ranks arrive. It costs what its posts cost (each
+ * charged one of quota_ops) and a bit per rank, whatever the comm's size:
+ * the array by rank is made only when the op launches. */
+struct slot {
+  struct list link;
+  uint64_t seq;
+  uint64_t opened_ms; /* when its first rank posted */
+  int nposted;
+  struct post **posts; /* nposted of them, in arrival order */
+  int cap;
+  uint64_t posted[];   /* a bit per rank */
+};
+int ccsd_slot_has(const struct slot *sl, int rank);
+
+/* A matched op: the posts of every local rank, and its run state (the
+ * run layer's part, run/op.h) which comes back through run.on_done. */
+struct xop {
+  struct run_op run;
+  struct list comm_link; /* in comm->running */
+  struct comm *comm;
+  struct post **posts;
+  int nposts;
+  uint32_t kind;
+  uint64_t seq;
+  enum sched_algo algo;
+  char why[160];           /* why this algorithm (CCS_DEBUG=INFO) */
+  int *part_node;          /* across daemons: each participant's node */
+  void *scratch;           /* a barrier's bytes */
+  size_t scratch_len;
+  uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
+};
+
+/* unique_id.c: issued signed for a uid, checked on join */
+void ccsd_unique_id_issue(const struct coll *co, uid_t owner, struct ccs__unique_id *ret);
+void ccsd_unique_id_sign(const struct coll *co, struct ccs__unique_id *id); /* tests: ids of chosen secrets */
+int ccsd_unique_id_valid(const struct coll *co, const struct ccs__unique_id *id);
+double ccsd_unique_id_age(const struct coll *co, const struct ccs__unique_id *id); /* -1: expired */
+void ccsd_comm_name(const struct ccs__unique_id *id, uint8_t name[CCS__NAME_BYTES]);
+
+/* comm.c */
+/* Rank `rank` of nranks joins the comm of id (checked by the caller: its
+ * owner is the caller's uid, its root numeric) for a client of process
+ * pid; its init is answered through w. CCS_OK and the member; otherwise
+ * an error and err, and w is never called. */
+ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, int nranks, int rank,
+                            const char *algo, double op_timeout_s, int debug, pid_t pid,
+                            struct coll_waiter *w, struct member **ret, char *err, size_t errlen);
+struct comm *ccsd_comm_find(struct coll *co, const uint8_t *name);
+struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, int nranks,
+                              const char *algo, int first_rank, ccs_result_t *rc, char *err,
+                              size_t errlen);
+ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const char *algo, int pid);
+void ccsd_comm_ready(struct comm *c);
+void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A local rank's client destroyed it (graceful) or went away. */
+void ccsd_member_leave(struct member *m, const char *why, int graceful);
+const struct member *ccsd_comm_departed(const struct comm *c);
+void ccsd_comm_ref(struct comm *c);
+void ccsd_comm_unref(struct comm *c);
+
+/* match.c */
+void ccsd_post_submit(struct post *p);
+void ccsd_comm_check_deadlines(struct comm *c);
+/* Answers p (unless it was) and lets it go. */
+void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error);
+void ccsd_comm_fail_pending(struct comm *c);
+
+/* op.c: a matched op: its algorithm, its graph, where it runs */
+void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq);
+
+/* device.c: which GPU runs an op whose local posts are posts[0..n) (NULLs
+ * skipped): -1 when every buffer is host memory; else the device of the
+ * first device buffer, which must reach every other (reach[a] has bit b
+ * when GPU a can access GPU b's memory). -2 with rc and err when the
+ * buffers cannot be used together: host and device mixed, device buffers
+ * across daemons, GPUs without peer access, more ranks than a launch takes. */
+int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64_t *reach,
+                       ccs_result_t *rc, char *err, size_t errlen);
+
+/* agree.c: ranks on different daemons agree on each op */
+void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq);
+void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m);
+void ccsd_agree_release(struct comm *c); /* the comm failed or goes */
+
+/* span.c: communicators across daemons */
+void ccsd_span_message(struct coll *co, const char *addr, const Ccs__PeerMsg *m);
+void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why);
+void ccsd_span_joined(struct comm *c, struct member *m);  /* a local rank, root elsewhere */
+void ccsd_span_ready(struct comm *c);                     /* the root: every rank arrived */
+void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
+void ccsd_span_free(struct comm *c);
+void ccsd_span_stopping(struct coll *co);                 /* fails comms with ranks elsewhere */
+
+#endif

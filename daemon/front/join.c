@@ -1,0 +1,124 @@
+/* CommInit: the client's request checked field by field, then the join
+ * handed to coll; and the client's comms by the handles its connection
+ * knows them by. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "addr.h"
+#include "front/front.h"
+
+struct client_comm *ccsd_client_comm_find(struct session *s, uint64_t handle) {
+  struct client_comm *cc;
+  HASH_FIND(hh, s->comms_by_handle, &handle, sizeof(handle), cc);
+  return cc;
+}
+
+void ccsd_client_comm_drop(struct session *s, struct client_comm *cc, const char *why, int graceful) {
+  list_remove(&cc->link);
+  HASH_DELETE(hh, s->comms_by_handle, cc);
+  struct member *m = cc->member;
+  free(cc);
+  ccsd_member_leave(m, why, graceful);
+}
+
+static void on_joined(struct coll_waiter *w, ccs_result_t status, const char *error) {
+  ccsd_submission_post_done(LIST_ENTRY(w, struct submission, waiter), status, error);
+}
+
+void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) {
+  struct daemon *d = s->d;
+  struct ccs__unique_id uid;
+  char err[CCS__ERROR_TEXT_MAX];
+  if (m->id.len != CCS_UNIQUE_ID_BYTES) {
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, "unique id must be 128 bytes");
+    return;
+  }
+  memcpy(&uid, m->id.data, sizeof(uid));
+  if (uid.magic != CCS__UNIQUE_ID_MAGIC) {
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
+                       "not a ccs unique id (get one with ccs_get_unique_id)");
+    return;
+  }
+  if (uid.protocol != CCS__PROTOCOL_VERSION) {
+    ccsd_session_reply(s, req_id, CCS_ERR_VERSION, "unique id from another protocol version");
+    return;
+  }
+  if (m->nranks < 1 || m->nranks > CCSD_MAX_RANKS || m->rank >= m->nranks) {
+    snprintf(err, sizeof(err), "rank %u of %u ranks is out of range (1..%d ranks)", m->rank,
+             m->nranks, CCSD_MAX_RANKS);
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
+  uid.root[sizeof(uid.root) - 1] = 0;
+  /* An id of another daemon is checked by that daemon when this one joins. */
+  int ours = !strcmp(uid.root, d->coll.self);
+  if (!ours && !uid.root[0]) {
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
+                       "unique id not issued by this daemon (or from before it restarted)");
+    return;
+  }
+  if (!ours && !d->coll.peers) {
+    snprintf(err, sizeof(err), "unique id from the daemon at %.60s, and this daemon talks to no other (set listen)",
+             uid.root[0] ? uid.root : "(no address)");
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
+  /* Ids carry numeric addresses (resolved when issued): nothing a client
+   * writes makes this daemon resolve a name. */
+  if (!ours && !ccs_addr_is_numeric(uid.root)) {
+    snprintf(err, sizeof(err), "unique id names its root daemon '%.60s', not a numeric ADDRESS:PORT",
+             uid.root);
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
+  if (ours && !ccsd_unique_id_valid(&d->coll, &uid)) {
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
+                       "unique id not issued by this daemon (or from before it restarted)");
+    return;
+  }
+  if (ours && ccsd_unique_id_age(&d->coll, &uid) < 0) {
+    snprintf(err, sizeof(err), "unique id expired: issued %.0f s ago, valid for %.0f s (id_ttl)",
+             difftime(time(NULL), (time_t)uid.issued_s), d->cfg.id_ttl_s);
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
+  if ((uid_t)uid.owner_uid != s->uid) {
+    /* Same answer whether or not the comm exists yet: no existence leak. */
+    ccsd_session_reply(s, req_id, CCS_ERR_PERMISSION,
+                       "this unique id belongs to another user's communicator");
+    return;
+  }
+  const char *algo = m->algo ? m->algo : "";
+  struct algo_rules rules;
+  if (strlen(algo) >= sizeof(((struct comm *)0)->algo_text) ||
+      ccsd_algo_rules_parse(algo, &rules, err, sizeof(err))) {
+    char msg[CCS__ERROR_TEXT_MAX];
+    snprintf(msg, sizeof(msg), "CCS_ALGO: %.900s", strlen(algo) >= 512 ? "longer than 511 characters" : err);
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, msg);
+    return;
+  }
+  struct client_comm *cc = calloc(1, sizeof(*cc));
+  struct submission *sub = cc ? ccsd_submission_new(s, req_id, 1) : NULL;
+  if (!sub) {
+    free(cc);
+    ccsd_session_reply(s, req_id, CCS_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  sub->waiter.done = on_joined;
+  cc->handle = ++s->next_comm_handle;
+  sub->comm_handle = cc->handle;
+  list_insert_tail(&s->comms, &cc->link);
+  HASH_ADD(hh, s->comms_by_handle, handle, sizeof(cc->handle), cc);
+  double op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : 0;
+  ccs_result_t rc = ccsd_comm_join(&d->coll, &uid, (int)m->nranks, (int)m->rank, algo, op_timeout_s,
+                                   m->debug, s->pid, &sub->waiter, &cc->member, err, sizeof(err));
+  if (rc != CCS_OK) { /* the waiter is never called: the answer is given here */
+    list_remove(&cc->link);
+    HASH_DELETE(hh, s->comms_by_handle, cc);
+    free(cc);
+    sub->comm_handle = 0;
+    ccsd_submission_post_done(sub, rc, err);
+  }
+}

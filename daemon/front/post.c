@@ -1,0 +1,31 @@
+/* A client's post from its request to its release (coll.h post_ops): the
+ * answer goes to the submission it came in (and the metrics); the release
+ * lets go of its buffers, its stream events and its charge. */
+#include <stdlib.h>
+
+#include "front/front.h"
+
+void ccsd_client_post_free(struct client_post *cp) {
+  ccsd_membuf_unref(cp->sendbuf);
+  ccsd_membuf_unref(cp->recvbuf);
+  ccsd_tenant_release(cp->tenant, TENANT_OPS, 1);
+  ccsd_gpu_events_unref(cp->post.events);
+  free(cp);
+}
+
+static struct client_post *of(struct post *p) { return LIST_ENTRY(p, struct client_post, post); }
+
+static void reply(struct post *p, ccs_result_t status, const char *error) {
+  struct client_post *cp = of(p);
+  const struct comm *c = p->member->comm;
+  ccsd_metrics_record(cp->d, c->uid, p->kind, c->nranks, status,
+                      p->send_len > p->recv_len ? p->send_len : p->recv_len,
+                      (double)(uv_hrtime() - p->posted_ns) / 1e9);
+  ccsd_submission_post_done(cp->sub, status, error);
+}
+
+static void note(struct post *p, const char *info) { ccsd_submission_note(of(p)->sub, info); }
+
+static void release(struct post *p) { ccsd_client_post_free(of(p)); }
+
+const struct post_ops ccsd_client_post_ops = {reply, note, release};
