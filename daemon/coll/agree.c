@@ -89,18 +89,10 @@ static void heard(struct comm *c, uint64_t seq, const struct op_sig *sig, int ra
 void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq) {
   if (!p || !spans_daemons(c, p->kind) || c->state == COMM_FAILED) return;
   struct op_sig sig = ccsd_op_sig_of(p);
-  Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
-  Ccs__PeerOp op = CCS__PEER_OP__INIT;
-  op.name = (ProtobufCBinaryData){CCS__NAME_BYTES, c->name};
-  op.seq = seq;
-  op.kind = sig.kind;
-  op.count = sig.count;
-  op.dtype = sig.dtype;
-  op.redop = sig.redop;
-  op.root = sig.root;
-  op.rank = p->member->rank;
-  m.body_case = CCS__PEER_MSG__BODY_OP;
-  m.op = &op;
+  struct peer_msg m = {.kind = PEER_OP,
+                       .op = {.name = c->name, .name_len = CCS__NAME_BYTES, .seq = seq,
+                              .kind = sig.kind, .dtype = sig.dtype, .redop = sig.redop,
+                              .count = sig.count, .root = sig.root, .rank = p->member->rank}};
   for (int k = 0; k < c->nnodes; k++)
     if (k != c->mynode) ccsd_peers_send(c->co->peers, c->node_addr[k], &m);
   heard(c, seq, &sig, p->member->rank, c->mynode);
@@ -108,7 +100,7 @@ void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq) {
 
 /* The comm's map is set (it is ready) and addr takes part (span.c); every
  * field is checked before it counts. */
-void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m) {
+void ccsd_agree_message(struct comm *c, const char *addr, const struct peer_op *m) {
   if (c->state != COMM_READY || c->nnodes < 2) return;
   int node = -1;
   for (int k = 0; k < c->nnodes && node < 0; k++)

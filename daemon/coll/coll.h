@@ -258,11 +258,11 @@ int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64
 
 /* agree.c: ranks on different daemons agree on each op */
 void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq);
-void ccsd_agree_message(struct comm *c, const char *addr, const Ccs__PeerOp *m);
+void ccsd_agree_message(struct comm *c, const char *addr, const struct peer_op *m);
 void ccsd_agree_release(struct comm *c); /* the comm failed or goes */
 
 /* span.c: communicators across daemons */
-void ccsd_span_message(struct coll *co, const char *addr, const Ccs__PeerMsg *m);
+void ccsd_span_message(struct coll *co, const char *addr, const struct peer_msg *m);
 void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why);
 void ccsd_span_joined(struct comm *c, struct member *m);  /* a local rank, root elsewhere */
 void ccsd_span_ready(struct comm *c);                     /* the root: every rank arrived */

@@ -18,29 +18,16 @@
 
 static void send_fail(struct coll *co, const char *addr, const uint8_t *name, ccs_result_t status,
                       const char *error) {
-  Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
-  Ccs__PeerFail f = CCS__PEER_FAIL__INIT;
-  f.name.data = (uint8_t *)name;
-  f.name.len = CCS__NAME_BYTES;
-  f.status = status;
-  f.error = (char *)error;
-  m.body_case = CCS__PEER_MSG__BODY_FAIL;
-  m.fail = &f;
+  struct peer_msg m = {.kind = PEER_FAIL,
+                       .fail = {.name = name, .name_len = CCS__NAME_BYTES, .status = status, .error = error}};
   ccsd_peers_send(co->peers, addr, &m);
 }
 
 void ccsd_span_joined(struct comm *c, struct member *mb) {
-  Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
-  Ccs__PeerJoin j = CCS__PEER_JOIN__INIT;
-  j.id.data = c->id_bytes;
-  j.id.len = sizeof(c->id_bytes);
-  j.nranks = (uint32_t)c->nranks;
-  j.rank = (uint32_t)mb->rank;
-  j.uid = (uint32_t)c->uid;
-  j.pid = mb->pid;
-  j.algo = c->algo_text;
-  m.body_case = CCS__PEER_MSG__BODY_JOIN;
-  m.join = &j;
+  struct peer_msg m = {.kind = PEER_JOIN,
+                       .join = {.id = c->id_bytes, .id_len = sizeof(c->id_bytes),
+                                .nranks = (uint32_t)c->nranks, .rank = (uint32_t)mb->rank,
+                                .uid = (uint32_t)c->uid, .pid = mb->pid, .algo = c->algo_text}};
   ccsd_peers_send(c->co->peers, c->root, &m);
 }
 
@@ -101,16 +88,10 @@ void ccsd_span_ready(struct comm *c) {
   if (build_map(c, addrs)) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory making the communicator ready");
   } else {
-    Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
-    Ccs__PeerReady rd = CCS__PEER_READY__INIT;
-    rd.name.data = c->name;
-    rd.name.len = CCS__NAME_BYTES;
-    rd.n_addrs = (size_t)n;
-    rd.addrs = ptrs;
-    rd.chunk_bytes = c->chunk_bytes;
-    rd.lanes = (uint32_t)c->lanes;
-    m.body_case = CCS__PEER_MSG__BODY_READY;
-    m.ready = &rd;
+    struct peer_msg m = {.kind = PEER_READY,
+                         .ready = {.name = c->name, .name_len = CCS__NAME_BYTES,
+                                   .addrs = (const char *const *)ptrs, .naddrs = (size_t)n,
+                                   .chunk_bytes = c->chunk_bytes, .lanes = (uint32_t)c->lanes}};
     for (int k = 0; k < c->nnodes; k++)
       if (k != c->mynode) ccsd_peers_send(c->co->peers, c->node_addr[k], &m);
     LOG_INFO(CCS_LOG_INIT, "comm %llu spans %d daemons", (unsigned long long)c->id, c->nnodes);
@@ -172,8 +153,8 @@ void ccsd_span_free(struct comm *c) {
   free(c->p2p_counts);
 }
 
-static struct comm *find(struct coll *co, const ProtobufCBinaryData *name) {
-  return name->len == CCS__NAME_BYTES ? ccsd_comm_find(co, name->data) : NULL;
+static struct comm *find(struct coll *co, const uint8_t *name, size_t len) {
+  return len == CCS__NAME_BYTES ? ccsd_comm_find(co, name) : NULL;
 }
 
 /* Whether the daemon at addr takes part in c (so may speak of it): a
@@ -199,15 +180,15 @@ static void refuse(const char *addr, const char *what, const char *why) {
 
 /* The root: a rank joined through the daemon at addr. Every field is
  * checked before anything is made of it. */
-static void on_join(struct coll *co, const char *addr, const Ccs__PeerJoin *j) {
+static void on_join(struct coll *co, const char *addr, const struct peer_join *j) {
   struct ccs__unique_id id;
   char err[CCS__ERROR_TEXT_MAX];
   struct algo_rules rules;
-  if (j->id.len != CCS_UNIQUE_ID_BYTES) { /* no name to answer to */
+  if (j->id_len != CCS_UNIQUE_ID_BYTES) { /* no name to answer to */
     refuse(addr, "a join", "its unique id is not 128 bytes");
     return;
   }
-  memcpy(&id, j->id.data, sizeof(id));
+  memcpy(&id, j->id, sizeof(id));
   id.root[sizeof(id.root) - 1] = 0;
   uint8_t name[CCS__NAME_BYTES];
   ccsd_comm_name(&id, name);
@@ -259,14 +240,14 @@ static void on_join(struct coll *co, const char *addr, const Ccs__PeerJoin *j) {
 
 /* Another daemon's rank joined through us; the root says who is where.
  * The map is checked whole before any of it is used. */
-static void on_ready(struct coll *co, const char *addr, const Ccs__PeerReady *rd) {
-  struct comm *c = find(co, &rd->name);
+static void on_ready(struct coll *co, const char *addr, const struct peer_ready *rd) {
+  struct comm *c = find(co, rd->name, rd->name_len);
   if (!c || c->state != COMM_JOINING || strcmp(addr, c->root)) {
     if (c && strcmp(addr, c->root)) refuse(addr, "a rank map", "it is not the comm's root");
     return;
   }
   const char *bad = NULL;
-  if (rd->n_addrs != (size_t)c->nranks) bad = "it does not place every rank";
+  if (rd->naddrs != (size_t)c->nranks) bad = "it does not place every rank";
   else if (rd->chunk_bytes < CCSD_PEER_CHUNK_MIN || rd->chunk_bytes > CCSD_PEER_CHUNK_MAX)
     bad = "its chunk size is outside 4 KiB..64 MiB";
   else if (rd->lanes < 1 || rd->lanes > 64) bad = "its connections per pair are outside 1..64";
@@ -312,8 +293,8 @@ static void on_ready(struct coll *co, const char *addr, const Ccs__PeerReady *rd
 
 /* A failure told by another daemon: its text is shown to this daemon's
  * ranks and logs, so it is cut to size and stripped of control bytes. */
-static void on_fail(struct coll *co, const char *addr, const Ccs__PeerFail *f) {
-  struct comm *c = find(co, &f->name);
+static void on_fail(struct coll *co, const char *addr, const struct peer_fail *f) {
+  struct comm *c = find(co, f->name, f->name_len);
   if (!c) return;
   if (!involved(c, addr)) {
     refuse(addr, "a failure", "it takes no part in that communicator");
@@ -327,18 +308,18 @@ static void on_fail(struct coll *co, const char *addr, const Ccs__PeerFail *f) {
   ccsd_comm_fail(c, status, "%s", text[0] ? text : "another daemon failed the communicator");
 }
 
-void ccsd_span_message(struct coll *co, const char *addr, const Ccs__PeerMsg *m) {
-  switch (m->body_case) {
-  case CCS__PEER_MSG__BODY_JOIN: on_join(co, addr, m->join); break;
-  case CCS__PEER_MSG__BODY_READY: on_ready(co, addr, m->ready); break;
-  case CCS__PEER_MSG__BODY_OP: {
-    struct comm *c = find(co, &m->op->name);
+void ccsd_span_message(struct coll *co, const char *addr, const struct peer_msg *m) {
+  switch (m->kind) {
+  case PEER_JOIN: on_join(co, addr, &m->join); break;
+  case PEER_READY: on_ready(co, addr, &m->ready); break;
+  case PEER_OP: {
+    struct comm *c = find(co, m->op.name, m->op.name_len);
     if (!c || c->state != COMM_READY) break; /* words only settle ops of a ready comm */
     if (!involved(c, addr)) refuse(addr, "a word on an op", "it takes no part in that communicator");
-    else ccsd_agree_message(c, addr, m->op);
+    else ccsd_agree_message(c, addr, &m->op);
     break;
   }
-  case CCS__PEER_MSG__BODY_FAIL: on_fail(co, addr, m->fail); break;
+  case PEER_FAIL: on_fail(co, addr, &m->fail); break;
   default: break;
   }
 }

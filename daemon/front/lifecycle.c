@@ -34,7 +34,7 @@ static size_t max_mappings(void) {
   return n > 1024 ? (size_t)n : 65530;
 }
 
-static void on_peer_message(void *arg, const char *addr, const Ccs__PeerMsg *m) {
+static void on_peer_message(void *arg, const char *addr, const struct peer_msg *m) {
   ccsd_span_message(&((struct daemon *)arg)->coll, addr, m);
 }
 static void on_peer_lost(void *arg, const char *addr, const char *why) {

@@ -16,6 +16,7 @@
 #include "run/executor.h"
 #include "run/net.h"
 #include "transport.h"
+#include "wire.h"
 
 #define CONTROL_MAX (1u << 20) /* a control connection's largest message (a rank map) */
 #define DATA_CONTROL_MAX 4096  /* a data connection's: its greeting */
@@ -149,7 +150,9 @@ static void on_events(uv_async_t *h) {
   while (!list_empty(&got)) {
     struct event *ev = LIST_ENTRY(got.next, struct event, link);
     list_remove(&ev->link);
-    if (ev->msg) p->hooks.message(p->hooks.arg, ev->addr, ev->msg);
+    struct peer_msg pm;
+    if (ev->msg) ccsd_peer_msg_view(ev->msg, &pm);
+    if (ev->msg) p->hooks.message(p->hooks.arg, ev->addr, &pm);
     else p->hooks.lost(p->hooks.arg, ev->addr, ev->why);
     if (ev->msg) ccs__peer_msg__free_unpacked(ev->msg, NULL);
     free(ev);
@@ -792,9 +795,9 @@ static void drop_cmd(struct cmd *cmd) {
 
 /* --- the other threads' side --------------------------------------------------- */
 
-void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m) {
+void ccsd_peers_send(struct peers *p, const char *addr, const struct peer_msg *m) {
   struct cmd *cmd = calloc(1, sizeof(*cmd));
-  if (cmd) cmd->frame = pack(m, &cmd->len);
+  if (cmd) cmd->frame = ccsd_peer_msg_pack(m, CONTROL_MAX, &cmd->len);
   if (!cmd || !cmd->frame) {
     free(cmd);
     LOG_ERROR("out of memory sending to the daemon at %s", addr);

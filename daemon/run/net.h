@@ -18,7 +18,7 @@
 #include <uv.h>
 
 #include "run/op.h"
-#include "wire.h"
+#include "run/peer_msg.h"
 
 struct executor;
 struct peers;
@@ -46,7 +46,7 @@ struct peers_options {
  * the daemon at addr (after the greeting: it holds the cluster key), or
  * that daemon lost, with why. */
 struct peers_hooks {
-  void (*message)(void *arg, const char *addr, const Ccs__PeerMsg *m);
+  void (*message)(void *arg, const char *addr, const struct peer_msg *m);
   void (*lost)(void *arg, const char *addr, const char *why);
   void *arg;
 };
@@ -69,7 +69,7 @@ void ccsd_peers_stop(struct peers *p);
 
 /* Loop thread. A control message to the daemon at addr (connected on
  * first use; a failure comes back as that peer lost). */
-void ccsd_peers_send(struct peers *p, const char *addr, const Ccs__PeerMsg *m);
+void ccsd_peers_send(struct peers *p, const char *addr, const struct peer_msg *m);
 /* A communicator's data connections to the other nodes (addrs[mynode] is
  * this daemon): `lanes` per pair, chunk c on lane c % lanes, so that large
  * messages use several TCP streams; the lower node of each pair connects. */

@@ -164,7 +164,9 @@ static void one_message(struct fuzz_input *in) {
     m.body_case = CCS__PEER_MSG__BODY_HEARTBEAT, m.heartbeat = &hb;
     break;
   }
-  ccsd_span_message(&d.coll, addr, &m);
+  struct peer_msg pm; /* as the network side hands it up */
+  ccsd_peer_msg_view(&m, &pm);
+  ccsd_span_message(&d.coll, addr, &pm);
   if (fuzz_u8(in) % 16 == 0) ccsd_span_peer_lost(&d.coll, addr, "fuzz: lost");
 }
 

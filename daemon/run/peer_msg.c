@@ -1,0 +1,84 @@
+#include "run/peer_msg.h"
+
+#include <stdlib.h>
+
+static ProtobufCBinaryData bytes(const uint8_t *p, size_t n) {
+  return (ProtobufCBinaryData){n, (uint8_t *)p};
+}
+
+uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_len) {
+  Ccs__PeerMsg w = CCS__PEER_MSG__INIT;
+  Ccs__PeerJoin j = CCS__PEER_JOIN__INIT;
+  Ccs__PeerReady rd = CCS__PEER_READY__INIT;
+  Ccs__PeerFail f = CCS__PEER_FAIL__INIT;
+  Ccs__PeerOp op = CCS__PEER_OP__INIT;
+  switch (m->kind) {
+  case PEER_JOIN:
+    j.id = bytes(m->join.id, m->join.id_len);
+    j.nranks = m->join.nranks;
+    j.rank = m->join.rank;
+    j.uid = m->join.uid;
+    j.pid = m->join.pid;
+    j.algo = (char *)m->join.algo;
+    w.body_case = CCS__PEER_MSG__BODY_JOIN, w.join = &j;
+    break;
+  case PEER_READY:
+    rd.name = bytes(m->ready.name, m->ready.name_len);
+    rd.addrs = (char **)m->ready.addrs;
+    rd.n_addrs = m->ready.naddrs;
+    rd.chunk_bytes = m->ready.chunk_bytes;
+    rd.lanes = m->ready.lanes;
+    w.body_case = CCS__PEER_MSG__BODY_READY, w.ready = &rd;
+    break;
+  case PEER_FAIL:
+    f.name = bytes(m->fail.name, m->fail.name_len);
+    f.status = m->fail.status;
+    f.error = (char *)m->fail.error;
+    w.body_case = CCS__PEER_MSG__BODY_FAIL, w.fail = &f;
+    break;
+  case PEER_OP:
+    op.name = bytes(m->op.name, m->op.name_len);
+    op.seq = m->op.seq;
+    op.kind = m->op.kind;
+    op.count = m->op.count;
+    op.dtype = m->op.dtype;
+    op.redop = m->op.redop;
+    op.root = m->op.root;
+    op.rank = m->op.rank;
+    w.body_case = CCS__PEER_MSG__BODY_OP, w.op = &op;
+    break;
+  default: return NULL;
+  }
+  *ret_len = protobuf_c_message_get_packed_size(&w.base);
+  uint8_t *buf = *ret_len <= max ? malloc(*ret_len ? *ret_len : 1) : NULL;
+  if (buf) protobuf_c_message_pack(&w.base, buf);
+  return buf;
+}
+
+void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
+  switch (w->body_case) {
+  case CCS__PEER_MSG__BODY_JOIN:
+    ret->kind = PEER_JOIN;
+    ret->join = (struct peer_join){w->join->id.data, w->join->id.len, w->join->nranks, w->join->rank,
+                                   w->join->uid,     w->join->pid,    w->join->algo};
+    break;
+  case CCS__PEER_MSG__BODY_READY:
+    ret->kind = PEER_READY;
+    ret->ready = (struct peer_ready){w->ready->name.data,          w->ready->name.len,
+                                     (const char *const *)w->ready->addrs, w->ready->n_addrs,
+                                     w->ready->chunk_bytes,        w->ready->lanes};
+    break;
+  case CCS__PEER_MSG__BODY_FAIL:
+    ret->kind = PEER_FAIL;
+    ret->fail = (struct peer_fail){w->fail->name.data, w->fail->name.len, w->fail->status,
+                                   w->fail->error};
+    break;
+  case CCS__PEER_MSG__BODY_OP:
+    ret->kind = PEER_OP;
+    ret->op = (struct peer_op){w->op->name.data, w->op->name.len, w->op->seq,   w->op->kind,
+                               w->op->dtype,     w->op->redop,    w->op->count, w->op->root,
+                               w->op->rank};
+    break;
+  default: ret->kind = PEER_OTHER; break;
+  }
+}
