@@ -363,3 +363,19 @@ int ccsd_config_is_key(const char *name) {
     if (!strcmp(keys[i].name, name)) return 1;
   return 0;
 }
+
+/* The same as a Markdown table, for the documentation (docs/operations.md
+ * is made from it: scripts/gen_docs.sh). */
+void ccsd_config_table(FILE *out) {
+  struct ccsd_config def;
+  ccsd_config_defaults(&def);
+  char values[8192];
+  ccsd_config_format(&def, values, sizeof(values));
+  fprintf(out, "| key | default | meaning |\n|---|---|---|\n");
+  char *save, *line = strtok_r(values, "\n", &save);
+  for (size_t i = 0; i < NKEYS && line; i++, line = strtok_r(NULL, "\n", &save)) {
+    const char *v = strstr(line, " = ");
+    v = v ? v + 3 : "";
+    fprintf(out, "| %s | %s | %s |\n", keys[i].name, *v ? v : "(empty)", keys[i].help);
+  }
+}

@@ -246,6 +246,7 @@ int ccsd_config_load_file(struct ccsd_config *cfg, const char *path, int must_ex
 int ccsd_config_load_env(struct ccsd_config *cfg, char *err, size_t errlen);
 void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len);
 void ccsd_config_example(FILE *out);
+void ccsd_config_table(FILE *out); /* Markdown, for the documentation */
 int ccsd_config_is_key(const char *name);
 
 /* lifecycle.c */

@@ -160,6 +160,10 @@ static int configure(int argc, char **argv, struct ccsd_config *cfg, int *check_
       exit(tune_table(i + 1 < argc ? atoi(argv[i + 1]) : 4, cfg));
     }
     if (!strcmp(a, "--generate-key")) exit(generate_key(i + 1 < argc ? argv[i + 1] : NULL));
+    if (!strcmp(a, "--print-config-table")) { /* docs/operations.md */
+      ccsd_config_table(stdout);
+      exit(0);
+    }
     if (!strcmp(a, "--print-example-config")) {
       ccsd_config_example(stdout);
       exit(0);
