@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "plan/schedule.h"
+#include "plan/shape.h"
 
 struct content {
   uint8_t valid, finalized, from_input;
@@ -40,46 +41,26 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
   return -1;
 }
 
+/* The starting state (shape.h): all_to_all's values are in the input
+ * buffer, every other collective's in the work buffer. */
 static void init_party(enum sched_coll c, int n, int root, int p, uint32_t nb, struct party *pt) {
-  uint64_t me = 1ull << p;
-  for (uint32_t b = 0; b < nb; b++) {
-    struct content *w = &pt->work[b];
-    switch (c) {
-    case SCHED_ALL_REDUCE: case SCHED_REDUCE_SCATTER: case SCHED_REDUCE:
-      *w = (struct content){1, 0, 0, b, me};
-      break;
-    case SCHED_ALL_GATHER: case SCHED_GATHER:
-      if (b == (uint32_t)p) *w = (struct content){1, 0, 0, b, me};
-      break;
-    case SCHED_BROADCAST: case SCHED_SCATTER:
-      if (p == root) *w = (struct content){1, 0, 0, b, me};
-      break;
-    case SCHED_ALL_TO_ALL:
-      pt->input[b] = (struct content){1, 0, 1, b, me};
-      break;
-    default: break;
-    }
-  }
+  int input = c == SCHED_ALL_TO_ALL;
+  for (uint32_t b = 0; b < nb; b++)
+    if (sched_shape_has(c, root, p, b))
+      (input ? pt->input : pt->work)[b] = (struct content){1, 0, input, b, 1ull << p};
   (void)n;
 }
 
 /* Does participant p's block b hold what the collective leaves there? */
 static int final_ok(enum sched_coll c, int n, int root, int p, uint32_t b, const struct content *w) {
   uint64_t all = n == 64 ? ~0ull : (1ull << n) - 1;
-  switch (c) {
-  case SCHED_ALL_REDUCE: return w->valid && w->finalized && w->block == b && w->mask == all;
-  case SCHED_REDUCE_SCATTER:
-    return b != (uint32_t)p || (w->valid && w->finalized && w->block == b && w->mask == all);
-  case SCHED_REDUCE:
-    return p != root || (w->valid && w->finalized && w->block == b && w->mask == all);
-  case SCHED_ALL_GATHER: return w->valid && w->block == b && w->mask == 1ull << b;
-  case SCHED_GATHER: return p != root || (w->valid && w->block == b && w->mask == 1ull << b);
-  case SCHED_BROADCAST: return w->valid && w->block == b && w->mask == 1ull << root;
-  case SCHED_SCATTER:
-    return b != (uint32_t)p || (w->valid && w->block == b && w->mask == 1ull << root);
-  case SCHED_ALL_TO_ALL:
-    return w->valid && w->from_input && w->block == (uint32_t)p && w->mask == 1ull << b;
-  default: return 0;
+  struct sched_want want = sched_shape_want(c, root, p, b);
+  switch (want.kind) {
+  case SCHED_WANT_REDUCED: return w->valid && w->finalized && w->block == b && w->mask == all;
+  case SCHED_WANT_COPY:
+    return w->valid && w->block == want.block && w->mask == 1ull << want.from &&
+           w->from_input == (c == SCHED_ALL_TO_ALL);
+  default: return 1;
   }
 }
 

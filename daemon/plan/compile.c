@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "plan/engine.h"
+#include "plan/shape.h"
 #include "plan/pool.h"
 
 enum { V_INPUT, V_REMOTE, V_REDUCE };
@@ -208,15 +209,9 @@ static char *input_ptr(const struct compiler *k, int p, uint32_t b, int input_bu
   char *send = op->ranks[p].send;
   size_t begin, len;
   block_range(k, b, &begin, &len);
-  if (!send) return NULL;
-  switch (op->coll) {
-  case SCHED_ALL_REDUCE: case SCHED_REDUCE: case SCHED_REDUCE_SCATTER:
-    return send + begin * k->sz;
-  case SCHED_ALL_GATHER: case SCHED_GATHER: return b == (uint32_t)p ? send : NULL;
-  case SCHED_BROADCAST: case SCHED_SCATTER: return p == op->root ? send + begin * k->sz : NULL;
-  case SCHED_ALL_TO_ALL: return input_buf ? send + begin * k->sz : NULL;
-  default: return NULL;
-  }
+  if (!send || !sched_shape_has(op->coll, op->root, p, b) || input_buf != (op->coll == SCHED_ALL_TO_ALL))
+    return NULL;
+  return sched_shape_input_whole(op->coll) ? send + begin * k->sz : send;
 }
 
 /* Where participant p's output must hold block b at the end (NULL: nowhere). */
@@ -225,14 +220,8 @@ static char *home_ptr(const struct compiler *k, int p, uint32_t b) {
   char *recv = op->ranks[p].recv;
   size_t begin, len;
   block_range(k, b, &begin, &len);
-  if (!recv) return NULL;
-  switch (op->coll) {
-  case SCHED_ALL_REDUCE: case SCHED_BROADCAST: case SCHED_ALL_GATHER: case SCHED_ALL_TO_ALL:
-    return recv + begin * k->sz;
-  case SCHED_REDUCE: case SCHED_GATHER: return p == op->root ? recv + begin * k->sz : NULL;
-  case SCHED_REDUCE_SCATTER: case SCHED_SCATTER: return b == (uint32_t)p ? recv : NULL;
-  default: return NULL;
-  }
+  if (!recv || sched_shape_want(op->coll, op->root, p, b).kind == SCHED_WANT_NOTHING) return NULL;
+  return sched_shape_output_whole(op->coll) ? recv + begin * k->sz : recv;
 }
 
 static int net_send(struct compiler *k, int v, int from, int to) {

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "plan/engine.h"
+#include "plan/shape.h"
 #include "plan/pool.h"
 #include "run/engine_run.h"
 #include "harness.h"
@@ -71,23 +72,24 @@ static int check(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t t
     size_t len = b->recv_len;
     if (c == SCHED_REDUCE_SCATTER || c == SCHED_SCATTER) len = count;
     for (size_t i = 0; i < len; i++) {
-      size_t blk = i / (count ? count : 1), off = i % (count ? count : 1);
+      /* which block of the op element i of rank r's output is (shape.h):
+       * one buffer cut anyhow, one block per rank, or the rank's own */
+      int splits = sched_coll_splits(c);
+      uint32_t blk = splits ? 0 : sched_shape_output_whole(c) ? (uint32_t)(i / count) : (uint32_t)r;
+      size_t off = splits || !sched_shape_output_whole(c) ? i : i % count;
+      struct sched_want w = sched_shape_want(c, root, r, blk);
+      /* element off of block k in participant q's input */
+#define IN_AT(q, k) input(t, op, seed, (q), splits || !sched_shape_input_whole(c) ? off : (size_t)(k) * count + off)
       double want = 0;
-      switch (c) {
-      case SCHED_ALL_REDUCE: case SCHED_REDUCE:
-        for (int q = 0; q < n; q++) v[q] = input(t, op, seed, q, i);
+      if (w.kind == SCHED_WANT_REDUCED) {
+        for (int q = 0; q < n; q++) v[q] = IN_AT(q, blk);
         want = ref_reduce(t, op, v, n);
-        break;
-      case SCHED_REDUCE_SCATTER:
-        for (int q = 0; q < n; q++) v[q] = input(t, op, seed, q, (size_t)r * count + i);
-        want = ref_reduce(t, op, v, n);
-        break;
-      case SCHED_ALL_GATHER: case SCHED_GATHER: want = input(t, op, seed, (int)blk, off); break;
-      case SCHED_BROADCAST: want = input(t, op, seed, root, i); break;
-      case SCHED_SCATTER: want = input(t, op, seed, root, (size_t)r * count + i); break;
-      case SCHED_ALL_TO_ALL: want = input(t, op, seed, (int)blk, (size_t)r * count + off); break;
-      default: break;
+      } else if (w.kind == SCHED_WANT_COPY) {
+        want = IN_AT(w.from, w.block);
+      } else {
+        continue;
       }
+#undef IN_AT
       uint64_t cell = 0;
       ref_set(t, &cell, 0, want);
       if (ref_get_bits(t, ranks[r].recv, i) != ref_get_bits(t, &cell, 0) && wrong++ < 3)

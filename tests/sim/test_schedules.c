@@ -18,6 +18,7 @@
 #include "kernels.h"
 #include "reference.h"
 #include "plan/schedule.h"
+#include "plan/shape.h"
 
 struct msg {
   void *data;
@@ -76,9 +77,7 @@ static void run(enum sched_coll c, int n, int root, const struct schedule *s, si
     for (uint32_t b = 0; b < nb; b++) {
       size_t begin, len;
       sched_block_elems(c, count, nb, b, &begin, &len);
-      int owns = c == SCHED_ALL_REDUCE || c == SCHED_REDUCE_SCATTER || c == SCHED_REDUCE ||
-                 ((c == SCHED_ALL_GATHER || c == SCHED_GATHER) && b == (uint32_t)p) ||
-                 ((c == SCHED_BROADCAST || c == SCHED_SCATTER) && p == root);
+      int owns = sched_shape_has(c, root, p, b);
       for (size_t i = begin; i < begin + len; i++) {
         /* element i of the whole op; all_gather-like: participant p's own */
         double v = input_value(t, op, seed, c == SCHED_ALL_TO_ALL ? p * 1000 + (int)b : p, i);
@@ -149,23 +148,14 @@ static int check_results(enum sched_coll c, int n, int root, uint32_t nb, size_t
     for (uint32_t b = 0; b < nb; b++) {
       size_t begin, len;
       sched_block_elems(c, count, nb, b, &begin, &len);
-      int matters = 1;
-      double want = 0;
+      struct sched_want w = sched_shape_want(c, root, p, b); /* shape.h */
+      if (w.kind == SCHED_WANT_NOTHING) continue;
       for (size_t i = begin; i < begin + len; i++) {
-        switch (c) {
-        case SCHED_ALL_REDUCE: want = reduced(t, op, seed, n, i); break;
-        case SCHED_REDUCE: matters = p == root; want = reduced(t, op, seed, n, i); break;
-        case SCHED_REDUCE_SCATTER: matters = b == (uint32_t)p; want = reduced(t, op, seed, n, i); break;
-        case SCHED_ALL_GATHER: want = input_value(t, op, seed, (int)b, i); break;
-        case SCHED_GATHER: matters = p == root; want = input_value(t, op, seed, (int)b, i); break;
-        case SCHED_BROADCAST: want = input_value(t, op, seed, root, i); break;
-        case SCHED_SCATTER: matters = b == (uint32_t)p; want = input_value(t, op, seed, root, i); break;
-        case SCHED_ALL_TO_ALL: /* block b: from participant b, its input block p */
-          want = input_value(t, op, seed, (int)b * 1000 + p, (size_t)p * count + (i - begin));
-          break;
-        default: break;
-        }
-        if (!matters) break;
+        double want;
+        if (w.kind == SCHED_WANT_REDUCED) want = reduced(t, op, seed, n, i);
+        else if (c == SCHED_ALL_TO_ALL) /* participant from's input block `block` */
+          want = input_value(t, op, seed, w.from * 1000 + (int)w.block, (size_t)w.block * count + (i - begin));
+        else want = input_value(t, op, seed, w.from, i);
         uint64_t cell = 0;
         ref_set(t, &cell, 0, want);
         double got = ref_get(t, pt[p].work, i), exact = ref_get(t, &cell, 0);
