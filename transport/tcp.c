@@ -558,7 +558,7 @@ static int outside(const struct tmem *m, const void *buf, size_t len) {
   return b < lo || b - lo > m->len || len > m->len - (b - lo);
 }
 
-static int tcp_post_send(struct tconn *c, struct tmem *m, const void *buf, size_t len,
+static int tcp_send(struct tconn *c, struct tmem *m, const void *buf, size_t len,
                          uint64_t tag, void *user) {
   if (m && outside(m, buf, len)) return -EFAULT;
   if (c->dead) return -ECONNRESET;
@@ -571,7 +571,7 @@ static int tcp_post_send(struct tconn *c, struct tmem *m, const void *buf, size_
   return 0;
 }
 
-static int tcp_post_recv(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag,
+static int tcp_recv(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag,
                          void *user) {
   if (m && outside(m, buf, len)) return -EFAULT;
   struct op *op = new_op(NULL, buf, len, tag, user);
@@ -721,8 +721,8 @@ const struct transport_ops ccs_transport_tcp = {
     .accept = tcp_accept,
     .mem_register = tcp_mem_register,
     .mem_deregister = tcp_mem_deregister,
-    .post_send = tcp_post_send,
-    .post_recv = tcp_post_recv,
+    .send = tcp_send,
+    .recv = tcp_recv,
     .poll = tcp_poll,
     .close = tcp_close,
     .free = tcp_free,

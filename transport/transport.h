@@ -18,7 +18,7 @@ struct tmem; /* a registered range of memory */
 struct tcompletion {
   struct tconn *conn;
   uint64_t tag;
-  void *user;    /* what the post was given */
+  void *user;    /* what the send or receive was given */
   int is_send;
   int status;    /* 0, or a negative errno: the connection failed */
   size_t bytes;
@@ -39,31 +39,31 @@ struct transport_ops {
   /* "HOST:PORT" (port 0: any); the bound address comes back in bound */
   int (*listen)(struct transport *t, const char *addr, char *bound, size_t boundlen, char *err,
                 size_t errlen);
-  /* Numeric addresses only. Returns at once: posts queue until the
+  /* Numeric addresses only. Returns at once: sends and receives queue until the
    * connection is open; a connect or greeting that fails fails them. */
   int (*connect)(struct transport *t, const char *addr, struct tconn **ret, char *err,
                  size_t errlen);
   /* 1: one, 0: none yet, -1: one refused or none could be taken (err says
    * why; call again) */
   int (*accept)(struct transport *t, struct tconn **ret, char *err, size_t errlen);
-  /* Memory that posts may read or write. A fabric that must pin memory and
+  /* Memory that sends and receives may read or write. A fabric that must pin memory and
    * key it (verbs) does so here; TCP only records the range. Either thread
    * may register and deregister; a range is deregistered after its last
-   * post completed. */
+   * send or receive completed. */
   struct tmem *(*mem_register)(struct transport *t, void *base, size_t len, char *err,
                                size_t errlen);
   void (*mem_deregister)(struct tmem *m);
-  /* A post names the registration its buffer lies in, and one outside it
+  /* A send or receive names the registration its buffer lies in, one outside it
    * is refused with -EFAULT: a miscomputed offset can never make the
    * network read or write other memory. m NULL: a small message of the
    * caller's own (control), which fabrics copy. */
-  int (*post_send)(struct tconn *c, struct tmem *m, const void *buf, size_t len, uint64_t tag,
+  int (*send)(struct tconn *c, struct tmem *m, const void *buf, size_t len, uint64_t tag,
                    void *user);
-  int (*post_recv)(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag,
+  int (*recv)(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag,
                    void *user);
   /* up to max completions, waiting at most timeout_ms for the first */
   int (*poll)(struct transport *t, int timeout_ms, struct tcompletion *out, int max);
-  /* Its pending posts complete with -ECANCELED (and conn NULL: it is gone). */
+  /* Its pending sends and receives complete with -ECANCELED (and conn NULL: it is gone). */
   void (*close)(struct tconn *c);
   /* From any thread: a poll in progress (or the next one) returns at once.
    * poll also returns when a connection waits to be accepted. */

@@ -163,7 +163,7 @@ void ccsd_comm_check_deadlines(struct comm *c) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
     const struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
-    if (x->run.plan.net_nodes && (!net || x->launched_ms < net->launched_ms)) net = x;
+    if (x->run.plan.net_items && (!net || x->launched_ms < net->launched_ms)) net = x;
   }
   if (net && now - net->launched_ms >= limit) {
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT,

@@ -77,7 +77,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     snprintf(x->why, sizeof(x->why), "a barrier moves no data");
     return CCS_OK;
   }
-  struct engine_rank *ranks = calloc((size_t)n, sizeof(*ranks));
+  struct engine_part *ranks = calloc((size_t)n, sizeof(*ranks));
   x->part_node = calloc((size_t)n, sizeof(int));
   if (!ranks || !x->part_node) {
     free(ranks);
@@ -92,7 +92,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     op.chunk_bytes = (size_t)1 << 60;
   }
   int from = -1, to = -1;
-  struct engine_rank *members = NULL;
+  struct engine_part *members = NULL;
   if (p2p) { /* a broadcast from the sender to the receiver */
     const struct post *send = x->kind == CCS__SEND ? p0 : x->nposts > 1 ? x->posts[1] : NULL;
     const struct post *recv = x->kind == CCS__RECV ? p0 : x->nposts > 1 ? x->posts[1] : NULL;
@@ -121,7 +121,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
       snprintf(err, errlen, "out of memory planning %s", ccs__coll_name(x->kind));
       return CCS_ERR_NO_MEMORY;
     }
-    struct engine_rank *mine = &ranks[c->mynode];
+    struct engine_part *mine = &ranks[c->mynode];
     mine->root_member = -1;
     for (int i = c->node_first[c->mynode]; i < c->node_first[c->mynode + 1]; i++) {
       int r = c->rank_of[i];
@@ -179,8 +179,8 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   free(members);
   x->scratch = barrier;
   x->scratch_len = barrier ? 2 * (size_t)n : 0;
-  if (rc == CCS_OK && p2p && x->run.plan.net_nodes) { /* name the message by its ranks */
-    struct engine_node *nd = &x->run.plan.nodes[0];
+  if (rc == CCS_OK && p2p && x->run.plan.net_items) { /* name the message by its ranks */
+    struct engine_item *nd = &x->run.plan.items[0];
     uint32_t number = p2p_number(c, from, to);
     nd->from = from;
     nd->to = to;
@@ -200,7 +200,7 @@ static void describe(const struct xop *x, char *buf, size_t len) {
            (unsigned long long)x->comm->id, ccs__coll_name(x->kind), (unsigned long long)x->seq,
            (unsigned long long)op_bytes(first_post(x), n), n,
            x->comm->spans ? " across daemons" : "", where, sched_algo_name(x->algo), x->why,
-           x->run.plan.nnodes, x->run.plan.ntasks);
+           x->run.plan.nitems, x->run.plan.ntasks);
 }
 
 static void ccsd_xop_done(struct xop *x);
@@ -284,7 +284,7 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);
   x->launched_ms = ccsd_now_ms_of(c->co);
-  if (x->run.plan.net_nodes && !uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
+  if (x->run.plan.net_items && !uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
   if (x->run.device >= 0) {
     ccsd_gpu_submit(c->co->gpu, &x->run);
     return;
@@ -293,11 +293,11 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
    * 15-40 us and the executor path takes two, while reducing 64 KiB takes
    * a few; the loop stays responsive. Everything else goes to the threads. */
   int small = x->run.plan.bytes_moved <= c->co->cfg.inline_bytes;
-  if (x->run.plan.ntasks == 0 || (!x->run.plan.net_nodes && small)) {
+  if (x->run.plan.ntasks == 0 || (!x->run.plan.net_items && small)) {
     engine_run_all(&x->run.plan, x->run.streaming);
     ccsd_xop_done(x);
   } else {
-    x->run.on_net = x->run.plan.net_nodes && small; /* the network thread computes too: no wake-up */
+    x->run.on_net = x->run.plan.net_items && small; /* the network thread computes too: no wake-up */
     ccsd_executor_submit(c->co->exec, &x->run);
   }
 }

@@ -1,8 +1,8 @@
 /* Compiling an op's schedules into the engine's graph (engine.h).
  *
  * Three passes: run the schedules over symbolic values (what each block
- * holds), turn the values the outputs need into nodes over real pointers,
- * then order the nodes that overwrite memory another node still reads. */
+ * holds), turn the values the outputs need into items over real pointers,
+ * then order the items that overwrite memory another item still reads. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@ struct value {
   int hash_next;
   void **land; /* outputs that must end holding it */
   int nland, capland;
-  int node; /* the graph node that makes it, or -1 */
+  int item; /* the graph item that makes it, or -1 */
 };
 
 struct msg {
@@ -36,9 +36,9 @@ struct msg {
 };
 
 struct access {
-  uint32_t node, index; /* a read: input index of node */
-  int producer;         /* a read: the node whose result it is, or -1 */
-  int snap;             /* a read: the snapshot node it now reads, or -1 */
+  uint32_t item, index; /* a read: input index of item */
+  int producer;         /* a read: the item whose result it is, or -1 */
+  int snap;             /* a read: the snapshot item it now reads, or -1 */
   char *ptr;
   size_t bytes;
 };
@@ -52,7 +52,7 @@ struct edge {
 struct net_send {
   int value, from, to;
   uint32_t msg;
-  int after; /* values made before it: where it goes in the node order */
+  int after; /* values made before it: where it goes in the item order */
 };
 
 struct compiler {
@@ -70,10 +70,10 @@ struct compiler {
   size_t nnet, capnet;
   int *scratch_leaves;
   int max_leaves; /* contributions to one result: participants, or ranks in groups */
-  int *producer; /* per slot of plan->ptrs: the node whose result it is, or -1 */
+  int *producer; /* per slot of plan->ptrs: the item whose result it is, or -1 */
   struct edge *edges;
   size_t nedges, capedges;
-  size_t cap_nodes;
+  size_t cap_items;
   ccs_result_t rc;
   char *err;
   size_t errlen;
@@ -125,7 +125,7 @@ static int new_value(struct compiler *k, uint8_t kind, size_t count) {
   v->count = count;
   v->owner = -1;
   v->hash_next = -1;
-  v->node = -1;
+  v->item = -1;
   return k->nvals++;
 }
 
@@ -277,7 +277,7 @@ static char *member_home(const struct compiler *k, int p, int m, uint32_t b, siz
 
 /* A group participant's block b at the start; -1 if none. */
 static int group_input(struct compiler *k, int p, uint32_t b) {
-  const struct engine_rank *g = &k->op->ranks[p];
+  const struct engine_part *g = &k->op->ranks[p];
   size_t begin, len;
   block_range(k, b, &begin, &len);
   int nleaves = 0;
@@ -296,7 +296,7 @@ static int group_input(struct compiler *k, int p, uint32_t b) {
 
 /* ... and at the end, in every member's output that must hold it. */
 static void group_land(struct compiler *k, int p, uint32_t b) {
-  const struct engine_rank *g = &k->op->ranks[p];
+  const struct engine_part *g = &k->op->ranks[p];
   size_t begin, len;
   block_range(k, b, &begin, &len);
   for (int m = 0; m < g->nmembers && k->rc == CCS_OK; m++) {
@@ -390,7 +390,7 @@ static int run_schedules(struct compiler *k, const struct schedule *s) {
   return rc;
 }
 
-/* --- pass 2: nodes ------------------------------------------------------ */
+/* --- pass 2: items ------------------------------------------------------ */
 
 static int land(struct compiler *k, int v, char *home) {
   struct value *e = &k->vals[v];
@@ -406,8 +406,8 @@ static int land(struct compiler *k, int v, char *home) {
 
 static int add_edge(struct compiler *k, uint32_t from, uint32_t to, int chunkwise) {
   if (grow(k, (void **)&k->edges, sizeof(*k->edges), k->nedges + 1, &k->capedges)) return -1;
-  const struct engine_node *nodes = k->plan->nodes;
-  k->edges[k->nedges++] = (struct edge){from, to, chunkwise && nodes[from].count == nodes[to].count};
+  const struct engine_item *items = k->plan->items;
+  k->edges[k->nedges++] = (struct edge){from, to, chunkwise && items[from].count == items[to].count};
   return 0;
 }
 
@@ -425,11 +425,11 @@ static void *scratch(struct compiler *k, size_t bytes) {
   return pl->scratch[pl->nscratch++] = p;
 }
 
-/* A node with room for its pointers, taken from plan->ptrs (sized ahead). */
-static struct engine_node *new_node(struct compiler *k, int nin, int nout, size_t count,
+/* A item with room for its pointers, taken from plan->ptrs (sized ahead). */
+static struct engine_item *new_item(struct compiler *k, int nin, int nout, size_t count,
                                     size_t *used_ptrs) {
   struct engine_plan *pl = k->plan;
-  struct engine_node *nd = &pl->nodes[pl->nnodes++];
+  struct engine_item *nd = &pl->items[pl->nitems++];
   memset(nd, 0, sizeof(*nd));
   nd->in = (const void **)pl->ptrs + *used_ptrs;
   nd->out = pl->ptrs + *used_ptrs + nin;
@@ -440,14 +440,14 @@ static struct engine_node *new_node(struct compiler *k, int nin, int nout, size_
   return nd;
 }
 
-/* The node that makes value v (and lands it), or -1 when out of memory. */
+/* The item that makes value v (and lands it), or -1 when out of memory. */
 static int value_node(struct compiler *k, int v, size_t *used) {
   struct engine_plan *pl = k->plan;
   struct value *e = &k->vals[v];
   int nin = e->kind == V_REDUCE ? e->nleaves : e->kind == V_INPUT;
   int nout = e->kind == V_REMOTE ? 1 : e->nland ? e->nland : 1;
-  struct engine_node *nd = new_node(k, nin, nout, e->count, used);
-  e->node = (int)(nd - pl->nodes);
+  struct engine_item *nd = new_item(k, nin, nout, e->count, used);
+  e->item = (int)(nd - pl->items);
   nd->reduce = e->kind == V_REDUCE;
   nd->divisor = e->divisor;
   if (e->kind == V_REMOTE) {
@@ -465,16 +465,16 @@ static int value_node(struct compiler *k, int v, size_t *used) {
       nd->in[i] = leaf->ptr;
       continue;
     }
-    nd->in[i] = pl->nodes[leaf->node].out[0];
-    k->producer[nd->in + i - (const void **)pl->ptrs] = leaf->node;
-    if (add_edge(k, (uint32_t)leaf->node, (uint32_t)e->node, 1)) return -1;
+    nd->in[i] = pl->items[leaf->item].out[0];
+    k->producer[nd->in + i - (const void **)pl->ptrs] = leaf->item;
+    if (add_edge(k, (uint32_t)leaf->item, (uint32_t)e->item, 1)) return -1;
   }
   if (e->kind == V_REMOTE && e->nland > 1) { /* a received result, to the other outputs */
-    struct engine_node *cp = new_node(k, 1, e->nland - 1, e->count, used);
+    struct engine_item *cp = new_item(k, 1, e->nland - 1, e->count, used);
     cp->in[0] = nd->out[0];
-    k->producer[cp->in - (const void **)pl->ptrs] = e->node;
+    k->producer[cp->in - (const void **)pl->ptrs] = e->item;
     for (int o = 1; o < e->nland; o++) cp->out[o - 1] = e->land[o];
-    if (add_edge(k, (uint32_t)e->node, (uint32_t)(cp - pl->nodes), 1)) return -1;
+    if (add_edge(k, (uint32_t)e->item, (uint32_t)(cp - pl->items), 1)) return -1;
   }
   return 0;
 }
@@ -482,7 +482,7 @@ static int value_node(struct compiler *k, int v, size_t *used) {
 static int send_node(struct compiler *k, const struct net_send *ns, size_t *used) {
   struct engine_plan *pl = k->plan;
   const struct value *e = &k->vals[ns->value];
-  struct engine_node *nd = new_node(k, 1, 0, e->count, used);
+  struct engine_item *nd = new_item(k, 1, 0, e->count, used);
   nd->kind = ENGINE_SEND;
   nd->from = ns->from;
   nd->to = ns->to;
@@ -491,16 +491,16 @@ static int send_node(struct compiler *k, const struct net_send *ns, size_t *used
     nd->in[0] = e->ptr;
     return 0;
   }
-  nd->in[0] = pl->nodes[e->node].out[0];
-  k->producer[nd->in - (const void **)pl->ptrs] = e->node;
-  return add_edge(k, (uint32_t)e->node, (uint32_t)(nd - pl->nodes), 1);
+  nd->in[0] = pl->items[e->item].out[0];
+  k->producer[nd->in - (const void **)pl->ptrs] = e->item;
+  return add_edge(k, (uint32_t)e->item, (uint32_t)(nd - pl->items), 1);
 }
 
-static int make_nodes(struct compiler *k) {
+static int make_items(struct compiler *k) {
   struct engine_plan *pl = k->plan;
   /* live: what an output keeps or a message carries, and what that is made of */
   for (size_t i = 0; i < k->nnet; i++) k->vals[k->net[i].value].live = 1;
-  size_t nodes = 0, ptrs = 0, reads = 0;
+  size_t items = 0, ptrs = 0, reads = 0;
   for (int v = k->nvals - 1; v >= 0; v--) {
     struct value *e = &k->vals[v];
     if (e->nland) e->live = 1;
@@ -509,21 +509,21 @@ static int make_nodes(struct compiler *k) {
       for (int i = 0; i < e->nleaves; i++) k->vals[e->leaves[i]].live = 1;
     if (e->kind == V_INPUT && !e->nland) continue; /* read where it is */
     size_t nin = e->kind == V_REDUCE ? (size_t)e->nleaves : 1;
-    nodes += 1 + (e->kind == V_REMOTE && e->nland > 1);
+    items += 1 + (e->kind == V_REMOTE && e->nland > 1);
     ptrs += nin + (e->nland ? (size_t)e->nland : 1) + (e->kind == V_REMOTE ? 1 : 0);
     reads += nin + (e->kind == V_REMOTE ? 1 : 0);
   }
   for (size_t i = 0; i < k->nnet; i++)
-    if (k->vals[k->net[i].value].count) nodes++, ptrs++, reads++;
+    if (k->vals[k->net[i].value].count) items++, ptrs++, reads++;
   /* room for a snapshot (1 in, 1 out) of every read */
-  k->cap_nodes = nodes + reads;
-  pl->nodes = calloc(k->cap_nodes + 1, sizeof(*pl->nodes));
+  k->cap_items = items + reads;
+  pl->items = calloc(k->cap_items + 1, sizeof(*pl->items));
   pl->ptrs = calloc(ptrs + 2 * reads + 1, sizeof(void *));
   k->producer = malloc((ptrs + 2 * reads + 1) * sizeof(int));
-  if (!pl->nodes || !pl->ptrs || !k->producer) return oom(k);
+  if (!pl->items || !pl->ptrs || !k->producer) return oom(k);
   memset(k->producer, 0xff, (ptrs + 2 * reads + 1) * sizeof(int));
   size_t used = 0, next_send = 0;
-  /* in the order the values and messages were made: every node comes after
+  /* in the order the values and messages were made: every item comes after
    * those whose results it reads, a send before what overwrites its data */
   for (int v = 0; v <= k->nvals; v++) {
     for (; next_send < k->nnet && k->net[next_send].after <= v; next_send++)
@@ -545,10 +545,10 @@ static int by_ptr(const void *a, const void *b) {
 
 static int order_overwrites(struct compiler *k, size_t used_ptrs) {
   struct engine_plan *pl = k->plan;
-  size_t nreads = 0, nwrites = 0, nmain = pl->nnodes;
+  size_t nreads = 0, nwrites = 0, nmain = pl->nitems;
   for (size_t i = 0; i < nmain; i++) {
-    nreads += (size_t)pl->nodes[i].nin;
-    nwrites += (size_t)pl->nodes[i].nout;
+    nreads += (size_t)pl->items[i].nin;
+    nwrites += (size_t)pl->items[i].nout;
   }
   struct access *reads = malloc((nreads + 1) * sizeof(*reads));
   struct access *writes = malloc((nwrites + 1) * sizeof(*writes));
@@ -560,7 +560,7 @@ static int order_overwrites(struct compiler *k, size_t used_ptrs) {
   nreads = nwrites = 0;
   size_t max_read = 0;
   for (size_t i = 0; i < nmain; i++) {
-    const struct engine_node *nd = &pl->nodes[i];
+    const struct engine_item *nd = &pl->items[i];
     size_t bytes = nd->count * k->sz;
     for (int o = 0; o < nd->nout; o++)
       writes[nwrites++] = (struct access){(uint32_t)i, (uint32_t)o, -1, -1, nd->out[o], bytes};
@@ -585,32 +585,32 @@ static int order_overwrites(struct compiler *k, size_t used_ptrs) {
       }
       for (size_t r = lo; r < nreads && reads[r].ptr < wr->ptr + wr->bytes && rc == 0; r++) {
         struct access *rd = &reads[r];
-        if (rd->ptr + rd->bytes <= wr->ptr || rd->producer == (int)wr->node) continue;
+        if (rd->ptr + rd->bytes <= wr->ptr || rd->producer == (int)wr->item) continue;
         int same = rd->ptr == wr->ptr && rd->bytes == wr->bytes;
         if (sweep == 0) {
-          /* A node may overwrite what it reads at the same place (kernels
+          /* A item may overwrite what it reads at the same place (kernels
            * read a block before writing it); an input overwritten by an
-           * earlier node, or by the reader elsewhere, is copied aside. */
+           * earlier item, or by the reader elsewhere, is copied aside. */
           if (rd->producer < 0 && rd->snap < 0 &&
-              (rd->node > wr->node || (rd->node == wr->node && !same))) {
-            if (pl->nnodes == k->cap_nodes) {
+              (rd->item > wr->item || (rd->item == wr->item && !same))) {
+            if (pl->nitems == k->cap_items) {
               rc = oom(k);
               break;
             }
-            struct engine_node *reader = &pl->nodes[rd->node];
-            struct engine_node *sn = new_node(k, 1, 1, reader->count, &used_ptrs);
+            struct engine_item *reader = &pl->items[rd->item];
+            struct engine_item *sn = new_item(k, 1, 1, reader->count, &used_ptrs);
             sn->in[0] = rd->ptr;
             if (!(sn->out[0] = scratch(k, rd->bytes))) rc = -1;
             else reader->in[rd->index] = sn->out[0];
-            rd->snap = (int)(sn - pl->nodes);
-            if (rc == 0) rc = add_edge(k, (uint32_t)rd->snap, rd->node, 1);
+            rd->snap = (int)(sn - pl->items);
+            if (rc == 0) rc = add_edge(k, (uint32_t)rd->snap, rd->item, 1);
           }
           continue;
         }
-        if (rd->snap >= 0) rc = add_edge(k, (uint32_t)rd->snap, wr->node, same);
-        else if (rd->node < wr->node) rc = add_edge(k, rd->node, wr->node, same);
-        else if (rd->node > wr->node) /* overlapping outputs: an order, not a meaning */
-          rc = add_edge(k, wr->node, rd->node, 0);
+        if (rd->snap >= 0) rc = add_edge(k, (uint32_t)rd->snap, wr->item, same);
+        else if (rd->item < wr->item) rc = add_edge(k, rd->item, wr->item, same);
+        else if (rd->item > wr->item) /* overlapping outputs: an order, not a meaning */
+          rc = add_edge(k, wr->item, rd->item, 0);
       }
     }
   free(reads);
@@ -623,36 +623,36 @@ static int order_overwrites(struct compiler *k, size_t used_ptrs) {
 static int finish_plan(struct compiler *k) {
   struct engine_plan *pl = k->plan;
   size_t tasks = 0;
-  for (size_t i = 0; i < pl->nnodes; i++) {
-    struct engine_node *nd = &pl->nodes[i];
+  for (size_t i = 0; i < pl->nitems; i++) {
+    struct engine_item *nd = &pl->items[i];
     nd->first_task = tasks;
     nd->ntasks = (nd->count + pl->chunk_elems - 1) / pl->chunk_elems;
     tasks += nd->ntasks;
     if (nd->kind == ENGINE_COMPUTE) pl->compute_tasks += nd->ntasks;
     pl->bytes_written += nd->count * k->sz * (size_t)nd->nout;
-    pl->net_nodes += nd->kind != ENGINE_COMPUTE;
+    pl->net_items += nd->kind != ENGINE_COMPUTE;
     pl->bytes_moved += nd->count * k->sz * (size_t)(nd->nin + nd->nout);
   }
   if (tasks > UINT32_MAX) return fail(k, CCS_ERR_NO_MEMORY, "op too large: %zu tasks", tasks);
   pl->ntasks = tasks;
-  pl->task_node = malloc((tasks + 1) * sizeof(uint32_t));
+  pl->task_item = malloc((tasks + 1) * sizeof(uint32_t));
   pl->pending = malloc((tasks + 1) * sizeof(uint32_t));
   pl->ready = malloc((pl->compute_tasks + 1) * sizeof(uint32_t));
   pl->net_ready = malloc((tasks - pl->compute_tasks + 1) * sizeof(uint32_t));
   pl->succ = malloc((k->nedges + 1) * sizeof(*pl->succ));
-  if (!pl->task_node || !pl->pending || !pl->ready || !pl->net_ready || !pl->succ) return oom(k);
-  for (size_t i = 0; i < pl->nnodes; i++)
-    for (size_t t = 0; t < pl->nodes[i].ntasks; t++) pl->task_node[pl->nodes[i].first_task + t] = (uint32_t)i;
-  /* successors grouped by node (counting sort) */
-  for (size_t e = 0; e < k->nedges; e++) pl->nodes[k->edges[e].from].succ_end++;
+  if (!pl->task_item || !pl->pending || !pl->ready || !pl->net_ready || !pl->succ) return oom(k);
+  for (size_t i = 0; i < pl->nitems; i++)
+    for (size_t t = 0; t < pl->items[i].ntasks; t++) pl->task_item[pl->items[i].first_task + t] = (uint32_t)i;
+  /* successors grouped by item (counting sort) */
+  for (size_t e = 0; e < k->nedges; e++) pl->items[k->edges[e].from].succ_end++;
   size_t at = 0;
-  for (size_t i = 0; i < pl->nnodes; i++) {
-    size_t n = pl->nodes[i].succ_end;
-    pl->nodes[i].succ_begin = pl->nodes[i].succ_end = at;
+  for (size_t i = 0; i < pl->nitems; i++) {
+    size_t n = pl->items[i].succ_end;
+    pl->items[i].succ_begin = pl->items[i].succ_end = at;
     at += n;
   }
   for (size_t e = 0; e < k->nedges; e++) {
-    struct engine_node *from = &pl->nodes[k->edges[e].from];
+    struct engine_item *from = &pl->items[k->edges[e].from];
     pl->succ[from->succ_end++] = (struct engine_edge){k->edges[e].to, k->edges[e].chunkwise};
   }
   pl->nsucc = k->nedges;
@@ -755,7 +755,7 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
       }
       land(&k, k.cur[p][b], home);
     }
-  int used = k.rc == CCS_OK ? make_nodes(&k) : -1;
+  int used = k.rc == CCS_OK ? make_items(&k) : -1;
   if (used >= 0 && k.rc == CCS_OK) order_overwrites(&k, (size_t)used);
   if (k.rc == CCS_OK) finish_plan(&k);
 
@@ -789,10 +789,10 @@ void engine_plan_free(struct engine_plan *plan) {
   for (size_t i = 0; i < plan->nscratch; i++) engine_pool_put(plan->pool, plan->scratch[i], plan->scratch_bytes[i]);
   free(plan->scratch);
   free(plan->scratch_bytes);
-  free(plan->nodes);
+  free(plan->items);
   free(plan->ptrs);
   free(plan->succ);
-  free(plan->task_node);
+  free(plan->task_item);
   free(plan->pending);
   free(plan->ready);
   free(plan->net_ready);

@@ -3,21 +3,21 @@
  *
  * Compiling runs every participant's schedule symbolically. A receive
  * moves no data: the block now names the value that was sent. A receive
- * with reduction makes a reduce node over the values it combines, flattened
- * into one node per result (its inputs in participant order, so every
+ * with reduction makes a reduce item over the values it combines, flattened
+ * into one item per result (its inputs in participant order, so every
  * algorithm reduces in the same order and every rank gets the same bits),
- * and identical nodes are made once. What each rank must end with lands in
- * its output buffer: one node reads each contribution once and writes every
+ * and identical items are made once. What each rank must end with lands in
+ * its output buffer: one item reads each contribution once and writes every
  * rank's copy. Only values no output keeps get scratch memory.
  *
- * Nodes are cut into tasks of chunk_bytes. A task waits for the same chunk
- * of the nodes whose result it reads (pipelining), and for every reader of
- * memory it overwrites (in-place ops); an input that a later-ordered node
+ * Items are cut into tasks of chunk_bytes. A task waits for the same chunk
+ * of the items whose result it reads (pipelining), and for every reader of
+ * memory it overwrites (in-place ops); an input that a later-ordered item
  * overwrites is first copied aside, so the graph never has a cycle.
  *
  * Participants another daemon runs are not simulated: what they send is an
- * opaque value that a RECV node brings in, and what a local participant
- * sends them a SEND node takes out, each message cut into the same chunks
+ * opaque value that a RECV item brings in, and what a local participant
+ * sends them a SEND item takes out, each message cut into the same chunks
  * on both sides (the chunk is part of the message's identity).
  *
  * The graph is plain data: tests run it on one thread in any order the
@@ -34,7 +34,7 @@
 /* One participant's mapped buffers; NULL where its call has none (a
  * non-root of reduce or gather has no output, a non-root of broadcast or
  * scatter no input). */
-struct engine_rank {
+struct engine_part {
   char *send, *recv;
   int remote; /* run by another daemon: its messages cross the network */
   /* A participant that stands for several ranks of this daemon (schedules
@@ -43,7 +43,7 @@ struct engine_rank {
    * each member's own block), its outputs are their recvs (for reduce and
    * gather, the root member's; for reduce_scatter and scatter, each
    * member's own block). */
-  const struct engine_rank *members;
+  const struct engine_part *members;
   int nmembers, root_member;
 };
 
@@ -56,9 +56,9 @@ struct engine_op {
   size_t count; /* elements, as the public call counts them */
   ccs_dtype_t dtype;
   ccs_redop_t redop;
-  const struct engine_rank *ranks; /* n of them */
+  const struct engine_part *ranks; /* n of them */
   /* The rank whose place in the buffers participant p's blocks take
-   * (participants ordered by node put neighbours on one node); NULL: p. */
+   * (participants ordered by daemon put neighbours on one daemon); NULL: p. */
   const int *rank_of;
   size_t chunk_bytes; /* every daemon of a comm must use the same */
   size_t avg_divisor; /* ranks that contribute (CCS_AVG); 0: n */
@@ -75,7 +75,7 @@ enum engine_kind {
   ENGINE_RECV,    /* from another daemon's participant `from` into out[0] */
 };
 
-struct engine_node {
+struct engine_item {
   uint8_t kind;
   int from, to;  /* SEND, RECV: the participants, and which message of */
   uint32_t msg;  /* theirs this is (0, 1, ... per ordered pair) */
@@ -99,21 +99,21 @@ struct engine_plan {
   ccs_dtype_t dtype;
   ccs_redop_t redop;
   size_t elem_size, chunk_elems;
-  struct engine_node *nodes;
-  size_t nnodes;
+  struct engine_item *items;
+  size_t nitems;
   struct engine_edge *succ;
   size_t nsucc;
   size_t ntasks;
-  uint32_t *task_node;
+  uint32_t *task_item;
   uint32_t *pending; /* per task: unfinished tasks it waits for */
   uint32_t *ready;   /* queue of runnable COMPUTE tasks: each enters once */
   size_t ready_head, ready_tail, finished;
   uint32_t *net_ready; /* ... and of SEND and RECV tasks (the network's) */
   size_t net_head, net_tail;
-  size_t compute_tasks; /* tasks of COMPUTE nodes */
+  size_t compute_tasks; /* tasks of COMPUTE items */
   size_t bytes_written, bytes_moved; /* outputs; inputs + outputs */
-  size_t net_nodes;                  /* SEND and RECV */
-  void **ptrs;                       /* storage behind nodes' in/out */
+  size_t net_items;                  /* SEND and RECV */
+  void **ptrs;                       /* storage behind items' in/out */
   void **scratch;                    /* allocations the plan owns */
   size_t *scratch_bytes;
   size_t nscratch;
@@ -127,9 +127,9 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
                             size_t errlen);
 void engine_plan_free(struct engine_plan *plan);
 
-static inline const struct engine_node *engine_task_node(const struct engine_plan *plan,
+static inline const struct engine_item *engine_task_item(const struct engine_plan *plan,
                                                          size_t task) {
-  return &plan->nodes[plan->task_node[task]];
+  return &plan->items[plan->task_item[task]];
 }
 
 #endif

@@ -8,7 +8,7 @@
 
 static void make_ready(struct engine_plan *pl, size_t task, size_t *made) {
   if (--pl->pending[task] == 0) {
-    if (pl->nodes[pl->task_node[task]].kind == ENGINE_COMPUTE) pl->ready[pl->ready_tail++] = (uint32_t)task;
+    if (pl->items[pl->task_item[task]].kind == ENGINE_COMPUTE) pl->ready[pl->ready_tail++] = (uint32_t)task;
     else pl->net_ready[pl->net_tail++] = (uint32_t)task;
     (*made)++;
   }
@@ -18,11 +18,11 @@ void engine_start(struct engine_plan *pl) {
   pl->ready_head = pl->ready_tail = pl->finished = 0;
   pl->net_head = pl->net_tail = 0;
   for (size_t t = 0; t < pl->ntasks; t++) pl->pending[t] = 1; /* released below */
-  for (size_t i = 0; i < pl->nnodes; i++) {
-    const struct engine_node *nd = &pl->nodes[i];
-    pl->nodes[i].chunks_left = nd->ntasks;
+  for (size_t i = 0; i < pl->nitems; i++) {
+    const struct engine_item *nd = &pl->items[i];
+    pl->items[i].chunks_left = nd->ntasks;
     for (size_t e = nd->succ_begin; e < nd->succ_end; e++) {
-      const struct engine_node *to = &pl->nodes[pl->succ[e].to];
+      const struct engine_item *to = &pl->items[pl->succ[e].to];
       for (size_t t = 0; t < to->ntasks; t++) pl->pending[to->first_task + t]++;
     }
   }
@@ -33,11 +33,11 @@ void engine_start(struct engine_plan *pl) {
 size_t engine_claim(struct engine_plan *pl) { return pl->ready[pl->ready_head++]; }
 
 size_t engine_finish(struct engine_plan *pl, size_t task) {
-  struct engine_node *nd = &pl->nodes[pl->task_node[task]];
+  struct engine_item *nd = &pl->items[pl->task_item[task]];
   size_t chunk = task - nd->first_task, made = 0;
   int last = --nd->chunks_left == 0;
   for (size_t e = nd->succ_begin; e < nd->succ_end; e++) {
-    const struct engine_node *to = &pl->nodes[pl->succ[e].to];
+    const struct engine_item *to = &pl->items[pl->succ[e].to];
     if (pl->succ[e].chunkwise) make_ready(pl, to->first_task + chunk, &made);
     else if (last)
       for (size_t t = 0; t < to->ntasks; t++) make_ready(pl, to->first_task + t, &made);
@@ -47,14 +47,14 @@ size_t engine_finish(struct engine_plan *pl, size_t task) {
 }
 
 size_t engine_task_span(const struct engine_plan *pl, size_t task, size_t *ret_first) {
-  const struct engine_node *nd = &pl->nodes[pl->task_node[task]];
+  const struct engine_item *nd = &pl->items[pl->task_item[task]];
   size_t begin = (task - nd->first_task) * pl->chunk_elems;
   *ret_first = begin;
   return nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
 }
 
 void engine_run_task(const struct engine_plan *pl, size_t task, int streaming) {
-  const struct engine_node *nd = &pl->nodes[pl->task_node[task]];
+  const struct engine_item *nd = &pl->items[pl->task_item[task]];
   size_t begin, n = engine_task_span(pl, task, &begin);
   size_t off = begin * pl->elem_size;
   enum { MAX_STACK = 64 };

@@ -23,7 +23,7 @@ static inline int engine_done(const struct engine_plan *plan) {
   return plan->finished == plan->ntasks;
 }
 size_t engine_claim(struct engine_plan *plan); /* engine_has_ready first */
-/* Task `task` covers elements [*ret_first, *ret_first + return) of its node. */
+/* Task `task` covers elements [*ret_first, *ret_first + return) of its item. */
 size_t engine_task_span(const struct engine_plan *plan, size_t task, size_t *ret_first);
 void engine_run_task(const struct engine_plan *plan, size_t task, int streaming);
 /* How many tasks it made ready. */

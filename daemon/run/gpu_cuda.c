@@ -77,7 +77,7 @@ static void to_loop_locked(struct gpu *g, struct run_op *x, int flag) {
 }
 
 static cudaError_t run_task(const struct engine_plan *pl, size_t task, cudaStream_t stream) {
-  const struct engine_node *nd = engine_task_node(pl, task);
+  const struct engine_item *nd = engine_task_item(pl, task);
   size_t first, n = engine_task_span(pl, task, &first);
   size_t off = first * pl->elem_size;
   const void *in[CCS_DEVICE_MAX_PTRS];

@@ -63,11 +63,11 @@ struct net_comm {
   char (*addrs)[CCSD_ADDR_MAX];
   struct pconn **data; /* per node and lane: [node * lanes + lane] */
   uint8_t *gone;       /* per node: its data connection closed (it left the comm) */
-  struct list waiting; /* posts for nodes not connected yet (struct post_rec) */
+  struct list waiting; /* transfers for nodes not connected yet */
 };
 
-/* A post in flight: what the completion finishes. */
-struct post_rec {
+/* A transfer (a SEND or RECV task) in flight: what its completion finishes. */
+struct transfer {
   struct list link;
   struct run_op *x;
   size_t task;
@@ -77,7 +77,7 @@ struct post_rec {
 
 /* A data connection that fails is often the other daemon closing it because
  * the comm failed there, or dying; its control message or our heartbeat
- * tells why a moment later. Its posts wait that long before failing with
+ * tells why a moment later. Its transfers wait that long before failing with
  * the connection's own reason. */
 #define FAIL_GRACE_S 0.3
 
@@ -96,7 +96,7 @@ struct peers {
   uv_async_t async;
   /* the network thread's own */
   struct list conns, comms;
-  struct list deferred; /* post_recs of failed data connections */
+  struct list deferred; /* transfers of failed data connections */
   double last_beat;
   double last_refusal_log;
   struct task_ref {
@@ -164,7 +164,7 @@ static void on_events(uv_async_t *h) {
 /* A packed control message, which the connection owns from here (freed
  * when its send completes). */
 static int send_frame(struct peers *p, struct pconn *c, uint8_t *buf, size_t len) {
-  int rc = p->ops->post_send(c->tc, NULL, buf, len, 0, buf);
+  int rc = p->ops->send(c->tc, NULL, buf, len, 0, buf);
   if (rc) free(buf);
   return rc;
 }
@@ -185,7 +185,7 @@ static int send_msg(struct peers *p, struct pconn *c, const Ccs__PeerMsg *m) {
 
 static int post_control_recv(struct peers *p, struct pconn *c) {
   if (!c->rx && !(c->rx = malloc(c->rx_cap))) return -ENOMEM;
-  return p->ops->post_recv(c->tc, NULL, c->rx, c->rx_cap, 0, NULL);
+  return p->ops->recv(c->tc, NULL, c->rx, c->rx_cap, 0, NULL);
 }
 
 static int hello(struct peers *p, struct pconn *c) {
@@ -216,8 +216,8 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr, 
   return c;
 }
 
-static void fail_post(struct peers *p, struct post_rec *rec, ccs_result_t status, const char *why);
-static void fail_later(struct peers *p, struct post_rec *rec, const char *why);
+static void transfer_fail(struct peers *p, struct transfer *rec, ccs_result_t status, const char *why);
+static void transfer_fail_later(struct peers *p, struct transfer *rec, const char *why);
 
 static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
   if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node * c->nc->lanes + c->lane] == c) {
@@ -226,15 +226,15 @@ static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
     nc->gone[c->node] = 1;
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
-      struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
+      struct transfer *rec = LIST_ENTRY(it, struct transfer, link);
       if (ccsd_run_op_peer_node(rec->x, rec->task) != c->node) continue;
       list_remove(&rec->link);
-      fail_later(p, rec, "it closed the communicator's connection");
+      transfer_fail_later(p, rec, "it closed the communicator's connection");
     }
   }
   if (!c->is_data && (c->got_hello || c->outbound) && why) emit(p, c->addr, NULL, why);
   list_remove(&c->link);
-  p->ops->close(c->tc); /* its posts complete with -ECANCELED: forgotten with it */
+  p->ops->close(c->tc); /* its transfers complete with -ECANCELED: forgotten with it */
   free(c->rx);
   free(c);
 }
@@ -255,12 +255,12 @@ static struct pconn *control_to(struct peers *p, const char *addr) {
   return adopt(p, tc, addr, 0);
 }
 
-/* --- data connections and posts ---------------------------------------------- */
+/* --- data connections and transfers ---------------------------------------------- */
 
-static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec);
+static void transfer_start(struct peers *p, struct pconn *c, struct transfer *rec);
 
-static int lane_of(const struct net_comm *nc, const struct post_rec *rec) {
-  return (int)((rec->task - engine_task_node(&rec->x->plan, rec->task)->first_task) % (size_t)nc->lanes);
+static int lane_of(const struct net_comm *nc, const struct transfer *rec) {
+  return (int)((rec->task - engine_task_item(&rec->x->plan, rec->task)->first_task) % (size_t)nc->lanes);
 }
 
 /* Finishes x's task (CCSD_NO_TASK: none) and queues the network tasks
@@ -296,7 +296,7 @@ static void run_taken(struct peers *p) {
 }
 
 /* The op fails, naming the daemon at the other end and its ranks. */
-static void fail_post(struct peers *p, struct post_rec *rec, ccs_result_t status, const char *why) {
+static void transfer_fail(struct peers *p, struct transfer *rec, ccs_result_t status, const char *why) {
   const struct net_map *map = rec->x->map; /* fixed once the comm is ready */
   int node = ccsd_run_op_peer_node(rec->x, rec->task);
   char text[512];
@@ -322,15 +322,15 @@ static void attach(struct peers *p, struct net_comm *nc, int node, int lane, str
   nc->data[node * nc->lanes + lane] = c;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
-    struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
+    struct transfer *rec = LIST_ENTRY(it, struct transfer, link);
     if (ccsd_run_op_peer_node(rec->x, rec->task) != node || lane_of(nc, rec) != lane) continue;
     list_remove(&rec->link);
-    post_now(p, c, rec);
+    transfer_start(p, c, rec);
   }
 }
 
 /* Fails rec after the grace (see FAIL_GRACE_S): the reason may come. */
-static void fail_later(struct peers *p, struct post_rec *rec, const char *why) {
+static void transfer_fail_later(struct peers *p, struct transfer *rec, const char *why) {
   snprintf(rec->why, sizeof(rec->why), "%s", why);
   rec->fail_at = now_s() + FAIL_GRACE_S;
   list_insert_tail(&p->deferred, &rec->link);
@@ -350,7 +350,7 @@ struct net_mem {
 static int add_region(struct peers *p, struct net_mem *nm, void *base, size_t len) {
   char err[128];
   for (int i = 0; i < nm->n; i++)
-    if (nm->r[i].base == base && nm->r[i].len == len) return 0; /* a buffer of two posts */
+    if (nm->r[i].base == base && nm->r[i].len == len) return 0; /* a buffer two ranks share */
   struct tmem *m = p->ops->mem_register(p->t, base, len, err, sizeof(err));
   if (!m) return -1;
   nm->r[nm->n].base = base;
@@ -380,7 +380,7 @@ void ccsd_peers_release(struct peers *p, struct net_mem *nm) {
   free(nm);
 }
 
-/* The registration holding [buf, buf+len), or NULL (the post is refused). */
+/* The registration holding [buf, buf+len), or NULL (the transfer is refused). */
 static struct tmem *region_of(const struct net_mem *nm, const void *buf, size_t len) {
   uintptr_t b = (uintptr_t)buf;
   for (int i = 0; i < nm->n; i++) {
@@ -390,16 +390,16 @@ static struct tmem *region_of(const struct net_mem *nm, const void *buf, size_t 
   return NULL;
 }
 
-static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
+static void transfer_start(struct peers *p, struct pconn *c, struct transfer *rec) {
   struct run_op *x = rec->x;
   const struct engine_plan *pl = &x->plan;
-  const struct engine_node *nd = engine_task_node(pl, rec->task);
+  const struct engine_item *nd = engine_task_item(pl, rec->task);
   size_t chunk = rec->task - nd->first_task, begin = chunk * pl->chunk_elems;
   size_t elems = nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
   size_t off = begin * pl->elem_size, len = elems * pl->elem_size;
   uint64_t tag = ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
   if (!x->net_mem && !(x->net_mem = register_op(p, x))) {
-    fail_post(p, rec, CCS_ERR_NO_MEMORY, "its buffers cannot be registered with the transport");
+    transfer_fail(p, rec, CCS_ERR_NO_MEMORY, "its buffers cannot be registered with the transport");
     return;
   }
   const char *sbuf = (const char *)nd->in[0] + off;
@@ -407,12 +407,12 @@ static void post_now(struct peers *p, struct pconn *c, struct post_rec *rec) {
   int send = nd->kind == ENGINE_SEND;
   struct tmem *m = region_of(x->net_mem, send ? (const void *)sbuf : rbuf, len);
   if (!m) { /* never: every message lies in the op's memory */
-    fail_post(p, rec, CCS_ERR_SYSTEM, "a message outside the op's memory");
+    transfer_fail(p, rec, CCS_ERR_SYSTEM, "a message outside the op's memory");
     return;
   }
-  int rc = send ? p->ops->post_send(c->tc, m, sbuf, len, tag, rec)
-                : p->ops->post_recv(c->tc, m, rbuf, len, tag, rec);
-  if (rc) fail_later(p, rec, "its data connection is closed");
+  int rc = send ? p->ops->send(c->tc, m, sbuf, len, tag, rec)
+                : p->ops->recv(c->tc, m, rbuf, len, tag, rec);
+  if (rc) transfer_fail_later(p, rec, "its data connection is closed");
 }
 
 /* A task this thread took: skipped once the comm failed or the daemon
@@ -423,24 +423,24 @@ static void run_task(struct peers *p, struct run_op *x, size_t task) {
     take_tasks(p, x, task, 0);
     return;
   }
-  if (engine_task_node(&x->plan, task)->kind == ENGINE_COMPUTE) { /* a small op's (x->on_net) */
+  if (engine_task_item(&x->plan, task)->kind == ENGINE_COMPUTE) { /* a small op's (x->on_net) */
     engine_run_task(&x->plan, task, x->streaming);
     take_tasks(p, x, task, 0);
     return;
   }
-  struct post_rec *rec = calloc(1, sizeof(*rec));
+  struct transfer *rec = calloc(1, sizeof(*rec));
   if (!rec) abort(); /* a lost completion would hang the op: nothing sane left */
   rec->x = x;
   rec->task = task;
   struct net_comm *nc = x->net;
   int node = ccsd_run_op_peer_node(x, task);
   if (!nc || nc->closed || node < 0 || node >= nc->nnodes) {
-    fail_post(p, rec, CCS_ERR_PEER_LOST, "the communicator's connections are closed");
+    transfer_fail(p, rec, CCS_ERR_PEER_LOST, "the communicator's connections are closed");
     return;
   }
   struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
-  if (c) post_now(p, c, rec);
-  else if (nc->gone[node]) fail_later(p, rec, "it closed the communicator's connection");
+  if (c) transfer_start(p, c, rec);
+  else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection");
   else list_insert_tail(&nc->waiting, &rec->link);
 }
 
@@ -485,17 +485,17 @@ static void comm_close(struct peers *p, struct net_comm *nc) {
   nc->closed = 1;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->deferred) {
-    struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
+    struct transfer *rec = LIST_ENTRY(it, struct transfer, link);
     if (rec->x->net != nc) continue;
     list_remove(&rec->link);
-    fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
+    transfer_fail(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
   for (int k = 0; k < nc->nnodes * nc->lanes; k++)
     if (nc->data[k]) drop_conn(p, nc->data[k], NULL);
   while (!list_empty(&nc->waiting)) {
-    struct post_rec *rec = LIST_ENTRY(nc->waiting.next, struct post_rec, link);
+    struct transfer *rec = LIST_ENTRY(nc->waiting.next, struct transfer, link);
     list_remove(&rec->link);
-    fail_post(p, rec, CCS_ERR_PEER_LOST, "the communicator failed");
+    transfer_fail(p, rec, CCS_ERR_PEER_LOST, "the communicator failed");
   }
 }
 
@@ -644,23 +644,23 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
      * what it sent before is still there for the receives to come */
     return;
   }
-  struct post_rec *rec = tc->user;
+  struct transfer *rec = tc->user;
   if (tc->status) {
     char why[80];
     snprintf(why, sizeof(why), "data connection lost: %s", failure_text(tc->status));
-    fail_later(p, rec, why);
+    transfer_fail_later(p, rec, why);
     return;
   }
   if (!tc->is_send) { /* whole chunks only: a short one means the ranks disagree */
     const struct engine_plan *pl = &rec->x->plan;
-    const struct engine_node *nd = engine_task_node(pl, rec->task);
+    const struct engine_item *nd = engine_task_item(pl, rec->task);
     size_t begin = (rec->task - nd->first_task) * pl->chunk_elems;
     size_t want = (nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems) * pl->elem_size;
     if (tc->bytes != want) {
       char why[160];
       snprintf(why, sizeof(why), "a message of %zu bytes where %zu were expected: the ranks called "
                "this op with different counts", tc->bytes, want);
-      fail_post(p, rec, CCS_ERR_MISMATCH, why);
+      transfer_fail(p, rec, CCS_ERR_MISMATCH, why);
       return;
     }
   }
@@ -677,10 +677,10 @@ static void housekeeping(struct peers *p) {
   if (beat) p->last_beat = now;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->deferred) {
-    struct post_rec *rec = LIST_ENTRY(it, struct post_rec, link);
+    struct transfer *rec = LIST_ENTRY(it, struct transfer, link);
     if (rec->fail_at > now) continue;
     list_remove(&rec->link);
-    fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
+    transfer_fail(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
@@ -952,7 +952,7 @@ void ccsd_peers_stop(struct peers *p) {
   pthread_join(p->thread, NULL);
   /* The thread is gone: what it left is done here. Commands first (comms
    * closed at shutdown tell their other daemons), then every connection
-   * closed, so that every post completes and every op finishes; network
+   * closed, so that every transfer completes and every op finishes; network
    * tasks from now on finish unsent. */
   pthread_mutex_lock(&p->mu);
   p->stopped = 1;
@@ -972,9 +972,9 @@ void ccsd_peers_stop(struct peers *p) {
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
   run_taken(p);
   while (!list_empty(&p->deferred)) {
-    struct post_rec *rec = LIST_ENTRY(p->deferred.next, struct post_rec, link);
+    struct transfer *rec = LIST_ENTRY(p->deferred.next, struct transfer, link);
     list_remove(&rec->link);
-    fail_post(p, rec, CCS_ERR_PEER_LOST, rec->why);
+    transfer_fail(p, rec, CCS_ERR_PEER_LOST, rec->why);
   }
   run_taken(p);
   while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));

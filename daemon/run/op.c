@@ -3,7 +3,7 @@
 #include <stdio.h>
 
 int ccsd_run_op_peer_node(const struct run_op *x, size_t task) {
-  const struct engine_node *nd = engine_task_node(&x->plan, task);
+  const struct engine_item *nd = engine_task_item(&x->plan, task);
   if (x->p2p) /* participants 0 and 1 */
     return x->part_node[nd->kind == ENGINE_SEND ? 1 : 0];
   return x->part_node[nd->kind == ENGINE_SEND ? nd->to : nd->from];

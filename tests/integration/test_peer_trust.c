@@ -267,7 +267,7 @@ static void send_msg(struct tconn *c, const Ccs__PeerMsg *m) {
   size_t len = protobuf_c_message_get_packed_size(&m->base);
   uint8_t *buf = malloc(len + 1);
   protobuf_c_message_pack(&m->base, buf);
-  if (ccs_transport_tcp.post_send(c, NULL, buf, len, 0, NULL)) GIVE_UP(12);
+  if (ccs_transport_tcp.send(c, NULL, buf, len, 0, NULL)) GIVE_UP(12);
   /* the buffer lives until the process exits: these are few */
 }
 
@@ -306,7 +306,7 @@ static void flood(void) {
   memset(chunk, 1, sizeof(chunk));
   rss_before = rss_kib(dm[0].pid);
   for (int i = 0; i < 64; i++) /* 64 MiB that no receive will ever take */
-    if (ccs_transport_tcp.post_send(c, NULL, chunk, sizeof(chunk), 0x7700 + (uint64_t)i, NULL)) break;
+    if (ccs_transport_tcp.send(c, NULL, chunk, sizeof(chunk), 0x7700 + (uint64_t)i, NULL)) break;
   if (!cut_off(t)) GIVE_UP(14);
   rss_after = rss_kib(dm[0].pid);
   fprintf(stderr, "# flooding key holder cut off; daemon RSS %ld -> %ld KiB\n", rss_before, rss_after);

@@ -34,7 +34,7 @@ static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int r, size_t 
 
 /* Buffers as a caller lays them out; in place as NCCL defines it. */
 static void setup(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t t, ccs_redop_t op,
-                  uint64_t seed, int in_place, struct bufs *b, struct engine_rank *ranks) {
+                  uint64_t seed, int in_place, struct bufs *b, struct engine_part *ranks) {
   size_t sz = ccs_dtype_size(t), all = (size_t)n * count;
   int many_in = c == SCHED_REDUCE_SCATTER || c == SCHED_SCATTER || c == SCHED_ALL_TO_ALL;
   int many_out = c == SCHED_ALL_GATHER || c == SCHED_GATHER || c == SCHED_ALL_TO_ALL;
@@ -62,7 +62,7 @@ static void setup(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t 
 }
 
 static int check(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t t, ccs_redop_t op,
-                 uint64_t seed, int in_place, const struct bufs *b, const struct engine_rank *ranks,
+                 uint64_t seed, int in_place, const struct bufs *b, const struct engine_part *ranks,
                  const char *what) {
   size_t sz = ccs_dtype_size(t);
   int wrong = 0;
@@ -135,7 +135,7 @@ static void run_daemons(struct engine_plan *pl, int D, uint64_t seed, const char
  * not build this collective. */
 static int compile_run_check(const struct engine_op *ops, int D, int nranks, int root_rank,
                              uint64_t seed, int in_place, struct bufs *b,
-                             const struct engine_rank *ranks, const char *what) {
+                             const struct engine_part *ranks, const char *what) {
   struct engine_plan pl[3];
   char err[256];
   ccs_result_t rc = CCS_OK;
@@ -173,7 +173,7 @@ static void test_every_algorithm_on_buffers(void **state) {
             ccs_redop_t op = (ccs_redop_t)((k / CCS_DTYPE_COUNT) % CCS_REDOP_COUNT);
             int root = (a + c + n + si) % n;
             struct bufs b;
-            struct engine_rank ranks[17];
+            struct engine_part ranks[17];
             setup((enum sched_coll)c, n, root, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks);
             struct engine_op eo = {(enum sched_coll)c, (enum sched_algo)a, n, root, 1 + k % 3,
                                    sizes[si], t, op, ranks, NULL, (size_t)8 << (k % 8)};
@@ -195,7 +195,7 @@ static void test_all_reduce_moves_each_byte_once(void **state) {
   (void)state;
   enum { N = 6, COUNT = 4096 };
   struct bufs b;
-  struct engine_rank ranks[N];
+  struct engine_part ranks[N];
   setup(SCHED_ALL_REDUCE, N, 0, COUNT, CCS_FLOAT32, CCS_SUM, 1, 0, &b, ranks);
   for (int a = 0; a < SCHED_ALGO_COUNT; a++) {
     struct engine_op eo = {SCHED_ALL_REDUCE, (enum sched_algo)a, N, 0, 1, COUNT, CCS_FLOAT32,
@@ -218,7 +218,7 @@ struct mail {
   char *data;
 };
 
-static struct mail *find_mail(struct mail *box, size_t n, const struct engine_node *nd, size_t chunk) {
+static struct mail *find_mail(struct mail *box, size_t n, const struct engine_item *nd, size_t chunk) {
   for (size_t i = 0; i < n; i++)
     if (box[i].data && box[i].from == nd->from && box[i].to == nd->to && box[i].msg == nd->msg &&
         box[i].chunk == chunk)
@@ -240,7 +240,7 @@ static void run_daemons(struct engine_plan *pl, int D, uint64_t seed, const char
       /* receives whose chunk is here */
       for (size_t w = 0; w < nwait[d]; w++) {
         size_t t = waiting[d][w];
-        const struct engine_node *nd = engine_task_node(&pl[d], t);
+        const struct engine_item *nd = engine_task_item(&pl[d], t);
         size_t chunk = t - nd->first_task;
         struct mail *m = find_mail(box, nbox, nd, chunk);
         if (!m) continue;
@@ -262,7 +262,7 @@ static void run_daemons(struct engine_plan *pl, int D, uint64_t seed, const char
       q[head] = q[pick];
       q[pick] = tmp;
       size_t t = take_net ? engine_claim_net(&pl[d]) : engine_claim(&pl[d]);
-      const struct engine_node *nd = engine_task_node(&pl[d], t);
+      const struct engine_item *nd = engine_task_item(&pl[d], t);
       size_t chunk = t - nd->first_task, begin = chunk * pl[d].chunk_elems;
       size_t bytes = (nd->count - begin < pl[d].chunk_elems ? nd->count - begin : pl[d].chunk_elems) *
                      pl[d].elem_size;
@@ -313,7 +313,7 @@ static void test_every_algorithm_across_daemons(void **state) {
             for (int p = 0; p < n; p++)
               if (rank_of[p] == root_rank) root = p;
             struct bufs b;
-            struct engine_rank ranks[17], pr[3][17];
+            struct engine_part ranks[17], pr[3][17];
             setup((enum sched_coll)c, n, root_rank, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks);
             struct engine_op eo[3];
             char what[200];
@@ -359,7 +359,7 @@ static void test_groups_across_daemons(void **state) {
             ccs_redop_t op = (ccs_redop_t)((k / CCS_DTYPE_COUNT) % CCS_REDOP_COUNT);
             int in_place = k % 2, root_rank = (a + ci + n + si) % n;
             struct bufs b;
-            struct engine_rank ranks[17], members[3][17], parts[3][3];
+            struct engine_part ranks[17], members[3][17], parts[3][3];
             setup(c, n, root_rank, sizes[si], t, op, seed + (uint64_t)k, in_place, &b, ranks);
             int nm[3] = {0}, rank_of[17], first[4] = {0}, np = 0;
             int root_member = 0;
@@ -405,7 +405,7 @@ static void test_grouped_all_gather_receives_each_block_once(void **state) {
   (void)state;
   enum { N = 7, D = 3, COUNT = 300 };
   struct bufs b;
-  struct engine_rank ranks[N], members[D][N], parts[D];
+  struct engine_part ranks[N], members[D][N], parts[D];
   setup(SCHED_ALL_GATHER, N, 0, COUNT, CCS_INT32, CCS_SUM, 5, 0, &b, ranks);
   int rank_of[N], first[D + 1] = {0}, np = 0;
   for (int d = 0; d < D; d++) {
@@ -417,7 +417,7 @@ static void test_grouped_all_gather_receives_each_block_once(void **state) {
   }
   for (int a = 0; a < SCHED_ALGO_COUNT; a++)
     for (int d = 0; d < D; d++) {
-      for (int q = 0; q < D; q++) parts[q] = (struct engine_rank){.remote = q != d};
+      for (int q = 0; q < D; q++) parts[q] = (struct engine_part){.remote = q != d};
       parts[d].members = members[d];
       parts[d].nmembers = first[d + 1] - first[d];
       struct engine_op eo = {SCHED_ALL_GATHER, (enum sched_algo)a, D, 0, 1, COUNT, CCS_INT32,
@@ -426,8 +426,8 @@ static void test_grouped_all_gather_receives_each_block_once(void **state) {
       char err[256];
       if (engine_compile(&eo, &pl, err, sizeof(err)) != CCS_OK) break;
       size_t got = 0;
-      for (size_t i = 0; i < pl.nnodes; i++)
-        if (pl.nodes[i].kind == ENGINE_RECV) got += pl.nodes[i].count;
+      for (size_t i = 0; i < pl.nitems; i++)
+        if (pl.items[i].kind == ENGINE_RECV) got += pl.items[i].count;
       if (got != (size_t)(N - parts[d].nmembers) * COUNT)
         fail_msg("%s all_gather: daemon %d receives %zu elements, not %d", sched_algo_name(a), d, got,
                  (N - parts[d].nmembers) * COUNT);
@@ -446,7 +446,7 @@ static void test_pool_reuses_scratch(void **state) {
   size_t nfirst = 0;
   for (int round = 0; round < 3; round++) {
     struct bufs b;
-    struct engine_rank ranks[N];
+    struct engine_part ranks[N];
     setup(SCHED_ALL_TO_ALL, N, 0, COUNT, CCS_INT32, CCS_SUM, 9 + (uint64_t)round, 1, &b, ranks);
     struct engine_op eo = {SCHED_ALL_TO_ALL, SCHED_DIRECT, N, 0, 1, COUNT, CCS_INT32, CCS_SUM,
                            ranks, NULL, 4096, 0, pool};
@@ -476,7 +476,7 @@ static void test_pool_reuses_scratch(void **state) {
 static size_t pooled_all_to_all(struct engine_pool *pool, size_t count) {
   enum { N = 3 };
   struct bufs b;
-  struct engine_rank ranks[N];
+  struct engine_part ranks[N];
   setup(SCHED_ALL_TO_ALL, N, 0, count, CCS_INT32, CCS_SUM, count, 1, &b, ranks);
   struct engine_op eo = {SCHED_ALL_TO_ALL, SCHED_DIRECT, N, 0, 1, count, CCS_INT32, CCS_SUM,
                          ranks, NULL, 4096, 0, pool};
@@ -523,7 +523,7 @@ static void test_overlapping_outputs_terminate(void **state) {
   (void)state;
   enum { N = 4, COUNT = 100 };
   struct bufs b;
-  struct engine_rank ranks[N];
+  struct engine_part ranks[N];
   setup(SCHED_ALL_TO_ALL, N, 0, COUNT, CCS_INT32, CCS_SUM, 2, 0, &b, ranks);
   for (int r = 1; r < N; r++) ranks[r].recv = ranks[0].recv;
   ranks[2].send = ranks[0].recv + 4; /* and an input straddling outputs */

@@ -97,14 +97,14 @@ static void test_messages_both_ways(void **state) {
     }
   }
   /* a's receives posted first, b's only after its messages have arrived */
-  for (int i = 0; i < N; i++) assert_int_equal(T->post_recv(ca, NULL, in_a[i], sizes[i], 100 + (uint64_t)i, in_a[i]), 0);
-  for (int i = 0; i < N; i++) assert_int_equal(T->post_send(ca, NULL, out_a[i], sizes[i], 200 + (uint64_t)i, out_a[i]), 0);
+  for (int i = 0; i < N; i++) assert_int_equal(T->recv(ca, NULL, in_a[i], sizes[i], 100 + (uint64_t)i, in_a[i]), 0);
+  for (int i = 0; i < N; i++) assert_int_equal(T->send(ca, NULL, out_a[i], sizes[i], 200 + (uint64_t)i, out_a[i]), 0);
   for (int i = N - 1; i >= 0; i--) /* in reverse: tags, not order, match */
-    assert_int_equal(T->post_send(cb, NULL, out_b[i], sizes[i], 100 + (uint64_t)i, out_b[i]), 0);
+    assert_int_equal(T->send(cb, NULL, out_b[i], sizes[i], 100 + (uint64_t)i, out_b[i]), 0);
   struct tcompletion done[4 * N];
   int got = collect(a, b, done, 2 * N + N); /* a's sends, b's sends, a's receives */
   assert_int_equal(got, 3 * N);
-  for (int i = 0; i < N; i++) assert_int_equal(T->post_recv(cb, NULL, in_b[i], sizes[i], 200 + (uint64_t)i, in_b[i]), 0);
+  for (int i = 0; i < N; i++) assert_int_equal(T->recv(cb, NULL, in_b[i], sizes[i], 200 + (uint64_t)i, in_b[i]), 0);
   got = collect(a, b, done, N);
   assert_int_equal(got, N);
   for (int i = 0; i < N; i++) {
@@ -114,19 +114,19 @@ static void test_messages_both_ways(void **state) {
   for (int k = 0; k < N; k++) assert_int_equal(done[k].status, 0);
   /* same tag twice: first in, first matched */
   int x1 = 1, x2 = 2, r1 = 0, r2 = 0;
-  T->post_send(cb, NULL, &x1, sizeof(x1), 9, NULL);
-  T->post_send(cb, NULL, &x2, sizeof(x2), 9, NULL);
+  T->send(cb, NULL, &x1, sizeof(x1), 9, NULL);
+  T->send(cb, NULL, &x2, sizeof(x2), 9, NULL);
   struct tcompletion two[4];
   assert_int_equal(collect(a, b, two, 2), 2); /* the sends; the messages wait at a */
   for (int spin = 0; spin < 50; spin++) T->poll(a, 2, two, 0); /* read, complete nothing */
-  T->post_recv(ca, NULL, &r1, sizeof(r1), 9, NULL);
-  T->post_recv(ca, NULL, &r2, sizeof(r2), 9, NULL);
+  T->recv(ca, NULL, &r1, sizeof(r1), 9, NULL);
+  T->recv(ca, NULL, &r2, sizeof(r2), 9, NULL);
   assert_int_equal(collect(a, b, two, 2), 2);
   assert_int_equal(r1, 1);
   assert_int_equal(r2, 2);
   /* the peer goes away: a pending receive fails, it does not hang */
   char spare[16];
-  T->post_recv(ca, NULL, spare, sizeof(spare), 77, spare);
+  T->recv(ca, NULL, spare, sizeof(spare), 77, spare);
   T->close(cb);
   struct tcompletion one;
   assert_int_equal(collect(a, b, &one, 1), 1);
@@ -146,20 +146,20 @@ static void test_messages_outlive_the_close(void **state) {
   char msg[1000], in[1000];
   for (size_t i = 0; i < sizeof(msg); i++) msg[i] = (char)(i * 13 + 1);
   struct tcompletion done[4];
-  assert_int_equal(T->post_send(cb, NULL, msg, sizeof(msg), 42, NULL), 0);
+  assert_int_equal(T->send(cb, NULL, msg, sizeof(msg), 42, NULL), 0);
   assert_int_equal(collect(a, b, done, 1), 1); /* written (both greet first) */
   assert_int_equal(done[0].status, 0);
   T->free(b); /* and gone */
   int sentinel = 0;
-  assert_int_equal(T->post_recv(ca, NULL, &sentinel, 0, 7, NULL), 0); /* fails once a sees the close */
+  assert_int_equal(T->recv(ca, NULL, &sentinel, 0, 7, NULL), 0); /* fails once a sees the close */
   assert_int_equal(collect(a, a, done, 1), 1);
   assert_true(done[0].status < 0);
-  assert_int_equal(T->post_recv(ca, NULL, in, sizeof(in), 42, in), 0);
+  assert_int_equal(T->recv(ca, NULL, in, sizeof(in), 42, in), 0);
   assert_int_equal(collect(a, a, done, 1), 1);
   assert_int_equal(done[0].status, 0);
   assert_int_equal(done[0].bytes, sizeof(msg));
   assert_memory_equal(in, msg, sizeof(msg));
-  assert_true(T->post_recv(ca, NULL, in, sizeof(in), 43, in) < 0);
+  assert_true(T->recv(ca, NULL, in, sizeof(in), 43, in) < 0);
   T->free(a);
 }
 
@@ -176,13 +176,13 @@ static void test_registered_memory(void **state) {
   struct tmem *mi = T->mem_register(a, in, 4096, err, sizeof(err));
   assert_non_null(m);
   assert_non_null(mi);
-  assert_int_equal(T->post_send(cb, m, buf + 1023, 16, 5, NULL), -EFAULT); /* before it */
-  assert_int_equal(T->post_send(cb, m, buf + 3072 - 15, 16, 5, NULL), -EFAULT); /* past its end */
-  assert_int_equal(T->post_send(cb, m, buf + 3072, 0, 5, NULL), 0); /* empty, at its end */
-  assert_int_equal(T->post_send(cb, m, buf + 1024, 2048, 6, NULL), 0); /* all of it */
-  assert_int_equal(T->post_recv(ca, mi, in + 4090, 16, 6, NULL), -EFAULT);
-  assert_int_equal(T->post_recv(ca, mi, in, 0, 5, NULL), 0);
-  assert_int_equal(T->post_recv(ca, mi, in, 2048, 6, in), 0);
+  assert_int_equal(T->send(cb, m, buf + 1023, 16, 5, NULL), -EFAULT); /* before it */
+  assert_int_equal(T->send(cb, m, buf + 3072 - 15, 16, 5, NULL), -EFAULT); /* past its end */
+  assert_int_equal(T->send(cb, m, buf + 3072, 0, 5, NULL), 0); /* empty, at its end */
+  assert_int_equal(T->send(cb, m, buf + 1024, 2048, 6, NULL), 0); /* all of it */
+  assert_int_equal(T->recv(ca, mi, in + 4090, 16, 6, NULL), -EFAULT);
+  assert_int_equal(T->recv(ca, mi, in, 0, 5, NULL), 0);
+  assert_int_equal(T->recv(ca, mi, in, 2048, 6, in), 0);
   struct tcompletion done[8];
   int got = collect(a, b, done, 4), ok = 0;
   assert_int_equal(got, 4);
@@ -208,7 +208,7 @@ static void test_bad_addresses(void **state) {
   T->free(l);
   assert_int_equal(T->connect(t, bound, &c, err, sizeof(err)), 0);
   int x = 0;
-  assert_int_equal(T->post_send(c, NULL, &x, sizeof(x), 1, NULL), 0);
+  assert_int_equal(T->send(c, NULL, &x, sizeof(x), 1, NULL), 0);
   struct tcompletion done[2];
   assert_int_equal(collect(t, t, done, 1), 1);
   assert_int_equal(done[0].status, -ECONNREFUSED);
@@ -231,8 +231,8 @@ static void test_wrong_key(void **state) {
   assert_int_equal(T->connect(b, bound, &cb, err, sizeof(err)), 0);
   assert_int_equal(accept_one(a, &ca, err, sizeof(err)), 1);
   char in[8], out[8] = "secret!";
-  assert_int_equal(T->post_recv(ca, NULL, in, sizeof(in), 0, NULL), 0);
-  assert_int_equal(T->post_send(cb, NULL, out, sizeof(out), 0, NULL), 0);
+  assert_int_equal(T->recv(ca, NULL, in, sizeof(in), 0, NULL), 0);
+  assert_int_equal(T->send(cb, NULL, out, sizeof(out), 0, NULL), 0);
   struct tcompletion done[4];
   assert_int_equal(collect(a, b, done, 2), 2);
   for (int i = 0; i < 2; i++) {
@@ -269,7 +269,7 @@ static void test_strangers_on_the_line(void **state) {
   struct tcompletion done[2];
   /* a server that greets with something else */
   assert_int_equal(T->connect(t, addr, &c, err, sizeof(err)), 0);
-  assert_int_equal(T->post_send(c, NULL, &x, sizeof(x), 0, NULL), 0);
+  assert_int_equal(T->send(c, NULL, &x, sizeof(x), 0, NULL), 0);
   int s1 = accept(lfd, NULL, NULL);
   char junk[64];
   memset(junk, 'J', sizeof(junk));
@@ -279,7 +279,7 @@ static void test_strangers_on_the_line(void **state) {
   close(s1);
   /* a server that says nothing: after 2 s, -ETIMEDOUT, and it heard nothing */
   assert_int_equal(T->connect(t, addr, &c, err, sizeof(err)), 0);
-  assert_int_equal(T->post_send(c, NULL, &x, sizeof(x), 0, NULL), 0);
+  assert_int_equal(T->send(c, NULL, &x, sizeof(x), 0, NULL), 0);
   int s2 = accept(lfd, NULL, NULL);
   assert_int_equal(collect(t, t, done, 1), 1);
   assert_int_equal(done[0].status, -ETIMEDOUT);
@@ -306,7 +306,7 @@ static void test_strangers_on_the_line(void **state) {
   assert_int_equal(write(s3, flood, sizeof(flood)), (ssize_t)sizeof(flood));
   struct tconn *ca;
   assert_int_equal(accept_one(a, &ca, err, sizeof(err)), 1);
-  assert_int_equal(T->post_recv(ca, NULL, junk, sizeof(junk), 0, NULL), 0);
+  assert_int_equal(T->recv(ca, NULL, junk, sizeof(junk), 0, NULL), 0);
   assert_int_equal(collect(a, a, done, 1), 1);
   assert_int_equal(done[0].status, -EPROTO);
   close(s3);
@@ -408,9 +408,9 @@ static void test_held_bytes_capped(void **state) {
   assert_int_equal(accept_one(a, &ca, err, sizeof(err)), 1);
   static char chunk[300 << 10];
   for (int i = 0; i < 8; i++) /* 2.4 MiB nobody posted a receive for */
-    assert_int_equal(T->post_send(cb, NULL, chunk, sizeof(chunk), 1000 + (uint64_t)i, NULL), 0);
+    assert_int_equal(T->send(cb, NULL, chunk, sizeof(chunk), 1000 + (uint64_t)i, NULL), 0);
   char sink[4];
-  assert_int_equal(T->post_recv(ca, NULL, sink, sizeof(sink), 5, sink), 0);
+  assert_int_equal(T->recv(ca, NULL, sink, sizeof(sink), 5, sink), 0);
   struct tcompletion done[16];
   int got = 0, failed = 0;
   for (double until = test_now() + 10; !failed && test_now() < until;) {
