@@ -191,12 +191,12 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   return rc;
 }
 
-/* "all_reduce #3, 1048576 bytes, 4 ranks: ring (rule 1 (all_reduce:ring)); 4 nodes, 16 tasks" */
+/* "all_reduce #3, 1048576 bytes, 4 ranks: ring (rule 1 (all_reduce:ring)); 4 items, 16 tasks" */
 static void describe(const struct xop *x, char *buf, size_t len) {
   int n = x->kind == CCS__SEND || x->kind == CCS__RECV ? 2 : x->comm->nranks;
   char where[32] = "";
   if (x->run.device >= 0) snprintf(where, sizeof(where), " on GPU %d", x->run.device);
-  snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks%s%s: %s (%s); %zu nodes, %zu tasks",
+  snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks%s%s: %s (%s); %zu items, %zu tasks",
            (unsigned long long)x->comm->id, ccs__coll_name(x->kind), (unsigned long long)x->seq,
            (unsigned long long)op_bytes(first_post(x), n), n,
            x->comm->spans ? " across daemons" : "", where, sched_algo_name(x->algo), x->why,
