@@ -1,6 +1,6 @@
 /* CUDA virtual memory shared between processes: an allocation exported as
  * a POSIX fd, passed over the Unix socket, imported and mapped by the
- * daemon (DESIGN.md section 4). Unlike a cudaIpcMemHandle the fd is not a
+ * daemon (docs/gpus.md). Unlike a cudaIpcMemHandle the fd is not a
  * bearer token, and the memory stays valid until every mapping is gone.
  *
  * The driver functions are fetched through the CUDA runtime (linked

@@ -260,7 +260,7 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, in
 }
 
 /* The member stays in comm->members (its rank and pid name it in errors)
- * until the comm is freed; only its link to the session goes. A rank that
+ * until the comm is freed, marked as left; the front forgets its handle. A rank that
  * destroys its handle fails the comm only if another rank still waits on
  * it now, or submits later (ccsd_post_submit): destroying in turn is the
  * normal end of a comm, not an error to log. */

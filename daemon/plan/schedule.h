@@ -6,7 +6,7 @@
  * first-out per ordered pair of participants. Builders are pure functions of
  * (collective, participants, my index, root, blocks wanted): they allocate
  * only the schedule they return, log nothing and touch no socket. The
- * checker (sched_check.c) runs all participants' schedules symbolically and
+ * checker (check.c) runs all participants' schedules symbolically and
  * proves the result; the simulator (tests/sim) runs them on real data.
  *
  * What the work buffer holds when the op starts, and must hold at the end:

@@ -1,4 +1,4 @@
-/* The daemon's CUDA memory domain (DESIGN.md section 6).
+/* The daemon's CUDA memory domain (docs/gpus.md).
  *
  * Clients' device buffers are VMM allocations whose fds the daemon maps
  * once, readable and writable by every GPU with peer access to them. Ops

@@ -1,4 +1,4 @@
-/* The trust boundary between daemons (README: "Trust"), with three daemons
+/* The trust boundary between daemons (docs/trust.md), with three daemons
  * on loopback ports or in network namespaces: whoever lacks the cluster
  * key gets no further than the greeting, whatever address it claims; a
  * key holder that floods a daemon with messages nobody asked for is cut

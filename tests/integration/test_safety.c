@@ -1,4 +1,4 @@
-/* Tenants and faults (README: "Guarantees"): each test is one row of the
+/* Tenants and faults (docs/guarantees.md): each test is one row of the
  * table. Every row checks that the right clients get the right error within
  * its bound, that the daemon then serves everyone else with correct results,
  * and that it holds no more file descriptors, sessions, comms, buffers,

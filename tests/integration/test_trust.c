@@ -1,4 +1,4 @@
-/* The trust boundary on one node (README: "Trust"): what a tenant sends
+/* The trust boundary on one node (docs/trust.md): what a tenant sends
  * or does can refuse its own calls, never crash, stall or spy on the
  * daemon. Each test is one way in, and afterwards the daemon serves both
  * tenants (root and uid 65534) with correct results and holds nothing

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The systemd side of the daemon:
 #   - the units pass systemd-analyze verify, and the service's exposure
-#     score stays at or under 2.0 (README: "Operations");
+#     score stays at or under 2.0 (docs/operations.md);
 #   - socket activation: ccsd serves on a socket systemd-socket-activate made;
 #   - readiness and the watchdog: READY=1, then WATCHDOG=1 pings, on the
 #     notify socket.
