@@ -133,14 +133,15 @@ static void store_outputs(const void *result, size_t offset, size_t bytes, const
     }                                                                                         \
   }                                                                                           \
   static void reduce_##NAME(ccs_redop_t op, size_t d, const void *const *in, int nin,         \
-                            void *const *out, int nout, size_t count, int streaming) {        \
+                            void *const *out, int nout, size_t first, size_t count,           \
+                            int streaming) {                                                  \
     A acc[BLOCK];                                                                             \
     T narrow[sizeof(T) != sizeof(A) ? BLOCK : 1];                                             \
     int avg = op == CCS_AVG && d > 0;                                                         \
     /* the last input straight to the first output, unless several are streamed */          \
     int fuse = nin >= 2 && (nout == 1 || (nout > 1 && !streaming));                           \
-    for (size_t base = 0; base < count; base += BLOCK) {                                      \
-      size_t n = count - base < BLOCK ? count - base : BLOCK;                                 \
+    for (size_t base = first, end = first + count; base < end; base += BLOCK) {               \
+      size_t n = end - base < BLOCK ? end - base : BLOCK;                                     \
       const T *s0 = (const T *)in[0] + base;                                                  \
       if (!(fuse && nin == 2))                                                                \
         for (size_t i = 0; i < n; i++) acc[i] = LOAD(s0[i]);                                  \
@@ -223,11 +224,12 @@ __attribute__((target("avx,f16c"))) static void floats_to_halves(const float *s,
 }
 
 static void reduce_f16_f16c(ccs_redop_t op, size_t d, const void *const *in, int nin,
-                            void *const *out, int nout, size_t count, int streaming) {
+                            void *const *out, int nout, size_t first, size_t count,
+                            int streaming) {
   float acc[BLOCK], next[BLOCK];
   uint16_t narrow[BLOCK];
-  for (size_t base = 0; base < count; base += BLOCK) {
-    size_t n = count - base < BLOCK ? count - base : BLOCK;
+  for (size_t base = first, end = first + count; base < end; base += BLOCK) {
+    size_t n = end - base < BLOCK ? end - base : BLOCK;
     halves_to_floats((const uint16_t *)in[0] + base, acc, n);
     for (int k = 1; k < nin; k++) {
       halves_to_floats((const uint16_t *)in[k] + base, next, n);
@@ -254,7 +256,7 @@ static int cpu_has_f16c(void) {
 #endif
 
 typedef void (*reduce_fn)(ccs_redop_t, size_t, const void *const *, int, void *const *, int,
-                          size_t, int);
+                          size_t, size_t, int);
 static reduce_fn reducers[CCS_DTYPE_COUNT] = {
     [CCS_INT8] = reduce_i8,          [CCS_UINT8] = reduce_u8,
     [CCS_INT32] = reduce_i32,        [CCS_UINT32] = reduce_u32,
@@ -276,17 +278,17 @@ __attribute__((constructor)) static void init_kernels(void) {
 
 void ccs__reduce_host(ccs_dtype_t dtype, ccs_redop_t op, size_t avg_divisor,
                       const void *const *inputs, int ninputs, void *const *outputs, int noutputs,
-                      size_t count, int streaming) {
+                      size_t first, size_t count, int streaming) {
   if ((unsigned)dtype >= CCS_DTYPE_COUNT || ninputs < 1 || count == 0) return;
-  reducers[dtype](op, avg_divisor, inputs, ninputs, outputs, noutputs, count, streaming);
+  reducers[dtype](op, avg_divisor, inputs, ninputs, outputs, noutputs, first, count, streaming);
 }
 
-void ccs__copy_host(const void *src, void *const *outputs, int noutputs, size_t bytes,
-                    int streaming) {
+void ccs__copy_host(const void *src, void *const *outputs, int noutputs, size_t offset,
+                    size_t bytes, int streaming) {
   for (int o = 0; o < noutputs; o++) {
     if (outputs[o] == src || !bytes) continue;
-    const char *s = src;
-    char *d = outputs[o];
+    const char *s = (const char *)src + offset;
+    char *d = (char *)outputs[o] + offset;
     int overlap = d < s + bytes && s < d + bytes;
     if (streaming && !overlap) copy_streaming(d, s, bytes);
     else memmove(d, s, bytes);

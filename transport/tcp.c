@@ -35,12 +35,13 @@
 #define HEADER 16
 
 struct op {
-  struct op *next;
+  struct op *next; /* in its connection's sends or recvs, then in the completions */
   const char *sbuf;
   char *rbuf;
   size_t len, off;
   uint64_t tag;
   void *user;
+  struct tcompletion done; /* once complete */
 };
 
 struct umsg { /* arrived before its receive: verified (and decrypted) */
@@ -92,8 +93,7 @@ struct transport {
   struct tconn *conns;
   size_t nconns;
   uint64_t held_total; /* held bytes over every connection */
-  struct tcompletion *done;
-  size_t ndone, cap;
+  struct op *done, *done_tail; /* completed, not yet polled: nothing to allocate */
 };
 
 static double now_s(void) {
@@ -104,15 +104,11 @@ static double now_s(void) {
 
 static void complete(struct tconn *c, struct op *op, int is_send, int status, size_t bytes) {
   struct transport *t = c->t;
-  if (t->ndone == t->cap) {
-    size_t cap = t->cap ? 2 * t->cap : 64;
-    struct tcompletion *grown = realloc(t->done, cap * sizeof(*grown));
-    if (!grown) abort(); /* a completion lost would hang its owner: nothing sane left */
-    t->done = grown;
-    t->cap = cap;
-  }
-  t->done[t->ndone++] = (struct tcompletion){c, op->tag, op->user, is_send, status, bytes};
-  free(op);
+  op->done = (struct tcompletion){c, op->tag, op->user, is_send, status, bytes};
+  op->next = NULL;
+  if (t->done_tail) t->done_tail->next = op;
+  else t->done = op;
+  t->done_tail = op;
 }
 
 static void unhold(struct tconn *c, size_t len) {
@@ -618,7 +614,7 @@ static void check_deadlines(struct transport *t) {
 
 static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out, int max) {
   check_deadlines(t);
-  if (t->ndone == 0) {
+  if (!t->done) {
     size_t n = 0;
     for (struct tconn *c = t->conns; c; c = c->next) n += !c->dead;
     struct pollfd *fds = calloc(n + 3, sizeof(*fds));
@@ -666,11 +662,12 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
     free(fds);
     free(who);
   }
-  int n = (int)(t->ndone < (size_t)max ? t->ndone : (size_t)max);
-  if (n > 0) {
-    memcpy(out, t->done, sizeof(*out) * (size_t)n);
-    memmove(t->done, t->done + n, sizeof(*out) * (t->ndone - (size_t)n));
-    t->ndone -= (size_t)n;
+  int n = 0;
+  while (n < max && t->done) {
+    struct op *op = t->done;
+    if (!(t->done = op->next)) t->done_tail = NULL;
+    out[n++] = op->done;
+    free(op);
   }
   return n;
 }
@@ -687,8 +684,8 @@ static void tcp_close(struct tconn *c) {
   /* completions still to be polled for c no longer name it: c is gone */
   struct transport *t = c->t;
   t->nconns--;
-  for (size_t i = 0; i < t->ndone; i++)
-    if (t->done[i].conn == c) t->done[i].conn = NULL;
+  for (struct op *op = t->done; op; op = op->next)
+    if (op->done.conn == c) op->done.conn = NULL;
   ccs_auth_wipe(&c->auth);
   free(c);
 }
@@ -699,7 +696,7 @@ static void tcp_free(struct transport *t) {
   if (t->listen_fd >= 0) close(t->listen_fd);
   ccs_accept_reserve_close(&t->reserve);
   close(t->wake_fd);
-  free(t->done);
+  for (struct op *op = t->done, *next; op; op = next) next = op->next, free(op);
   ccs_auth_wipe_key(&t->params);
   free(t);
 }

@@ -38,9 +38,7 @@ static uint64_t op_bytes(const struct post *p, int n) {
 
 void ccsd_xop_free(struct xop *x) {
   if (!x) return;
-  engine_plan_free(&x->run.plan);
-  free(x->run.regions);
-  free(x->run.events);
+  ccsd_run_op_free(&x->run);
   free(x->posts);
   free(x->part_node);
   free(x->scratch);
@@ -234,7 +232,7 @@ static int hand_down(struct xop *x) {
   r->seq = x->seq;
   r->on_done = on_run_done;
   r->on_enqueued = on_run_enqueued;
-  return 0;
+  return r->plan.net_items ? ccsd_peers_op_prepare(r) : 0;
 }
 
 void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq) {

@@ -56,22 +56,12 @@ size_t engine_task_span(const struct engine_plan *pl, size_t task, size_t *ret_f
 void engine_run_task(const struct engine_plan *pl, size_t task, int streaming) {
   const struct engine_item *nd = &pl->items[pl->task_item[task]];
   size_t begin, n = engine_task_span(pl, task, &begin);
-  size_t off = begin * pl->elem_size;
-  enum { MAX_STACK = 64 };
-  const void *in_stack[MAX_STACK];
-  void *out_stack[MAX_STACK];
-  const void **in = nd->nin <= MAX_STACK ? in_stack : malloc(sizeof(void *) * (size_t)nd->nin);
-  void **out = nd->nout <= MAX_STACK ? out_stack : malloc(sizeof(void *) * (size_t)nd->nout);
-  if (!in || !out) abort(); /* a few KiB for >64 ranks; nothing sane to continue with */
-  for (int i = 0; i < nd->nin; i++) in[i] = (const char *)nd->in[i] + off;
-  for (int o = 0; o < nd->nout; o++) out[o] = (char *)nd->out[o] + off;
   if (nd->reduce)
-    ccs__reduce_host(pl->dtype, pl->redop, nd->divisor, in, nd->nin, out, nd->nout, n, streaming);
+    ccs__reduce_host(pl->dtype, pl->redop, nd->divisor, (const void *const *)nd->in, nd->nin,
+                     nd->out, nd->nout, begin, n, streaming);
   else
-    ccs__copy_host(in[0], out, nd->nout, n * pl->elem_size, streaming);
+    ccs__copy_host(nd->in[0], nd->out, nd->nout, begin * pl->elem_size, n * pl->elem_size, streaming);
   if (streaming) ccs__stream_fence();
-  if (in != in_stack) free(in);
-  if (out != out_stack) free(out);
 }
 
 void engine_run_all(struct engine_plan *pl, int streaming) {

@@ -21,16 +21,23 @@
 #define CONTROL_MAX (1u << 20) /* a control connection's largest message (a rank map) */
 #define DATA_CONTROL_MAX 4096  /* a data connection's: its greeting */
 
-enum cmd_kind { CMD_CONTROL, CMD_HAND_OVER, CMD_COMM_OPEN, CMD_COMM_CLOSE, CMD_COMM_FREE };
+enum cmd_kind { CMD_CONTROL, CMD_COMM_OPEN, CMD_COMM_CLOSE, CMD_COMM_FREE };
 
+/* What another thread asks of the network thread. A comm's commands are
+ * part of it, made when it is (each is sent at most once), so closing and
+ * freeing a comm never wants memory; a hand-over is the op's own link
+ * (p->handovers); only a control message is allocated, with its frame. */
 struct cmd {
   struct list link;
   enum cmd_kind kind;
-  char addr[CCSD_ADDR_MAX];
-  uint8_t *frame; /* CONTROL: a packed PeerMsg */
-  size_t len;
-  struct run_op *x; /* HAND_OVER */
   struct net_comm *nc; /* COMM_* */
+};
+
+struct control_cmd {
+  struct cmd cmd;
+  char addr[CCSD_ADDR_MAX];
+  uint8_t *frame; /* a packed PeerMsg */
+  size_t len;
 };
 
 struct event {
@@ -64,15 +71,19 @@ struct net_comm {
   struct pconn **data; /* per node and lane: [node * lanes + lane] */
   uint8_t *gone;       /* per node: its data connection closed (it left the comm) */
   struct list waiting; /* transfers for nodes not connected yet */
+  struct cmd open, close, free; /* its commands */
 };
 
-/* A transfer (a SEND or RECV task) in flight: what its completion finishes. */
-struct transfer {
-  struct list link;
+/* A task of an op that the network thread took: a transfer (a SEND or
+ * RECV task), or a small op's COMPUTE task. One per task of the op, made
+ * with it (ccsd_peers_op_prepare): taking, posting and failing a task
+ * never wants memory, so no completion is ever lost for want of it. */
+struct net_task {
+  struct list link; /* taken, waiting for its connection, or deferred */
   struct run_op *x;
-  size_t task;
-  double fail_at; /* deferred: a failed data connection */
-  char why[80];
+  double fail_at;   /* deferred: a failed data connection, why, and */
+  const char *why;
+  int status;       /* the transport's error (negative errno), or 0 */
 };
 
 /* A data connection that fails is often the other daemon closing it because
@@ -91,19 +102,16 @@ struct peers {
   pthread_t thread;
   pthread_mutex_t mu;
   struct list cmds, events; /* under mu */
+  struct list handovers;    /* under mu: ops with network tasks ready (run_op.net_link) */
   int stop;                 /* under mu */
   int stopped;              /* under mu: the thread is gone; hand-overs finish unsent */
   uv_async_t async;
   /* the network thread's own */
   struct list conns, comms;
   struct list deferred; /* transfers of failed data connections */
+  struct list taken;    /* tasks this thread took, not yet run (posted, or computed) */
   double last_beat;
   double last_refusal_log;
-  struct task_ref {
-    struct run_op *x;
-    size_t task;
-  } *taken; /* tasks this thread took, not yet run (posted, or computed) */
-  size_t ntaken, taken_head, taken_cap;
 };
 
 static double now_s(void) {
@@ -216,8 +224,10 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr, 
   return c;
 }
 
-static void transfer_fail(struct peers *p, struct transfer *rec, ccs_result_t status, const char *why);
-static void transfer_fail_later(struct peers *p, struct transfer *rec, const char *why);
+static size_t task_of(const struct net_task *rec) { return (size_t)(rec - rec->x->net_tasks); }
+
+static void transfer_fail(struct peers *p, struct net_task *rec, ccs_result_t status, const char *why);
+static void transfer_fail_later(struct peers *p, struct net_task *rec, const char *why, int status);
 
 static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
   if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node * c->nc->lanes + c->lane] == c) {
@@ -226,10 +236,10 @@ static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
     nc->gone[c->node] = 1;
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
-      struct transfer *rec = LIST_ENTRY(it, struct transfer, link);
-      if (ccsd_run_op_peer_node(rec->x, rec->task) != c->node) continue;
+      struct net_task *rec = LIST_ENTRY(it, struct net_task, link);
+      if (ccsd_run_op_peer_node(rec->x, task_of(rec)) != c->node) continue;
       list_remove(&rec->link);
-      transfer_fail_later(p, rec, "it closed the communicator's connection");
+      transfer_fail_later(p, rec, "it closed the communicator's connection", 0);
     }
   }
   if (!c->is_data && (c->got_hello || c->outbound) && why) emit(p, c->addr, NULL, why);
@@ -257,48 +267,44 @@ static struct pconn *control_to(struct peers *p, const char *addr) {
 
 /* --- data connections and transfers ---------------------------------------------- */
 
-static void transfer_start(struct peers *p, struct pconn *c, struct transfer *rec);
+static void transfer_start(struct peers *p, struct pconn *c, struct net_task *rec);
 
-static int lane_of(const struct net_comm *nc, const struct transfer *rec) {
-  return (int)((rec->task - engine_task_item(&rec->x->plan, rec->task)->first_task) % (size_t)nc->lanes);
+static int lane_of(const struct net_comm *nc, const struct net_task *rec) {
+  return (int)((task_of(rec) - engine_task_item(&rec->x->plan, task_of(rec))->first_task) % (size_t)nc->lanes);
 }
 
-/* Finishes x's task (CCSD_NO_TASK: none) and queues the network tasks
- * that made ready, or that a hand-over brings; run_taken runs them, so
- * a chain of completions never recurses. */
-static void take_tasks(struct peers *p, struct run_op *x, size_t task, int handover) {
+/* Finishes x's task (CCSD_NO_TASK: none) and queues on `into` the
+ * network tasks that made ready, or that a hand-over brings. */
+static void take(struct executor *e, struct run_op *x, size_t task, int handover, struct list *into) {
   enum { BATCH = 64 };
   size_t got[BATCH], n;
   do {
-    n = ccsd_executor_net_step(p->exec, x, task, handover, got, BATCH);
+    n = ccsd_executor_net_step(e, x, task, handover, got, BATCH);
     task = CCSD_NO_TASK;
     handover = 0;
-    if (p->ntaken + n > p->taken_cap) {
-      size_t cap = p->taken_cap ? 2 * p->taken_cap : 256;
-      while (cap < p->ntaken + n) cap *= 2;
-      struct task_ref *grown = realloc(p->taken, cap * sizeof(*grown));
-      if (!grown) abort(); /* a task never posted would hang its op */
-      p->taken = grown;
-      p->taken_cap = cap;
-    }
-    for (size_t i = 0; i < n; i++) p->taken[p->ntaken++] = (struct task_ref){x, got[i]};
+    for (size_t i = 0; i < n; i++) list_insert_tail(into, &x->net_tasks[got[i]].link);
   } while (n == BATCH); /* more may wait: x lives while any does */
 }
 
-static void run_task(struct peers *p, struct run_op *x, size_t task);
+/* run_taken runs what this takes, so a chain of completions never recurses. */
+static void take_tasks(struct peers *p, struct run_op *x, size_t task, int handover) {
+  take(p->exec, x, task, handover, &p->taken);
+}
+
+static void run_task(struct peers *p, struct net_task *rec);
 
 static void run_taken(struct peers *p) {
-  while (p->taken_head < p->ntaken) {
-    struct task_ref t = p->taken[p->taken_head++];
-    run_task(p, t.x, t.task);
+  while (!list_empty(&p->taken)) {
+    struct net_task *rec = LIST_ENTRY(p->taken.next, struct net_task, link);
+    list_remove(&rec->link);
+    run_task(p, rec);
   }
-  p->taken_head = p->ntaken = 0;
 }
 
 /* The op fails, naming the daemon at the other end and its ranks. */
-static void transfer_fail(struct peers *p, struct transfer *rec, ccs_result_t status, const char *why) {
+static void transfer_fail(struct peers *p, struct net_task *rec, ccs_result_t status, const char *why) {
   const struct net_map *map = rec->x->map; /* fixed once the comm is ready */
-  int node = ccsd_run_op_peer_node(rec->x, rec->task);
+  int node = ccsd_run_op_peer_node(rec->x, task_of(rec));
   char text[512];
   size_t n = 0;
   if (map && node >= 0 && node < map->nnodes) {
@@ -310,8 +316,7 @@ static void transfer_fail(struct peers *p, struct transfer *rec, ccs_result_t st
   }
   snprintf(text + n, sizeof(text) - n, "%s", why);
   ccsd_run_op_net_error(rec->x, status, text);
-  take_tasks(p, rec->x, rec->task, 0);
-  free(rec);
+  take_tasks(p, rec->x, task_of(rec), 0); /* rec may be gone with its op */
 }
 
 static void attach(struct peers *p, struct net_comm *nc, int node, int lane, struct pconn *c) {
@@ -322,18 +327,40 @@ static void attach(struct peers *p, struct net_comm *nc, int node, int lane, str
   nc->data[node * nc->lanes + lane] = c;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &nc->waiting) {
-    struct transfer *rec = LIST_ENTRY(it, struct transfer, link);
-    if (ccsd_run_op_peer_node(rec->x, rec->task) != node || lane_of(nc, rec) != lane) continue;
+    struct net_task *rec = LIST_ENTRY(it, struct net_task, link);
+    if (ccsd_run_op_peer_node(rec->x, task_of(rec)) != node || lane_of(nc, rec) != lane) continue;
     list_remove(&rec->link);
     transfer_start(p, c, rec);
   }
 }
 
-/* Fails rec after the grace (see FAIL_GRACE_S): the reason may come. */
-static void transfer_fail_later(struct peers *p, struct transfer *rec, const char *why) {
-  snprintf(rec->why, sizeof(rec->why), "%s", why);
+/* What a connection's failure means, in words. */
+static const char *failure_text(int status) {
+  switch (-status) {
+  case EACCES: return "it did not prove the cluster key (cluster_key_file differs, or not a daemon)";
+  case EPROTO: return "it does not speak the ccs daemons' protocol";
+  case EBADMSG: return "a message failed authentication";
+  case ENOBUFS: return "it sent more than peer_unexpected_bytes no receive was posted for";
+  case ETIMEDOUT: return "no greeting in time";
+  default: return strerror(-status);
+  }
+}
+
+/* Fails rec after the grace (see FAIL_GRACE_S): the reason may come. why
+ * is a constant text; status, when not 0, the transport's error. */
+static void transfer_fail_later(struct peers *p, struct net_task *rec, const char *why, int status) {
+  rec->why = why;
+  rec->status = status;
   rec->fail_at = now_s() + FAIL_GRACE_S;
   list_insert_tail(&p->deferred, &rec->link);
+}
+
+/* The grace is over (or the comm or the daemon closes). */
+static void transfer_fail_deferred(struct peers *p, struct net_task *rec) {
+  char why[256];
+  snprintf(why, sizeof(why), "%s%s%s", rec->why, rec->status ? ": " : "",
+           rec->status ? failure_text(rec->status) : "");
+  transfer_fail(p, rec, CCS_ERR_PEER_LOST, why);
 }
 
 /* The memory an op's messages may use, registered with the transport at
@@ -390,11 +417,11 @@ static struct tmem *region_of(const struct net_mem *nm, const void *buf, size_t 
   return NULL;
 }
 
-static void transfer_start(struct peers *p, struct pconn *c, struct transfer *rec) {
+static void transfer_start(struct peers *p, struct pconn *c, struct net_task *rec) {
   struct run_op *x = rec->x;
   const struct engine_plan *pl = &x->plan;
-  const struct engine_item *nd = engine_task_item(pl, rec->task);
-  size_t chunk = rec->task - nd->first_task, begin = chunk * pl->chunk_elems;
+  const struct engine_item *nd = engine_task_item(pl, task_of(rec));
+  size_t chunk = task_of(rec) - nd->first_task, begin = chunk * pl->chunk_elems;
   size_t elems = nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
   size_t off = begin * pl->elem_size, len = elems * pl->elem_size;
   uint64_t tag = ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
@@ -412,12 +439,14 @@ static void transfer_start(struct peers *p, struct pconn *c, struct transfer *re
   }
   int rc = send ? p->ops->send(c->tc, m, sbuf, len, tag, rec)
                 : p->ops->recv(c->tc, m, rbuf, len, tag, rec);
-  if (rc) transfer_fail_later(p, rec, "its data connection is closed");
+  if (rc) transfer_fail_later(p, rec, "its data connection is closed", 0);
 }
 
 /* A task this thread took: skipped once the comm failed or the daemon
  * stops, computed here (a small op's, x->on_net), or posted. */
-static void run_task(struct peers *p, struct run_op *x, size_t task) {
+static void run_task(struct peers *p, struct net_task *rec) {
+  struct run_op *x = rec->x;
+  size_t task = task_of(rec);
   if (p->stopped) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
   if (p->stopped || atomic_load_explicit(&x->cancelled, memory_order_relaxed)) { /* skip it */
     take_tasks(p, x, task, 0);
@@ -428,10 +457,6 @@ static void run_task(struct peers *p, struct run_op *x, size_t task) {
     take_tasks(p, x, task, 0);
     return;
   }
-  struct transfer *rec = calloc(1, sizeof(*rec));
-  if (!rec) abort(); /* a lost completion would hang the op: nothing sane left */
-  rec->x = x;
-  rec->task = task;
   struct net_comm *nc = x->net;
   int node = ccsd_run_op_peer_node(x, task);
   if (!nc || nc->closed || node < 0 || node >= nc->nnodes) {
@@ -440,7 +465,7 @@ static void run_task(struct peers *p, struct run_op *x, size_t task) {
   }
   struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
   if (c) transfer_start(p, c, rec);
-  else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection");
+  else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection", 0);
   else list_insert_tail(&nc->waiting, &rec->link);
 }
 
@@ -485,15 +510,15 @@ static void comm_close(struct peers *p, struct net_comm *nc) {
   nc->closed = 1;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->deferred) {
-    struct transfer *rec = LIST_ENTRY(it, struct transfer, link);
+    struct net_task *rec = LIST_ENTRY(it, struct net_task, link);
     if (rec->x->net != nc) continue;
     list_remove(&rec->link);
-    transfer_fail(p, rec, CCS_ERR_PEER_LOST, rec->why);
+    transfer_fail_deferred(p, rec);
   }
   for (int k = 0; k < nc->nnodes * nc->lanes; k++)
     if (nc->data[k]) drop_conn(p, nc->data[k], NULL);
   while (!list_empty(&nc->waiting)) {
-    struct transfer *rec = LIST_ENTRY(nc->waiting.next, struct transfer, link);
+    struct net_task *rec = LIST_ENTRY(nc->waiting.next, struct net_task, link);
     list_remove(&rec->link);
     transfer_fail(p, rec, CCS_ERR_PEER_LOST, "the communicator failed");
   }
@@ -590,18 +615,6 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
   if (post_control_recv(p, c)) drop_conn(p, c, "out of memory");
 }
 
-/* What a connection's failure means, in words. */
-static const char *failure_text(int status) {
-  switch (-status) {
-  case EACCES: return "it did not prove the cluster key (cluster_key_file differs, or not a daemon)";
-  case EPROTO: return "it does not speak the ccs daemons' protocol";
-  case EBADMSG: return "a message failed authentication";
-  case ENOBUFS: return "it sent more than peer_unexpected_bytes no receive was posted for";
-  case ETIMEDOUT: return "no greeting in time";
-  default: return strerror(-status);
-  }
-}
-
 /* Failures that say something about the other end, once per connection. */
 static void log_failure(struct peers *p, struct pconn *c, int status) {
   if (c->failure_logged || status == -ECONNRESET || status == -EPIPE) return;
@@ -644,17 +657,15 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
      * what it sent before is still there for the receives to come */
     return;
   }
-  struct transfer *rec = tc->user;
+  struct net_task *rec = tc->user;
   if (tc->status) {
-    char why[80];
-    snprintf(why, sizeof(why), "data connection lost: %s", failure_text(tc->status));
-    transfer_fail_later(p, rec, why);
+    transfer_fail_later(p, rec, "data connection lost", tc->status);
     return;
   }
   if (!tc->is_send) { /* whole chunks only: a short one means the ranks disagree */
     const struct engine_plan *pl = &rec->x->plan;
-    const struct engine_item *nd = engine_task_item(pl, rec->task);
-    size_t begin = (rec->task - nd->first_task) * pl->chunk_elems;
+    const struct engine_item *nd = engine_task_item(pl, task_of(rec));
+    size_t begin = (task_of(rec) - nd->first_task) * pl->chunk_elems;
     size_t want = (nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems) * pl->elem_size;
     if (tc->bytes != want) {
       char why[160];
@@ -664,8 +675,7 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
       return;
     }
   }
-  take_tasks(p, rec->x, rec->task, 0);
-  free(rec);
+  take_tasks(p, rec->x, task_of(rec), 0);
 }
 
 /* Heartbeats out; peers silent too long, and strangers that never greeted,
@@ -677,10 +687,10 @@ static void housekeeping(struct peers *p) {
   if (beat) p->last_beat = now;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->deferred) {
-    struct transfer *rec = LIST_ENTRY(it, struct transfer, link);
+    struct net_task *rec = LIST_ENTRY(it, struct net_task, link);
     if (rec->fail_at > now) continue;
     list_remove(&rec->link);
-    transfer_fail(p, rec, CCS_ERR_PEER_LOST, rec->why);
+    transfer_fail_deferred(p, rec);
   }
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
@@ -721,17 +731,33 @@ static void housekeeping(struct peers *p) {
 static void run_cmd(struct peers *p, struct cmd *cmd) {
   switch (cmd->kind) {
   case CMD_CONTROL: {
-    struct pconn *c = control_to(p, cmd->addr);
-    if (!c) free(cmd->frame);
-    else if (send_frame(p, c, cmd->frame, cmd->len)) drop_conn(p, c, "cannot send");
+    struct control_cmd *cc = LIST_ENTRY(cmd, struct control_cmd, cmd);
+    struct pconn *c = control_to(p, cc->addr);
+    if (!c) free(cc->frame);
+    else if (send_frame(p, c, cc->frame, cc->len)) drop_conn(p, c, "cannot send");
+    free(cc);
     break;
   }
-  case CMD_HAND_OVER: take_tasks(p, cmd->x, CCSD_NO_TASK, 1); break;
   case CMD_COMM_OPEN: comm_open(p, cmd->nc); break;
   case CMD_COMM_CLOSE: comm_close(p, cmd->nc); break;
-  case CMD_COMM_FREE: comm_free(p, cmd->nc); break;
+  case CMD_COMM_FREE: comm_free(p, cmd->nc); break; /* cmd went with it */
   }
-  free(cmd);
+}
+
+/* What other threads queued: commands first (a comm opens before its ops'
+ * tasks look for it), then the ops handed over. */
+static void run_queued(struct peers *p, struct list *cmds, struct list *handovers) {
+  while (!list_empty(cmds)) {
+    struct cmd *cmd = LIST_ENTRY(cmds->next, struct cmd, link);
+    list_remove(&cmd->link);
+    run_cmd(p, cmd);
+  }
+  while (!list_empty(handovers)) {
+    struct run_op *x = LIST_ENTRY(handovers->next, struct run_op, net_link);
+    list_remove(&x->net_link);
+    take_tasks(p, x, CCSD_NO_TASK, 1);
+  }
+  run_taken(p);
 }
 
 /* A connection refused at the door (descriptors, peer_max_connections):
@@ -747,18 +773,15 @@ static void *net_thread(void *arg) {
   struct peers *p = arg;
   struct tcompletion done[64];
   for (;;) {
-    struct list cmds;
+    struct list cmds, handovers;
     list_init(&cmds);
+    list_init(&handovers);
     pthread_mutex_lock(&p->mu);
     int stop = p->stop;
     list_take_all(&cmds, &p->cmds);
+    list_take_all(&handovers, &p->handovers);
     pthread_mutex_unlock(&p->mu);
-    while (!list_empty(&cmds)) {
-      struct cmd *cmd = LIST_ENTRY(cmds.next, struct cmd, link);
-      list_remove(&cmd->link);
-      run_cmd(p, cmd);
-    }
-    run_taken(p);
+    run_queued(p, &cmds, &handovers);
     if (stop) break;
     struct tconn *tc;
     char why[200];
@@ -788,39 +811,35 @@ static int enqueue(struct peers *p, struct cmd *cmd) {
   return 0;
 }
 
-static void drop_cmd(struct cmd *cmd) {
-  free(cmd->frame);
-  free(cmd);
-}
-
 /* --- the other threads' side --------------------------------------------------- */
 
 void ccsd_peers_send(struct peers *p, const char *addr, const struct peer_msg *m) {
-  struct cmd *cmd = calloc(1, sizeof(*cmd));
-  if (cmd) cmd->frame = ccsd_peer_msg_pack(m, CONTROL_MAX, &cmd->len);
-  if (!cmd || !cmd->frame) {
-    free(cmd);
+  struct control_cmd *cc = calloc(1, sizeof(*cc));
+  if (cc) cc->frame = ccsd_peer_msg_pack(m, CONTROL_MAX, &cc->len);
+  if (!cc || !cc->frame) { /* as a lost message: the op deadlines and heartbeats cover it */
+    free(cc);
     LOG_ERROR("out of memory sending to the daemon at %s", addr);
     return;
   }
-  cmd->kind = CMD_CONTROL;
-  snprintf(cmd->addr, sizeof(cmd->addr), "%s", addr);
-  if (enqueue(p, cmd)) drop_cmd(cmd); /* stopping: the others see the connections close */
+  cc->cmd.kind = CMD_CONTROL;
+  snprintf(cc->addr, sizeof(cc->addr), "%s", addr);
+  if (enqueue(p, &cc->cmd)) { /* stopping: the others see the connections close */
+    free(cc->frame);
+    free(cc);
+  }
 }
 
 struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int nnodes,
                                       int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes) {
   struct net_comm *nc = calloc(1, sizeof(*nc));
-  struct cmd *cmd = calloc(1, sizeof(*cmd));
   if (nc) {
     nc->addrs = malloc(sizeof(*nc->addrs) * (size_t)nnodes);
     nc->data = calloc((size_t)nnodes * (size_t)lanes, sizeof(*nc->data));
     nc->gone = calloc((size_t)nnodes, 1);
   }
-  if (!nc || !cmd || !nc->addrs || !nc->data || !nc->gone) {
+  if (!nc || !nc->addrs || !nc->data || !nc->gone) {
     if (nc) free(nc->addrs), free(nc->data), free(nc->gone);
     free(nc);
-    free(cmd);
     return NULL;
   }
   memcpy(nc->name, name, CCS__NAME_BYTES);
@@ -829,10 +848,10 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
   nc->mynode = mynode;
   nc->lanes = lanes;
   list_init(&nc->waiting);
-  cmd->kind = CMD_COMM_OPEN;
-  cmd->nc = nc;
-  if (enqueue(p, cmd)) {
-    drop_cmd(cmd);
+  nc->open = (struct cmd){.kind = CMD_COMM_OPEN, .nc = nc};
+  nc->close = (struct cmd){.kind = CMD_COMM_CLOSE, .nc = nc};
+  nc->free = (struct cmd){.kind = CMD_COMM_FREE, .nc = nc};
+  if (enqueue(p, &nc->open)) {
     free(nc->addrs), free(nc->data), free(nc->gone);
     free(nc);
     return NULL;
@@ -840,43 +859,51 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
   return nc;
 }
 
-static void comm_cmd(struct peers *p, struct net_comm *nc, enum cmd_kind kind) {
-  struct cmd *cmd = calloc(1, sizeof(*cmd));
-  if (!cmd) abort(); /* a comm whose connections never close would hang its ops */
-  cmd->kind = kind;
-  cmd->nc = nc;
-  if (enqueue(p, cmd)) drop_cmd(cmd); /* stopping: every comm's connections closed, freed */
+/* Each at most once per comm. Once stopping they do nothing: every comm's
+ * connections were closed and the comm freed. */
+void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc) {
+  enqueue(p, &nc->close);
+}
+void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc) {
+  enqueue(p, &nc->free);
 }
 
-void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc, CMD_COMM_CLOSE); }
-void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc) { comm_cmd(p, nc, CMD_COMM_FREE); }
+int ccsd_peers_op_prepare(struct run_op *x) {
+  x->net_tasks = calloc(x->plan.ntasks, sizeof(*x->net_tasks));
+  if (!x->net_tasks) return -1;
+  for (size_t t = 0; t < x->plan.ntasks; t++) {
+    x->net_tasks[t].x = x;
+    list_init(&x->net_tasks[t].link);
+  }
+  list_init(&x->net_link);
+  return 0;
+}
 
 /* After the network thread is gone: x's network tasks finish unsent. */
 static void finish_unsent(struct executor *e, struct run_op *x) {
-  enum { BATCH = 64 };
-  size_t cap = 4 * BATCH, *unfinished = malloc(cap * sizeof(*unfinished));
-  if (!unfinished) abort(); /* an unfinished task would hang its op */
-  size_t n = ccsd_executor_net_step(e, x, CCSD_NO_TASK, 1, unfinished, BATCH);
-  if (n) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
-  while (n > 0) { /* x lives while a task of it is unfinished */
-    if (cap - n < BATCH && !(unfinished = realloc(unfinished, (cap *= 2) * sizeof(*unfinished)))) abort();
-    size_t t = unfinished[--n];
-    n += ccsd_executor_net_step(e, x, t, 0, unfinished + n, BATCH);
+  struct list todo;
+  list_init(&todo);
+  take(e, x, CCSD_NO_TASK, 1, &todo);
+  if (!list_empty(&todo)) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
+  while (!list_empty(&todo)) { /* x lives while a task of it is unfinished */
+    struct net_task *rec = LIST_ENTRY(todo.next, struct net_task, link);
+    list_remove(&rec->link);
+    take(e, x, task_of(rec), 0, &todo);
   }
-  free(unfinished);
 }
 
-void ccsd_peers_hand_over(struct peers *p, struct run_op *x) {
-  struct cmd *cmd = calloc(1, sizeof(*cmd));
-  if (!cmd) abort(); /* as above: the op would never finish */
-  cmd->kind = CMD_HAND_OVER;
-  cmd->x = x;
-  if (enqueue(p, cmd) == 0) return;
-  drop_cmd(cmd);
-  finish_unsent(p->exec, x);
+/* Executor threads and the loop: x has ready network tasks for this
+ * thread to take (ccsd_executor_net_step); one hand-over at a time. */
+static void hand_over(struct peers *p, struct run_op *x) {
+  pthread_mutex_lock(&p->mu);
+  int stopped = p->stopped;
+  if (!stopped) list_insert_tail(&p->handovers, &x->net_link);
+  pthread_mutex_unlock(&p->mu);
+  if (stopped) finish_unsent(p->exec, x);
+  else p->ops->wake(p->t);
 }
 
-static void hand_over_cb(void *arg, struct run_op *x) { ccsd_peers_hand_over(arg, x); }
+static void hand_over_cb(void *arg, struct run_op *x) { hand_over(arg, x); }
 
 struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
                                const struct peers_hooks *hooks, struct executor *exec,
@@ -889,6 +916,8 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   p->exec = exec;
   p->ops = &ccs_transport_tcp;
   list_init(&p->cmds);
+  list_init(&p->handovers);
+  list_init(&p->taken);
   list_init(&p->events);
   list_init(&p->conns);
   list_init(&p->comms);
@@ -957,31 +986,28 @@ void ccsd_peers_stop(struct peers *p) {
   pthread_mutex_lock(&p->mu);
   p->stopped = 1;
   pthread_mutex_unlock(&p->mu);
-  for (;;) {
-    pthread_mutex_lock(&p->mu);
-    struct cmd *cmd = list_empty(&p->cmds) ? NULL : LIST_ENTRY(p->cmds.next, struct cmd, link);
-    if (cmd) list_remove(&cmd->link);
-    pthread_mutex_unlock(&p->mu);
-    if (!cmd) break;
-    run_cmd(p, cmd);
-    run_taken(p);
-  }
+  struct list cmds, handovers;
+  list_init(&cmds);
+  list_init(&handovers);
+  pthread_mutex_lock(&p->mu);
+  list_take_all(&cmds, &p->cmds);
+  list_take_all(&handovers, &p->handovers);
+  pthread_mutex_unlock(&p->mu);
+  run_queued(p, &cmds, &handovers);
   while (!list_empty(&p->conns)) drop_conn(p, LIST_ENTRY(p->conns.next, struct pconn, link), NULL);
   struct tcompletion done[64];
   for (int n; (n = p->ops->poll(p->t, 0, done, 64)) > 0;)
     for (int i = 0; i < n; i++) on_completion(p, &done[i]);
   run_taken(p);
   while (!list_empty(&p->deferred)) {
-    struct transfer *rec = LIST_ENTRY(p->deferred.next, struct transfer, link);
+    struct net_task *rec = LIST_ENTRY(p->deferred.next, struct net_task, link);
     list_remove(&rec->link);
-    transfer_fail(p, rec, CCS_ERR_PEER_LOST, rec->why);
+    transfer_fail_deferred(p, rec);
   }
   run_taken(p);
   while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));
   run_taken(p);
   on_events(&p->async);
-  free(p->taken);
-  p->taken = NULL;
   p->ops->free(p->t);
   uv_close((uv_handle_t *)&p->async, on_async_closed);
 }

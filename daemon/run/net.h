@@ -78,20 +78,22 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
 void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc); /* pending posts fail */
 void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its last op */
 
-/* Executor threads and the loop: x has ready SEND or RECV tasks for the
- * network thread to take (ccsd_executor_net_step). */
-void ccsd_peers_hand_over(struct peers *p, struct run_op *x);
+/* Loop thread, when an op across daemons is launched: the records of
+ * the tasks the network thread may take, made with the op so that taking,
+ * posting and failing them never wants memory (freed with the op,
+ * ccsd_run_op_free). -1 when out of memory. */
+int ccsd_peers_op_prepare(struct run_op *x);
+
+/* An op's memory registered with the transport (at its first message, on
+ * the network thread); released with the op, after its last message. */
+struct net_mem;
+void ccsd_peers_release(struct peers *p, struct net_mem *nm);
 
 /* The data tag of one chunk: ops by number (0: send/recv, from and to are
  * ranks and msg counts that pair's messages), the arguments the op was
  * called with (sig_key: ops whose ranks disagree never exchange data),
  * participants, the message between them and the chunk, mixed into 64
  * bits; never 0 (control). */
-/* An op's memory registered with the transport (at its first message, on
- * the network thread); released with the op, after its last message. */
-struct net_mem;
-void ccsd_peers_release(struct peers *p, struct net_mem *nm);
-
 uint64_t ccsd_peer_tag(uint64_t seq, uint64_t sig_key, int from, int to, uint32_t msg,
                        size_t chunk);
 

@@ -1,6 +1,14 @@
 #include "run/op.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+
+void ccsd_run_op_free(struct run_op *x) {
+  engine_plan_free(&x->plan);
+  free(x->regions);
+  free(x->events);
+  free(x->net_tasks);
+}
 
 int ccsd_run_op_peer_node(const struct run_op *x, size_t task) {
   const struct engine_item *nd = engine_task_item(&x->plan, task);

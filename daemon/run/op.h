@@ -20,6 +20,7 @@
 struct net_comm;
 struct net_map;
 struct net_mem;
+struct net_task;
 struct gpu_events;
 
 /* Memory an op's messages may read or write (registered with the
@@ -54,6 +55,8 @@ struct run_op {
   int on_net;                 /* small, across daemons: the network thread computes too */
 
   /* the network thread's */
+  struct net_task *net_tasks; /* per task, made at launch (net.h: ccsd_peers_op_prepare) */
+  struct list net_link;       /* handed over, not yet taken (under the network side's lock) */
   struct net_mem *net_mem;    /* its regions, registered with the transport */
   char net_error[160];        /* a network task failed (the first reason) */
   ccs_result_t net_status;
@@ -63,6 +66,10 @@ struct run_op {
   void *gpu_done;             /* its completion event while on the GPU */
   int gpu_state;              /* what they owe the loop (gpu.h) */
 };
+
+/* Frees what the launcher and the layer gave x (its plan, regions,
+ * events, task records); x itself is the launcher's. */
+void ccsd_run_op_free(struct run_op *x);
 
 /* The node at the other end of a SEND or RECV task. */
 int ccsd_run_op_peer_node(const struct run_op *x, size_t task);

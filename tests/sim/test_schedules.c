@@ -116,7 +116,7 @@ static void run(enum sched_coll c, int n, int root, const struct schedule *s, si
           } else {
             const void *in[2] = {w, m->data};
             void *out[1] = {w};
-            ccs__reduce_host(t, op, 0, in, 2, out, 1, len, 0);
+            ccs__reduce_host(t, op, 0, in, 2, out, 1, 0, len, 0);
           }
           free(m->data);
           free(m);
@@ -127,7 +127,7 @@ static void run(enum sched_coll c, int n, int root, const struct schedule *s, si
         } else if (st->op == SCHED_FINALIZE && op == CCS_AVG) {
           const void *in[1] = {w};
           void *out[1] = {w};
-          ccs__reduce_host(t, op, (size_t)n, in, 1, out, 1, len, 0);
+          ccs__reduce_host(t, op, (size_t)n, in, 1, out, 1, 0, len, 0);
         }
         pt[p].pc++;
         progress = 1;

@@ -81,7 +81,7 @@ static void test_reduce_matches_host(void **state) {
         }
         size_t divisor = op == CCS_AVG ? (size_t)nin : 0;
         void *outs[1] = {want};
-        ccs__reduce_host(dt, (ccs_redop_t)op, divisor, (const void *const *)inputs, nin, outs, 1,
+        ccs__reduce_host(dt, (ccs_redop_t)op, divisor, (const void *const *)inputs, nin, outs, 1, 0,
                          COUNT, 0);
         ElemByDtype f = {{inputs, nin, divisor, COUNT, got}, (ccs_redop_t)op};
         assert_true(with_dtype(dt, f));
