@@ -74,4 +74,9 @@ struct transport_ops {
 
 extern const struct transport_ops ccs_transport_tcp;
 
+/* The transport called name (registry.c), or NULL. */
+const struct transport_ops *ccs_transport_find(const char *name);
+/* Every transport's name, comma-separated: for errors. */
+void ccs_transport_names(char *buf, size_t len);
+
 #endif

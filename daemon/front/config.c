@@ -18,9 +18,10 @@
 #include "front/front.h"
 #include "base/log.h"
 #include "plan/tuner.h"
+#include "transport.h"
 
 enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_SUBSYS, K_ADDRESS,
-                K_RULES, K_BOOL };
+                K_RULES, K_BOOL, K_TRANSPORT };
 
 struct key {
   const char *name;
@@ -69,6 +70,7 @@ static const struct key keys[] = {
     {"peer_max_connections", K_COUNT, AT(peer_max_connections), 4, 1e6, "connections with other daemons at once (control and data); more are refused"},
     {"peer_unexpected_bytes", K_BYTES, AT(peer_unexpected_bytes), 1 << 20, 1.8e19, "bytes a connection from another daemon may hold before their receive is posted; beyond, it is closed"},
     {"peer_unexpected_total", K_BYTES, AT(peer_unexpected_total), 1 << 20, 1.8e19, "the same, over all connections"},
+    {"transport", K_TRANSPORT, AT(transport), 0, 0, "how data moves between daemons (tcp)"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -96,6 +98,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->id_ttl_s = 24 * 3600;
   cfg->metrics_max_connections = 16;
   snprintf(cfg->cluster_key_file, sizeof(cfg->cluster_key_file), "%s", CCSD_DEFAULT_CLUSTER_KEY);
+  snprintf(cfg->transport, sizeof(cfg->transport), "tcp");
   cfg->peer_max_connections = 1024;
   cfg->peer_unexpected_bytes = 1ull << 30;
   cfg->peer_unexpected_total = 4ull << 30;
@@ -228,6 +231,15 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
     snprintf(field, sizeof(cfg->algo), "%s", value);
     break;
   }
+  case K_TRANSPORT:
+    if (strlen(value) >= k->size || !ccs_transport_find(value)) {
+      char names[128];
+      ccs_transport_names(names, sizeof(names));
+      snprintf(err, errlen, "bad value '%s' for %s: the transports are %s", value, name, names);
+      return -1;
+    }
+    snprintf(field, k->size, "%s", value);
+    break;
   case K_BOOL:
     bad = 1;
     for (int i = 0; i < 2; i++)
@@ -313,7 +325,9 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
     const void *f = (const char *)cfg + k->offset;
     char v[512] = "";
     switch (k->type) {
-    case K_PATH: case K_ADDRESS: case K_RULES: snprintf(v, sizeof(v), "%s", (const char *)f); break;
+    case K_PATH: case K_ADDRESS: case K_RULES: case K_TRANSPORT:
+      snprintf(v, sizeof(v), "%s", (const char *)f);
+      break;
     case K_MODE: snprintf(v, sizeof(v), "%04o", *(const unsigned *)f); break;
     case K_COUNT: case K_BYTES:
       if (k->size == sizeof(int)) snprintf(v, sizeof(v), "%d", *(const int *)f);

@@ -76,6 +76,7 @@ struct ccsd_config {
   int metrics_max_connections;
   char cluster_key_file[108];  /* daemons prove they hold this key to each other */
   int peer_encrypt;            /* data between daemons encrypted too */
+  char transport[16];          /* how data moves between daemons (transport.h) */
   int peer_max_connections;
   uint64_t peer_unexpected_bytes, peer_unexpected_total; /* held before their receive */
 };

@@ -91,6 +91,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
         .unexpected_bytes = c->peer_unexpected_bytes, .unexpected_total = c->peer_unexpected_total,
         .heartbeat_s = c->heartbeat_s, .peer_timeout_s = c->peer_timeout_s,
         .io_timeout_s = c->io_timeout_s};
+    snprintf(opt.transport, sizeof(opt.transport), "%s", c->transport);
     snprintf(opt.listen, sizeof(opt.listen), "%s", c->listen);
     snprintf(opt.advertise, sizeof(opt.advertise), "%s", c->advertise);
     struct peers_hooks hooks = {on_peer_message, on_peer_lost, d};

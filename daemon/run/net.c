@@ -914,7 +914,11 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   p->opt = *opt;
   p->hooks = *hooks;
   p->exec = exec;
-  p->ops = &ccs_transport_tcp;
+  if (!(p->ops = ccs_transport_find(opt->transport))) { /* the config checked it */
+    LOG_ERROR("no transport called '%s'", opt->transport);
+    free(p);
+    return NULL;
+  }
   list_init(&p->cmds);
   list_init(&p->handovers);
   list_init(&p->taken);

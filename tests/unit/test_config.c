@@ -32,7 +32,7 @@ static void test_every_key(void **state) {
              "admin_gids = root, 4242\nquota_ranks = 64\nquota_buffers = 99\nid_ttl = 3600\n"
              "metrics_tenant_labels = true\nmetrics_max_connections = 3\n"
              "cluster_key_file = /tmp/k\npeer_encrypt = 1\npeer_max_connections = 17\n"
-             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\n");
+             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\ntransport = tcp\n");
   struct ccsd_config c;
   char err[512];
   ccsd_config_defaults(&c);
@@ -64,6 +64,7 @@ static void test_every_key(void **state) {
   assert_string_equal(c.cluster_key_file, "/tmp/k");
   assert_true(c.peer_encrypt && c.peer_max_connections == 17);
   assert_true(c.peer_unexpected_bytes == 8u << 20 && c.peer_unexpected_total == 1u << 30);
+  assert_string_equal(c.transport, "tcp");
   /* what it prints reads back the same */
   char text[8192];
   ccsd_config_format(&c, text, sizeof(text));
@@ -102,6 +103,8 @@ static void test_bad_values_and_unknown_keys(void **state) {
   expect_error("admin_gids = no-such-group-here\n", "for admin_gids");
   expect_error("chunk_bytes = 128M\n", "for chunk_bytes"); /* messages between daemons: at most 64 MiB */
   expect_error("peer_unexpected_bytes = 1K\n", "for peer_unexpected_bytes");
+  expect_error("transport = verbs\n", "bad value 'verbs' for transport: the transports are tcp");
+  expect_error("transport = tcptcptcptcptcptcp\n", "for transport");
   /* a port alone is on localhost */
   struct ccsd_config local;
   char why[256];
