@@ -48,7 +48,9 @@ struct run_op {
   void (*on_enqueued)(struct run_op *x); /* queued on its GPU's stream */
   _Atomic int cancelled;      /* anyone: skip the remaining work */
 
-  /* the executor's (plan's bookkeeping under its lock) */
+  /* The graph's bookkeeping, under the executor's lock: its threads and
+   * the network thread (ccsd_executor_net_step) both step it, and a claim
+   * looks across every tenant's ops at once, so one lock serves them all. */
   struct engine_plan plan;
   struct list link, done_link;
   int net_handover;           /* its ready tasks are on their way to the network thread */
