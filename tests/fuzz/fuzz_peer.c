@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "frames.h"
 #include "front/front.h"
 #include "fuzz_input.h"
 #include "base/log.h"
@@ -69,23 +70,13 @@ static void make_ids(struct fuzz_input *in) {
 
 /* A local client joins rank `rank` of ids[k] (nranks as given). */
 static void local_join(int fd, int k, uint32_t nranks, uint32_t rank) {
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__Hello h = CCS__HELLO__INIT;
-  Ccs__CommInit ci = CCS__COMM_INIT__INIT;
   uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
   memcpy(bytes, &ids[k], sizeof(ids[k]));
-  h.protocol = CCS__PROTOCOL_VERSION;
-  for (int step = 0; step < 2; step++) {
-    if (step == 0) req.body_case = CCS__REQUEST__BODY_HELLO, req.hello = &h;
-    ci.id = (ProtobufCBinaryData){sizeof(bytes), bytes};
-    ci.nranks = nranks;
-    ci.rank = rank;
-    if (step == 1) req.body_case = CCS__REQUEST__BODY_COMM_INIT, req.comm_init = &ci;
-    req.id = (uint64_t)step + 1;
-    size_t len;
-    uint8_t *f = ccs__frame_pack(&req.base, &len);
-    if (f && send(fd, f, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* closed */ }
-    free(f);
+  struct frame f[2] = {frame_hello(1, CCS__PROTOCOL_VERSION),
+                       frame_comm_init(2, (ProtobufCBinaryData){sizeof(bytes), bytes}, nranks, rank)};
+  for (int i = 0; i < 2; i++) {
+    if (f[i].data && send(fd, f[i].data, f[i].len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* closed */ }
+    free(f[i].data);
   }
 }
 

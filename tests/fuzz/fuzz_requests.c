@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "frames.h"
 #include "front/front.h"
 #include "fuzz_input.h"
 #include "base/log.h"
@@ -77,27 +78,10 @@ static void drain(struct client *c) {
 
 static void send_request(struct client *c, Ccs__Request *req, const int *fds, int nfds) {
   req->id = ++c->next_req;
-  size_t len;
-  uint8_t *f = ccs__frame_pack(&req->base, &len);
-  if (!f) return;
-  struct iovec iov = {f, len};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * 3)];
-    struct cmsghdr align;
-  } ctl;
-  if (nfds > 0) {
-    memset(&ctl, 0, sizeof(ctl));
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
-  }
-  if (sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* the daemon closed it */ }
-  free(f);
+  struct frame f = frame_of(req);
+  if (!f.data) return;
+  if (frame_send(c->fd, f.data, f.len, fds, nfds, MSG_DONTWAIT) < 0) { /* the daemon closed it */ }
+  free(f.data);
 }
 
 static void connect_client(struct client *c) {

@@ -5,26 +5,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wire.h"
+#include "frames.h"
 
 static FILE *out;
 
-static void emit(Ccs__Request *req, uint64_t id) {
-  size_t len;
-  req->id = id;
-  uint8_t *f = ccs__frame_pack(&req->base, &len);
-  fwrite(f, 1, len, out);
-  free(f);
+static void emit_frame(struct frame f) {
+  fwrite(f.data, 1, f.len, out);
+  free(f.data);
 }
 
-static void hello(void) {
-  Ccs__Request r = CCS__REQUEST__INIT;
-  Ccs__Hello h = CCS__HELLO__INIT;
-  h.protocol = CCS__PROTOCOL_VERSION;
-  r.body_case = CCS__REQUEST__BODY_HELLO;
-  r.hello = &h;
-  emit(&r, 1);
+static void emit(Ccs__Request *req, uint64_t id) {
+  req->id = id;
+  emit_frame(frame_of(req));
 }
+
+static void hello(void) { emit_frame(frame_hello(1, CCS__PROTOCOL_VERSION)); }
 
 static void open_seed(const char *dir, const char *name, int step) {
   char path[256];
@@ -35,17 +30,11 @@ static void open_seed(const char *dir, const char *name, int step) {
 
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : ".";
+  Ccs__Request r = CCS__REQUEST__INIT; /* for those frames.h does not build */
   open_seed(dir, "hello-stats-id", 7);
   hello();
-  Ccs__Request r = CCS__REQUEST__INIT;
-  Ccs__Stats st = CCS__STATS__INIT;
-  r.body_case = CCS__REQUEST__BODY_STATS;
-  r.stats = &st;
-  emit(&r, 2);
-  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
-  r.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
-  r.get_unique_id = &g;
-  emit(&r, 3);
+  emit_frame(frame_stats(2));
+  emit_frame(frame_get_unique_id(3));
   fclose(out);
 
   /* ids cannot be forged, so a comm needs a real one; the fuzzer can still
@@ -58,13 +47,7 @@ int main(int argc, char **argv) {
     struct ccs__unique_id uid = {.magic = CCS__UNIQUE_ID_MAGIC, .protocol = CCS__PROTOCOL_VERSION, .secret = {1, 2, 3}};
     uint8_t idbytes[CCS_UNIQUE_ID_BYTES] = {0};
     memcpy(idbytes, &uid, sizeof(uid));
-    Ccs__CommInit ci = CCS__COMM_INIT__INIT;
-    ci.id.data = idbytes;
-    ci.id.len = sizeof(idbytes);
-    ci.nranks = 1;
-    r.body_case = CCS__REQUEST__BODY_COMM_INIT;
-    r.comm_init = &ci;
-    emit(&r, 4);
+    emit_frame(frame_comm_init(4, (ProtobufCBinaryData){sizeof(idbytes), idbytes}, 1, 0));
     Ccs__BufRef ref = CCS__BUF_REF__INIT;
     ref.buffer = 1;
     ref.length = 64;
@@ -74,12 +57,7 @@ int main(int argc, char **argv) {
     op.count = kind == CCS__BARRIER ? 0 : 16;
     op.dtype = CCS_FLOAT32;
     op.send = op.recv = &ref;
-    Ccs__Submit sub = CCS__SUBMIT__INIT;
-    sub.n_ops = kind % 2 + 1;
-    sub.ops = ops;
-    r.body_case = CCS__REQUEST__BODY_SUBMIT;
-    r.submit = &sub;
-    emit(&r, 5);
+    emit_frame(frame_submit(5, ops, kind % 2 + 1, 0));
     Ccs__CommDestroy cd = CCS__COMM_DESTROY__INIT;
     cd.comm = 1;
     r.body_case = CCS__REQUEST__BODY_COMM_DESTROY;
@@ -90,10 +68,7 @@ int main(int argc, char **argv) {
 
   open_seed(dir, "mem-register-without-fd", 3);
   hello();
-  Ccs__MemRegister mr = CCS__MEM_REGISTER__INIT;
-  r.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
-  r.mem_register = &mr;
-  emit(&r, 7);
+  emit_frame(frame_mem_register(7));
   Ccs__MemDeregister md = CCS__MEM_DEREGISTER__INIT;
   md.buffer = 9;
   r.body_case = CCS__REQUEST__BODY_MEM_DEREGISTER;
@@ -124,9 +99,7 @@ int main(int argc, char **argv) {
   fclose(out);
 
   open_seed(dir, "no-hello", 5);
-  r.body_case = CCS__REQUEST__BODY_STATS;
-  r.stats = &st;
-  emit(&r, 9);
+  emit_frame(frame_stats(9));
   fclose(out);
   return 0;
 }

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <cmocka.h>
 #ifdef CCS_HAVE_CUDA
@@ -24,6 +23,7 @@
 
 #include "harness.h"
 #include "reference.h"
+#include "serving.h"
 
 enum coll { ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER,
             SCATTER, NCOLLS };
@@ -47,20 +47,11 @@ static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int rank, siz
   return hops_round ? ref_hop_exact_value(t, op, h) : ref_exact_value(t, op, h);
 }
 
-/* op over ranks of input(j, e) */
-static double reduce_ref(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int n, size_t e) {
-  double v[64];
-  for (int j = 0; j < n; j++) v[j] = input(t, op, op_id, j, e);
-  return ref_reduce(t, op, v, n);
-}
-
 static int check_elem(ccs_dtype_t t, const void *buf, size_t k, double want, const char *what,
                       int *reported) {
   double got = ref_get(t, buf, k);
   if (got == want) return 0;
-  uint64_t cell = 0;
-  ref_set(t, &cell, 0, want); /* rounded and saturated as the type holds it */
-  want = ref_get(t, &cell, 0);
+  want = ref_stored(t, want); /* rounded and saturated as the type holds it */
   if (ref_close(t, got, want)) return 0;
   if ((*reported)++ < 5) fprintf(stderr, "  %s[%zu]: got %.9g want %.9g\n", what, k, got, want);
   return 1;
@@ -208,10 +199,10 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
       size_t j = k / (count ? count : 1), e = k % (count ? count : 1);
       double want;
       switch (c) {
-      case ALL_REDUCE: case REDUCE: want = reduce_ref(t, op, op_id, n, k); break;
+      case ALL_REDUCE: case REDUCE: want = ref_reduced(input, t, op, op_id, n, k); break;
       case BROADCAST: want = input(t, op, op_id, root, k); break;
       case ALL_GATHER: case GATHER: want = input(t, op, op_id, (int)j, e); break;
-      case REDUCE_SCATTER: want = reduce_ref(t, op, op_id, n, (size_t)rank * count + k); break;
+      case REDUCE_SCATTER: want = ref_reduced(input, t, op, op_id, n, (size_t)rank * count + k); break;
       case ALL_TO_ALL: want = input(t, op, op_id, (int)j, (size_t)rank * count + e); break;
       case SCATTER: want = input(t, op, op_id, root, (size_t)rank * count + k); break;
       default: want = 0; break;
@@ -381,13 +372,13 @@ static void test_all_collectives(void **state) {
     assert_int_equal(test_daemons_start(d, ndaemons, NULL), 0);
     test_spread_ranks(d, ndaemons);
   }
-  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  assert_true(sh != MAP_FAILED);
+  sh = test_shared_new(sizeof(*sh));
+  assert_non_null(sh);
   sh->seed = test_seed();
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(nranks_arg, rank_main, NULL, 900, NULL), 0);
   for (int i = 0; i < ndaemons; i++) assert_int_equal(test_daemon_stop(&d[i]), 0);
-  munmap(sh, sizeof(*sh));
+  test_shared_free(sh, sizeof(*sh));
 }
 
 int main(int argc, char **argv) {

@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -23,7 +22,7 @@
 
 #include "harness.h"
 #include "raw.h"
-#include "wire.h"
+#include "serving.h"
 
 struct shared {
   ccs_unique_id_t id;
@@ -33,38 +32,23 @@ static struct shared *sh;
 static struct test_daemon daemon_;
 static struct test_daemon_state clean;
 
-static void new_id(void) { assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK); }
-
 static int setup(void **state) {
-  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   const char *args[] = {"--init-timeout", "2", NULL};
-  if (sh == MAP_FAILED || test_daemon_start(&daemon_, args)) return -1;
-  new_id(); /* this process's connection is part of the baseline */
-  test_daemon_state(&daemon_, &clean);
-  return 0;
+  sh = test_shared_new(sizeof(*sh));
+  return sh ? test_daemon_start_clean(&daemon_, args, &sh->id, &clean) : -1;
 }
 
 static int teardown(void **state) {
   int rc = test_daemon_stop(&daemon_);
-  munmap(sh, sizeof(*sh));
+  test_shared_free(sh, sizeof(*sh));
   return rc;
 }
 
-
-/* A fresh comm of n ranks doing one all_reduce: the daemon still serves. */
-static int healthy_rank(int rank, int n, void *arg) {
-  ccs_comm_t *comm;
-  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
-  int v = rank + 1, sum = 0;
-  ccs_result_t rc = ccs_all_reduce(&v, &sum, 1, CCS_INT32, CCS_SUM, comm, NULL);
-  ccs_comm_destroy(comm);
-  return rc != CCS_OK || sum != n * (n + 1) / 2;
-}
-
-/* Every row ends here: still serving, and holding nothing more than before. */
+/* Every row ends here: a fresh comm of n ranks gets a correct sum, and the
+ * daemon holds nothing more than before. */
 static void assert_daemon_serves(int n) {
-  new_id();
-  assert_int_equal(test_run_ranks(n, healthy_rank, NULL, 60, NULL), 0);
+  test_new_id(&sh->id);
+  assert_int_equal(test_run_sum(n, &sh->id, &test_sum_one_int, 0, 60), 0);
   test_daemon_assert_clean(&daemon_, &clean);
 }
 
@@ -93,7 +77,7 @@ static int dying_rank(int rank, int n, void *arg) {
 }
 
 static void test_rank_killed(void **state) {
-  new_id();
+  test_new_id(&sh->id);
   int st[3];
   test_run_ranks(3, dying_rank, NULL, 60, st);
   assert_int_equal(st[0], 0);
@@ -142,7 +126,7 @@ static int mismatch_rank(int rank, int n, void *arg) {
 }
 
 static void test_mismatch(void **state) {
-  new_id();
+  test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(3, mismatch_rank, NULL, 60, NULL), 0);
   assert_daemon_serves(2);
 }
@@ -173,7 +157,7 @@ static int bad_args_rank(int rank, int n, void *arg) {
 }
 
 static void test_bad_arguments(void **state) {
-  new_id();
+  test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(2, bad_args_rank, NULL, 60, NULL), 0);
   ccs_comm_t *comm;
   ccs_unique_id_t junk;
@@ -197,7 +181,7 @@ static int late_rank(int rank, int n, void *arg) {
 }
 
 static void test_init_timeout(void **state) {
-  new_id();
+  test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(3, late_rank, NULL, 30, NULL), 0);
   assert_daemon_serves(2);
 }
@@ -237,12 +221,7 @@ static void test_garbage_and_oversized_frames(void **state) {
   /* a file descriptor riding on a frame that takes none */
   fd = raw();
   raw_hello(fd);
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
-  req.id = 6;
-  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
-  req.get_unique_id = &g;
-  raw_request(fd, &req, STDIN_FILENO);
+  raw_send_frame(fd, frame_get_unique_id(6), STDIN_FILENO);
   raw_expect(fd, CCS_OK); /* the request itself is answered... */
   raw_expect(fd, CCS_ERR_PROTOCOL); /* ...then the stray fd ends the session */
   raw_expect_closed(fd);
@@ -281,20 +260,7 @@ static void test_buffer_checks(void **state) {
     ref.buffer = cases[i].buffer;
     ref.offset = cases[i].offset;
     ref.length = cases[i].length;
-    Ccs__Op op = CCS__OP__INIT, *ops[1] = {&op};
-    op.comm = comm;
-    op.kind = CCS__ALL_REDUCE;
-    op.count = cases[i].count;
-    op.dtype = CCS_FLOAT32;
-    op.send = op.recv = &ref;
-    Ccs__Submit sub = CCS__SUBMIT__INIT;
-    sub.n_ops = 1;
-    sub.ops = ops;
-    Ccs__Request q = CCS__REQUEST__INIT;
-    q.id = 100 + i;
-    q.body_case = CCS__REQUEST__BODY_SUBMIT;
-    q.submit = &sub;
-    raw_request(fd, &q, -1);
+    raw_send_all_reduce(fd, 100 + i, comm, &ref, cases[i].count);
     raw_expect(fd, cases[i].want);
   }
   close(fd);
@@ -324,7 +290,7 @@ static int orphaned_rank(int rank, int n, void *arg) {
 }
 
 static void test_daemon_restart(void **state) {
-  new_id();
+  test_new_id(&sh->id);
   pid_t child = fork();
   if (child == 0) {
     _exit(test_run_ranks(3, orphaned_rank, NULL, 30, NULL));

@@ -36,8 +36,8 @@ static int setup(void **state) {
 static int teardown(void **state) { return test_daemon_stop(&dmn); }
 
 /* The reply's status, with its text checked to contain `says`. */
-static ccs_result_t call(int fd, Ccs__Request *req, int pass_fd, const char *says) {
-  raw_request(fd, req, pass_fd);
+static ccs_result_t call(int fd, struct frame request, int pass_fd, const char *says) {
+  raw_send_frame(fd, request, pass_fd);
   Ccs__Reply *r = raw_reply(fd);
   assert_non_null(r);
   ccs_result_t rc = (ccs_result_t)r->status;
@@ -59,7 +59,7 @@ static ccs_result_t register_as(int fd, uint32_t domain, const char *says) {
   req.mem_register = &m;
   /* a legacy handle travels alone; anything else with an fd */
   int mfd = domain == CCS__MEM_CUDA_IPC ? -1 : raw_memfd(1 << 21, F_SEAL_SHRINK | F_SEAL_GROW);
-  ccs_result_t rc = call(fd, &req, mfd, says);
+  ccs_result_t rc = call(fd, frame_of(&req), mfd, says);
   if (mfd >= 0) close(mfd);
   return rc;
 }
@@ -80,9 +80,9 @@ static void test_daemon_refuses_device_requests(void **state) {
   req.id = 12;
   req.body_case = CCS__REQUEST__BODY_EVENT_REGISTER;
   req.event_register = &ev;
-  assert_int_equal(call(fd, &req, -1, "host-only"), CCS_ERR_UNSUPPORTED);
+  assert_int_equal(call(fd, frame_of(&req), -1, "host-only"), CCS_ERR_UNSUPPORTED);
   ev.ready.len = 10; /* malformed is malformed first, GPU or not */
-  assert_int_equal(call(fd, &req, -1, "event handle is 64 bytes"), CCS_ERR_INVALID_ARGUMENT);
+  assert_int_equal(call(fd, frame_of(&req), -1, "event handle is 64 bytes"), CCS_ERR_INVALID_ARGUMENT);
 
   Ccs__Request dereg = CCS__REQUEST__INIT;
   Ccs__EventDeregister ed = CCS__EVENT_DEREGISTER__INIT;
@@ -90,7 +90,7 @@ static void test_daemon_refuses_device_requests(void **state) {
   dereg.id = 13;
   dereg.body_case = CCS__REQUEST__BODY_EVENT_DEREGISTER;
   dereg.event_deregister = &ed;
-  assert_int_equal(call(fd, &dereg, -1, "no such events"), CCS_ERR_INVALID_ARGUMENT);
+  assert_int_equal(call(fd, frame_of(&dereg), -1, "no such events"), CCS_ERR_INVALID_ARGUMENT);
 
   /* a submission naming events this connection never registered */
   uint64_t comm = raw_comm_of_one(fd);
@@ -98,17 +98,9 @@ static void test_daemon_refuses_device_requests(void **state) {
   Ccs__Op *ops[1] = {&op};
   op.comm = comm;
   op.kind = CCS__BARRIER;
-  Ccs__Submit sub = CCS__SUBMIT__INIT;
-  sub.n_ops = 1;
-  sub.ops = ops;
-  sub.events = 777;
-  Ccs__Request q = CCS__REQUEST__INIT;
-  q.id = 14;
-  q.body_case = CCS__REQUEST__BODY_SUBMIT;
-  q.submit = &sub;
-  assert_int_equal(call(fd, &q, -1, "no such events"), CCS_ERR_INVALID_ARGUMENT);
-  sub.events = 0; /* and the same submission without them works */
-  assert_int_equal(call(fd, &q, -1, NULL), CCS_OK);
+  assert_int_equal(call(fd, frame_submit(14, ops, 1, 777), -1, "no such events"), CCS_ERR_INVALID_ARGUMENT);
+  /* and the same submission without them works */
+  assert_int_equal(call(fd, frame_submit(14, ops, 1, 0), -1, NULL), CCS_OK);
   close(fd);
   test_daemon_assert_clean(&dmn, &clean);
 }

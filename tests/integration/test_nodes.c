@@ -7,10 +7,8 @@
  * the surviving daemons must serve new communicators. Junk on the daemons'
  * port is dropped without disturbing them; ranks of different nodes that
  * pass different counts, types or reductions are told so (never a result). */
-#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -20,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <arpa/inet.h>
@@ -29,7 +26,8 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "wire.h"
+#include "raw.h"
+#include "serving.h"
 
 #define ND 3
 #define MAXR 12
@@ -56,8 +54,8 @@ static int setup(void **state) {
   (void)state;
   const char *p = getenv("CCS_TEST_RANKS_PER_DAEMON");
   per = p && atoi(p) > 0 && atoi(p) <= MAXR / ND ? atoi(p) : 1;
-  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (sh == MAP_FAILED || test_daemons_start(dm, ND, daemon_args)) return -1;
+  sh = test_shared_new(sizeof(*sh));
+  if (!sh || test_daemons_start(dm, ND, daemon_args)) return -1;
   test_spread_ranks(dm, ND);
   return ccs_get_unique_id(&sh->id) == CCS_OK ? 0 : -1; /* from daemon 0 */
 }
@@ -68,7 +66,7 @@ static int teardown(void **state) {
     if (dm[i].pid > 0) kill(dm[i].pid, SIGCONT);
     test_daemon_stop(&dm[i]);
   }
-  munmap(sh, sizeof(*sh));
+  test_shared_free(sh, sizeof(*sh));
   return 0;
 }
 
@@ -92,20 +90,10 @@ static int looping_rank(int rank, int n, void *arg) {
 }
 
 /* A fresh comm over daemons 0 and 1: one checked all_reduce. */
-static int healthy_rank(int rank, int n, void *arg) {
-  (void)arg;
-  ccs_comm_t *comm;
-  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
-  int v = rank + 1, sum = 0;
-  ccs_result_t rc = ccs_all_reduce(&v, &sum, 1, CCS_INT32, CCS_SUM, comm, NULL);
-  ccs_comm_destroy(comm);
-  return rc == CCS_OK && sum == n * (n + 1) / 2 ? 0 : 1;
-}
-
 static void survivors_serve(void) {
   test_spread_ranks(dm, 2);
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
-  assert_int_equal(test_run_ranks(2, healthy_rank, NULL, 60, NULL), 0);
+  test_new_id(&sh->id);
+  assert_int_equal(test_run_sum(2, &sh->id, &test_sum_one_int, 0, 60), 0);
   test_spread_ranks(dm, ND);
 }
 
@@ -224,19 +212,6 @@ static int stranger(const struct sockaddr_in *sa) {
   return fd;
 }
 
-/* 1 when the daemon closed fd within 5 s */
-static int closed_by_daemon(int fd) {
-  struct pollfd p = {fd, POLLIN, 0};
-  char buf[4096];
-  double end = test_now() + 5;
-  while (test_now() < end) {
-    if (poll(&p, 1, 100) <= 0) continue;
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n == 0 || (n < 0 && errno == ECONNRESET)) return 1;
-  }
-  return 0;
-}
-
 static void put64(uint8_t *p, uint64_t v) {
   for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -252,7 +227,7 @@ static void test_junk_on_the_port(void **state) {
     int fd = stranger(&sa);
     char junk[300];
     for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (char)(i * 7 + 3);
-    ok &= fd >= 0 && write(fd, junk, sizeof(junk)) == (ssize_t)sizeof(junk) && closed_by_daemon(fd);
+    ok &= fd >= 0 && write(fd, junk, sizeof(junk)) == (ssize_t)sizeof(junk) && raw_closed_by_daemon(fd);
     close(fd);
     /* a greeting of another protocol version */
     fd = stranger(&sa);
@@ -266,17 +241,17 @@ static void test_junk_on_the_port(void **state) {
     size_t len = protobuf_c_message_pack(&m.base, frame + 16);
     put64(frame, 0);
     put64(frame + 8, len);
-    ok &= fd >= 0 && write(fd, frame, 16 + len) == (ssize_t)(16 + len) && closed_by_daemon(fd);
+    ok &= fd >= 0 && write(fd, frame, 16 + len) == (ssize_t)(16 + len) && raw_closed_by_daemon(fd);
     close(fd);
     /* a length no daemon takes */
     fd = stranger(&sa);
     put64(frame, 0);
     put64(frame + 8, UINT64_MAX / 2);
-    ok &= fd >= 0 && write(fd, frame, 16) == 16 && closed_by_daemon(fd);
+    ok &= fd >= 0 && write(fd, frame, 16) == 16 && raw_closed_by_daemon(fd);
     close(fd);
     /* nothing at all: dropped after the io timeout */
     fd = stranger(&sa);
-    ok &= fd >= 0 && closed_by_daemon(fd);
+    ok &= fd >= 0 && raw_closed_by_daemon(fd);
     close(fd);
     _exit(ok ? 0 : 1);
   }
@@ -352,7 +327,7 @@ static int same_daemon_differs(int rank, int n, void *arg) {
 static void test_counts_differ_within_a_daemon(void **state) {
   (void)state;
   for (int k = 2; k <= 3; k++) {
-    assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+    test_new_id(&sh->id);
     assert_int_equal(test_run_ranks(ND * k, same_daemon_differs, NULL, 60, NULL), 0);
     for (int r = 0; r < ND * k; r++) {
       fprintf(stderr, "# %d per daemon: rank %d: %s: %s\n", k, r, ccs_result_name(sh->code[r]), sh->text[r]);

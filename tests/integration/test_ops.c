@@ -10,13 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "harness.h"
+#include "serving.h"
 
 struct shared {
   ccs_unique_id_t id;
@@ -55,10 +55,11 @@ static int rank_main(int rank, int n, void *arg) {
 }
 
 static void test_ccsctl(void **state) {
-  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  sh = test_shared_new(sizeof(*sh));
+  assert_non_null(sh);
   const char *args[] = {"--op-timeout", "60", NULL};
   assert_int_equal(test_daemon_start(&dmn, args), 0);
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  test_new_id(&sh->id);
   pid_t runner = fork();
   if (runner == 0) _exit(test_run_ranks(2, rank_main, NULL, 60, NULL) > 1);
   static char out[1 << 16];

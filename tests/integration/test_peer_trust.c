@@ -8,11 +8,8 @@
  * afterwards the communicators of the daemons' own tenants run with
  * correct results. Runs as root (a client switches to uid 65534). */
 #include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -22,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,11 +29,11 @@
 #include "front/front.h"
 #include "harness.h"
 #include "raw.h"
+#include "serving.h"
 #include "transport.h"
 #include "wire.h"
 
 #define ND 3
-#define OTHER_UID 65534
 #define WRONG_RESULT 99 /* a rank's code when a result was wrong */
 /* an attack that could not be carried out: the ranks stop, the test fails */
 #define GIVE_UP(code) (sh->stop = 1, _exit(code))
@@ -58,8 +54,8 @@ static const char *const daemon_args[] = {"--heartbeat", "0.2", "--peer-timeout"
 static int busy_rank(int rank, int n, void *arg);
 
 static int setup(void **state) {
-  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (sh == MAP_FAILED || test_daemons_start(dm, ND, daemon_args)) return -1;
+  sh = test_shared_new(sizeof(*sh));
+  if (!sh || test_daemons_start(dm, ND, daemon_args)) return -1;
   test_spread_ranks(dm, ND);
   /* a first comm over every daemon: the daemons' control connections to
    * each other stay, and are part of what each holds */
@@ -72,12 +68,8 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   for (int i = 0; i < ND; i++) test_daemon_stop(&dm[i]);
-  munmap(sh, sizeof(*sh));
+  test_shared_free(sh, sizeof(*sh));
   return 0;
-}
-
-static void become_other_tenant(void) {
-  if (setgroups(0, NULL) || setgid(OTHER_UID) || setuid(OTHER_UID)) exit(99);
 }
 
 /* The id's root: daemon 0's address for other daemons. */
@@ -92,7 +84,7 @@ static void root_of(const ccs_unique_id_t *id, char *out, size_t len) {
 static int busy_rank(int rank, int n, void *arg) {
   int min = (int)(intptr_t)arg;
   if (min < 0) { /* as the other tenant */
-    become_other_tenant();
+    test_become_other_tenant();
     min = -min;
   }
   ccs_comm_t *comm;
@@ -114,23 +106,14 @@ static int busy_rank(int rank, int n, void *arg) {
   return sh->code[rank] != CCS_OK;
 }
 
-static void become_other_tenant(void);
-
-/* The other tenant's comm across every daemon, as uid 65534. */
-static int other_tenant_rank(int rank, int n, void *arg) {
-  become_other_tenant();
-  if (rank == 0 && ccs_get_unique_id(&sh->id) != CCS_OK) return 1;
-  return 0;
-}
-
 /* Afterwards: both tenants' comms over every daemon give correct results,
  * and each daemon holds what it held before (fds, clients, comms,
  * buffers, bytes, ops). */
 static void both_tenants_served(void) {
   sh->stop = 1;
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(ND, busy_rank, (void *)(intptr_t)3, 60, NULL), 0);
-  assert_int_equal(test_run_ranks(1, other_tenant_rank, NULL, 30, NULL), 0);
+  test_other_tenant_id(&sh->id); /* the other tenant's comm across every daemon */
   assert_int_equal(test_run_ranks(ND, busy_rank, (void *)(intptr_t)-3, 60, NULL), 0);
   for (int i = 0; i < ND; i++) test_daemon_assert_clean(&dm[i], &clean[i]);
 }
@@ -138,7 +121,7 @@ static void both_tenants_served(void) {
 /* Runs busy ranks (one per daemon) while `attack` runs in a child; every
  * rank must succeed throughout. */
 static void while_tenants_run(void (*attack)(void)) {
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  test_new_id(&sh->id);
   sh->stop = 0;
   pid_t pid = fork();
   if (pid == 0) {
@@ -177,18 +160,6 @@ static int tcp_to(const char *addr) {
   return fd;
 }
 
-/* 1 when the daemon closed fd within 5 s (whatever it said before) */
-static int closed_by_daemon(int fd) {
-  char buf[4096];
-  for (double end = test_now() + 5; test_now() < end;) {
-    struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n == 0 || (n < 0 && errno == ECONNRESET)) return 1;
-  }
-  return 0;
-}
-
 /* --- strangers: no key, no entry ------------------------------------------------ */
 
 static void strangers(void) {
@@ -207,7 +178,7 @@ static void strangers(void) {
   uint8_t answer[73];
   memcpy(answer, greeting, 9);
   for (int i = 9; i < 73; i++) answer[i] = (uint8_t)(i * 37);
-  if (write(fd, answer, sizeof(answer)) != (ssize_t)sizeof(answer) || !closed_by_daemon(fd)) GIVE_UP(6);
+  if (write(fd, answer, sizeof(answer)) != (ssize_t)sizeof(answer) || !raw_closed_by_daemon(fd)) GIVE_UP(6);
   close(fd);
   /* the old greeting: a PeerHello in clear, with another daemon's address */
   fd = tcp_to(root);
@@ -222,18 +193,18 @@ static void strangers(void) {
   uint8_t frame[256] = {0};
   size_t len = protobuf_c_message_pack(&m.base, frame + 16);
   frame[8] = (uint8_t)len;
-  if (write(fd, frame, 16 + len) != (ssize_t)(16 + len) || !closed_by_daemon(fd)) GIVE_UP(7);
+  if (write(fd, frame, 16 + len) != (ssize_t)(16 + len) || !raw_closed_by_daemon(fd)) GIVE_UP(7);
   close(fd);
   /* and silence, and a flood of junk: closed, never read beyond the greeting */
   fd = tcp_to(root);
-  if (!closed_by_daemon(fd)) GIVE_UP(8);
+  if (!raw_closed_by_daemon(fd)) GIVE_UP(8);
   close(fd);
   fd = tcp_to(root);
   static char junk[1 << 20];
   memset(junk, 0x5a, sizeof(junk));
   ssize_t w = write(fd, junk, sizeof(junk)); /* the daemon reads 73 bytes of it at most */
   (void)w;
-  if (!closed_by_daemon(fd)) GIVE_UP(9);
+  if (!raw_closed_by_daemon(fd)) GIVE_UP(9);
   close(fd);
 }
 
@@ -367,7 +338,7 @@ static void test_words_of_outsiders_change_nothing(void **state) { while_tenants
  * with its own uid written in, and rooted at daemon 1; each is refused. */
 static int attacker(int rank, int n, void *arg) {
   setenv("CCS_SOCKET", dm[1].socket, 1);
-  become_other_tenant();
+  test_become_other_tenant();
   struct ccs__unique_id id;
   ccs_unique_id_t forged;
   ccs_comm_t *comm = NULL;
@@ -377,7 +348,7 @@ static int attacker(int rank, int n, void *arg) {
   snprintf(sh->text[4], sizeof(sh->text[4]), "%s", ccs_comm_last_error(NULL));
   /* with its own uid: a comm of its own at daemon 1, which the root refuses */
   memcpy(&id, sh->id.internal, sizeof(id));
-  id.owner_uid = OTHER_UID;
+  id.owner_uid = TEST_OTHER_UID;
   memcpy(forged.internal, &id, sizeof(id));
   bad |= (sh->code[5] = ccs_comm_init_rank(&comm, 2, forged, 1)) != CCS_ERR_INVALID_ARGUMENT;
   snprintf(sh->text[5], sizeof(sh->text[5]), "%s", ccs_comm_last_error(NULL));
@@ -409,7 +380,7 @@ static int victim(int rank, int n, void *arg) {
 
 static void test_leaked_id_gets_another_user_nowhere(void **state) {
   test_spread_ranks(NULL, 0); /* each rank chooses its daemon */
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK); /* from daemon 0, as root */
+  test_new_id(&sh->id); /* from daemon 0, as root */
   sh->attacked = 0;
   pid_t att = fork();
   if (att == 0) _exit(test_run_ranks(1, attacker, NULL, 60, NULL));
@@ -428,7 +399,7 @@ static void test_leaked_id_gets_another_user_nowhere(void **state) {
 
 int main(void) {
   if (geteuid() != 0) {
-    fprintf(stderr, "test_peer_trust needs root (a client switches to uid %d)\n", OTHER_UID);
+    fprintf(stderr, "test_peer_trust needs root (a client switches to uid %d)\n", TEST_OTHER_UID);
     return 77;
   }
   const struct CMUnitTest tests[] = {

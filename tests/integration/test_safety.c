@@ -6,7 +6,6 @@
  * switch to uid 65534 (nobody) to be another tenant. */
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -16,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -26,8 +24,8 @@
 
 #include "harness.h"
 #include "raw.h"
+#include "serving.h"
 
-#define OTHER_UID 65534
 #define OP_TIMEOUT_S 2.0
 #define IO_TIMEOUT_S 1.0
 
@@ -39,65 +37,25 @@ static struct shared *sh;
 static struct test_daemon dmn;
 static struct test_daemon_state clean;
 
-static void become_other_tenant(void) {
-  if (setgroups(0, NULL) || setgid(OTHER_UID) || setuid(OTHER_UID)) {
-    fprintf(stderr, "cannot switch to uid %d: %s\n", OTHER_UID, strerror(errno));
-    exit(99);
-  }
-}
-
-static void new_id(void) { assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK); }
-
-/* A unique id the other tenant got from the daemon as itself, in sh->id. */
-static void other_tenant_id(void) {
-  pid_t p = fork();
-  if (p == 0) {
-    become_other_tenant();
-    _exit(ccs_get_unique_id(&sh->id) != CCS_OK);
-  }
-  int st;
-  waitpid(p, &st, 0);
-  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-}
-
 static void assert_clean(void) { test_daemon_assert_clean(&dmn, &clean); }
 
-/* Still serving: a fresh comm of n ranks, of each tenant, gets a correct sum. */
-static int healthy_rank(int rank, int n, void *arg) {
-  if (arg) become_other_tenant();
-  ccs_comm_t *comm;
-  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
-  enum { N = 100000 };
-  float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
-  for (int i = 0; i < N; i++) x[i] = (float)(rank + i % 5);
-  ccs_result_t rc = ccs_all_reduce(x, y, N, CCS_FLOAT32, CCS_SUM, comm, NULL);
-  int bad = rc != CCS_OK;
-  for (int i = 0; i < N && !bad; i++) bad = y[i] != (float)(n * (n - 1) / 2 + n * (i % 5));
-  free(x);
-  free(y);
-  ccs_comm_destroy(comm);
-  return bad;
-}
+static double rank_plus_i_mod_5(int rank, size_t i) { return rank + (int)(i % 5); }
 
+/* Still serving: a fresh comm of 2 ranks, of each tenant, gets a correct sum. */
 static void assert_serving(void) {
+  static const struct test_sum sum = {CCS_FLOAT32, 100000, rank_plus_i_mod_5};
   for (int other = 0; other < 2; other++) {
-    if (other) {
-      other_tenant_id();
-    } else {
-      new_id();
-    }
-    assert_int_equal(test_run_ranks(2, healthy_rank, other ? (void *)1 : NULL, 60, NULL), 0);
+    if (other) test_other_tenant_id(&sh->id);
+    else test_new_id(&sh->id);
+    assert_int_equal(test_run_sum(2, &sh->id, &sum, other, 60), 0);
   }
 }
 
 static int setup(void **state) {
-  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   const char *args[] = {"--socket-mode", "0666", "--op-timeout", "2", "--io-timeout", "1",
                         "--init-timeout", "3", NULL};
-  if (sh == MAP_FAILED || test_daemon_start(&dmn, args)) return -1;
-  new_id(); /* this process's own connection is part of the baseline */
-  test_daemon_state(&dmn, &clean);
-  return 0;
+  sh = test_shared_new(sizeof(*sh));
+  return sh ? test_daemon_start_clean(&dmn, args, &sh->id, &clean) : -1;
 }
 
 static int teardown(void **state) { return test_daemon_stop(&dmn); }
@@ -131,7 +89,7 @@ static int stopped_rank(int rank, int n, void *arg) {
 }
 
 static void test_stopped_rank_times_out(void **state) {
-  new_id();
+  test_new_id(&sh->id);
   int st[3];
   test_run_ranks(3, stopped_rank, NULL, 30, st);
   assert_int_equal(st[0], 0);
@@ -161,7 +119,7 @@ static int aborting_rank(int rank, int n, void *arg) {
 }
 
 static void test_abort_while_blocked(void **state) {
-  new_id();
+  test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(3, aborting_rank, NULL, 30, NULL), 0);
   assert_serving();
   assert_clean();
@@ -170,7 +128,7 @@ static void test_abort_while_blocked(void **state) {
 /* --- row: another uid presents the unique id, or names a buffer --- */
 static int mixed_uid_rank(int rank, int n, void *arg) {
   ccs_comm_t *comm;
-  if (rank == 1) become_other_tenant();
+  if (rank == 1) test_become_other_tenant();
   ccs_result_t rc = ccs_comm_init_rank(&comm, n, sh->id, rank);
   const char *err = ccs_comm_last_error(NULL);
   if (rank == 1) return !(rc == CCS_ERR_PERMISSION && strstr(err, "another user"));
@@ -181,20 +139,7 @@ static ccs_result_t raw_all_reduce_on(int fd, uint64_t comm, uint64_t buffer) {
   Ccs__BufRef ref = CCS__BUF_REF__INIT;
   ref.buffer = buffer;
   ref.length = 4096;
-  Ccs__Op op = CCS__OP__INIT, *ops[1] = {&op};
-  op.comm = comm;
-  op.kind = CCS__ALL_REDUCE;
-  op.count = 1024;
-  op.dtype = CCS_FLOAT32;
-  op.send = op.recv = &ref;
-  Ccs__Submit sub = CCS__SUBMIT__INIT;
-  sub.n_ops = 1;
-  sub.ops = ops;
-  Ccs__Request q = CCS__REQUEST__INIT;
-  q.id = 6;
-  q.body_case = CCS__REQUEST__BODY_SUBMIT;
-  q.submit = &sub;
-  raw_request(fd, &q, -1);
+  raw_send_all_reduce(fd, 6, comm, &ref, 1024);
   Ccs__Reply *r = raw_reply(fd);
   ccs_result_t rc = (ccs_result_t)r->status;
   ccs__reply__free_unpacked(r, NULL);
@@ -202,7 +147,7 @@ static ccs_result_t raw_all_reduce_on(int fd, uint64_t comm, uint64_t buffer) {
 }
 
 static void test_other_uid_isolated(void **state) {
-  new_id();
+  test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(2, mixed_uid_rank, NULL, 30, NULL), 0);
   /* a buffer is private to the connection that registered it */
   int owner = raw_connect(dmn.socket);
@@ -218,7 +163,7 @@ static void test_other_uid_isolated(void **state) {
   close(same_uid);
   pid_t p = fork();
   if (p == 0) {
-    become_other_tenant();
+    test_become_other_tenant();
     int fd = raw_connect(dmn.socket);
     raw_hello(fd);
     _exit(raw_all_reduce_on(fd, raw_comm_of_one(fd), buf) != CCS_ERR_PERMISSION);
@@ -251,15 +196,9 @@ static void test_fd_flood(void **state) {
   raw_hello(fd);
   int fds[250];
   for (int i = 0; i < 250; i++) fds[i] = STDERR_FILENO;
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
-  req.id = 8;
-  req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
-  req.mem_register = &m;
-  size_t len;
-  uint8_t *frame = ccs__frame_pack(&req.base, &len);
-  raw_send(fd, frame, len, fds, 250);
-  free(frame);
+  struct frame f = frame_mem_register(8);
+  raw_send(fd, f.data, f.len, fds, 250);
+  free(f.data);
   raw_expect(fd, CCS_ERR_PROTOCOL);
   raw_expect_closed(fd);
   assert_serving();
@@ -295,18 +234,13 @@ static void test_slow_clients(void **state) {
   expect_closed_within(silent, bound);
   /* requests whose replies it never reads: the daemon stops reading it,
    * then closes it, so the sends end in a broken pipe, not a hang */
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
-  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
-  req.get_unique_id = &g;
-  size_t len;
-  uint8_t *frame = ccs__frame_pack(&req.base, &len);
+  struct frame f = frame_get_unique_id(0);
   struct timeval tv = {(time_t)bound + 5, 0};
   setsockopt(deaf, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   double t0 = test_now();
   ssize_t n = 0;
-  for (int i = 0; i < 1000000 && n >= 0; i++) n = send(deaf, frame, len, MSG_NOSIGNAL);
-  free(frame);
+  for (int i = 0; i < 1000000 && n >= 0; i++) n = send(deaf, f.data, f.len, MSG_NOSIGNAL);
+  free(f.data);
   assert_true(n < 0 && (errno == EPIPE || errno == ECONNRESET));
   assert_true(test_now() - t0 < bound + 2);
   close(deaf);
@@ -315,7 +249,7 @@ static void test_slow_clients(void **state) {
 
 /* --- row: one tenant floods, another's all_reduce still completes --- */
 static int flooding_rank(int rank, int n, const ccs_unique_id_t *id) {
-  become_other_tenant();
+  test_become_other_tenant();
   ccs_comm_t *comm;
   if (ccs_comm_init_rank(&comm, n, *id, rank) != CCS_OK) return 1;
   size_t count = 4 << 20;
@@ -373,9 +307,9 @@ static int both_jobs(int rank, int n, void *arg) {
 
 static void test_flood_does_not_starve(void **state) {
   struct two_jobs j;
-  other_tenant_id();
+  test_other_tenant_id(&sh->id);
   j.flood_id = sh->id;
-  new_id();
+  test_new_id(&sh->id);
   j.measure_id = sh->id;
   assert_int_equal(test_run_ranks(4, both_jobs, &j, 120, NULL), 0);
   assert_clean();
@@ -441,7 +375,7 @@ static void test_quotas(void **state) {
   /* the other tenant is not affected by this one's use */
   p = fork();
   if (p == 0) {
-    become_other_tenant();
+    test_become_other_tenant();
     ccs_unique_id_t id;
     ccs_comm_t *c;
     _exit(ccs_get_unique_id(&id) || ccs_comm_init_rank(&c, 1, id, 0) || ccs_comm_destroy(c));
@@ -455,7 +389,7 @@ static void test_quotas(void **state) {
   assert_int_equal(test_daemon_start(&q, allow), 0);
   p = fork();
   if (p == 0) {
-    become_other_tenant();
+    test_become_other_tenant();
     ccs_unique_id_t id;
     ccs_result_t rc = ccs_get_unique_id(&id);
     _exit(!(rc == CCS_ERR_PERMISSION && strstr(ccs_comm_last_error(NULL), "not allowed")));
@@ -471,7 +405,7 @@ static void test_quotas(void **state) {
 
 int main(void) {
   if (geteuid() != 0) {
-    fprintf(stderr, "test_safety needs root (it switches clients to uid %d)\n", OTHER_UID);
+    fprintf(stderr, "test_safety needs root (it switches clients to uid %d)\n", TEST_OTHER_UID);
     return 1;
   }
   const struct CMUnitTest tests[] = {

@@ -3,9 +3,7 @@
  * daemon. Each test is one way in, and afterwards the daemon serves both
  * tenants (root and uid 65534) with correct results and holds nothing
  * more than before. Runs as root: some clients switch to uid 65534. */
-#include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -16,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,8 +22,7 @@
 
 #include "harness.h"
 #include "raw.h"
-
-#define OTHER_UID 65534
+#include "serving.h"
 
 struct shared {
   ccs_unique_id_t id;
@@ -37,19 +33,9 @@ static struct shared *sh;
 static struct test_daemon dmn;
 static struct test_daemon_state clean;
 
-static void become_other_tenant(void) {
-  if (setgroups(0, NULL) || setgid(OTHER_UID) || setuid(OTHER_UID)) {
-    fprintf(stderr, "cannot switch to uid %d: %s\n", OTHER_UID, strerror(errno));
-    exit(99);
-  }
-}
-
 static int start(const char *const *args) {
-  sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (sh == MAP_FAILED || test_daemon_start(&dmn, args)) return -1;
-  if (ccs_get_unique_id(&sh->id) != CCS_OK) return -1; /* this process's connection is part of the baseline */
-  test_daemon_state(&dmn, &clean);
-  return 0;
+  sh = test_shared_new(sizeof(*sh));
+  return sh ? test_daemon_start_clean(&dmn, args, &sh->id, &clean) : -1;
 }
 
 static int setup(void **state) {
@@ -59,35 +45,20 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   test_daemon_stop(&dmn);
-  munmap(sh, sizeof(*sh));
+  test_shared_free(sh, sizeof(*sh));
   return 0;
 }
 
-/* 3 ranks, one checked all_reduce each; as the other tenant when asked. */
-static int healthy_rank(int rank, int n, void *arg) {
-  if (arg) become_other_tenant();
-  ccs_comm_t *comm;
-  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
-  int64_t v[3] = {rank + 1, 10 * rank, -rank}, out[3];
-  ccs_result_t rc = ccs_all_reduce(v, out, 3, CCS_INT64, CCS_SUM, comm, NULL);
-  ccs_comm_destroy(comm);
-  return rc == CCS_OK && out[0] == n * (n + 1) / 2 && out[1] == 10 * n * (n - 1) / 2 &&
-                 out[2] == -n * (n - 1) / 2
-             ? 0
-             : 2;
-}
+/* rank + 1, 10 * rank, -rank: one checked all_reduce of 3 int64 */
+static double three_int64(int rank, size_t i) { return i == 0 ? rank + 1 : i == 1 ? 10 * rank : -rank; }
+static const struct test_sum three = {CCS_INT64, 3, three_int64};
 
-static int other_id(int rank, int n, void *arg) {
-  become_other_tenant();
-  return ccs_get_unique_id(&sh->id) != CCS_OK;
-}
-
-/* Both tenants are served, and the daemon holds what it held before. */
+/* Both tenants are served (3 ranks each), and the daemon holds what it held before. */
 static void both_tenants_served(void) {
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
-  assert_int_equal(test_run_ranks(3, healthy_rank, NULL, 60, NULL), 0);
-  assert_int_equal(test_run_ranks(1, other_id, NULL, 30, NULL), 0);
-  assert_int_equal(test_run_ranks(3, healthy_rank, (void *)1, 60, NULL), 0);
+  test_new_id(&sh->id);
+  assert_int_equal(test_run_sum(3, &sh->id, &three, 0, 60), 0);
+  test_other_tenant_id(&sh->id);
+  assert_int_equal(test_run_sum(3, &sh->id, &three, 1, 60), 0);
   test_daemon_assert_clean(&dmn, &clean);
 }
 
@@ -119,7 +90,7 @@ static int init_with_rules(int rank, int n, void *arg) {
 
 static void test_malformed_algo_rules(void **state) {
   for (size_t i = 0; i < sizeof(bad_rules) / sizeof(bad_rules[0]); i++) {
-    assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+    test_new_id(&sh->id);
     assert_int_equal(test_run_ranks(1, init_with_rules, (void *)(uintptr_t)i, 30, NULL), 0);
     fprintf(stderr, "# CCS_ALGO='%s': %s\n", bad_rules[i].rules, sh->text);
     assert_non_null(strstr(sh->text, "CCS_ALGO"));
@@ -190,20 +161,7 @@ static void test_fds_under_concurrent_threads(void **state) {
 
 /* k comms of 4096 ranks, one rank joined each (raw: the init waits), on fd */
 static void joining_comms(int fd, int k) {
-  for (int i = 0; i < k; i++) {
-    raw_send_get_unique_id(fd, 100 + (uint64_t)i);
-    Ccs__Reply *r = raw_reply(fd);
-    assert_int_equal(r->status, CCS_OK);
-    Ccs__CommInit ci = CCS__COMM_INIT__INIT;
-    ci.id = r->unique_id->id;
-    ci.nranks = 4096;
-    Ccs__Request init = CCS__REQUEST__INIT;
-    init.id = 1000 + (uint64_t)i;
-    init.body_case = CCS__REQUEST__BODY_COMM_INIT;
-    init.comm_init = &ci;
-    raw_request(fd, &init, -1);
-    ccs__reply__free_unpacked(r, NULL);
-  }
+  for (int i = 0; i < k; i++) raw_send_join(fd, 100 + (uint64_t)i, 1000 + (uint64_t)i, 4096);
 }
 
 static void test_large_replies(void **state) {
@@ -241,7 +199,7 @@ static int ccsctl_as(int other, const char *args, char *out, size_t len) {
   assert_int_equal(pipe(pipefd), 0);
   pid_t pid = fork();
   if (pid == 0) {
-    if (other) become_other_tenant();
+    if (other) test_become_other_tenant();
     dup2(pipefd[1], 1);
     dup2(pipefd[1], 2);
     char cmd[512];
@@ -275,7 +233,7 @@ static unsigned long long first_comm(const char *json) {
 /* root's lonely rank in a child (*ret_ranks), and its comm as `as_other`
  * lists it */
 static unsigned long long lonely_comm(int as_other, pid_t *ret_ranks, char *out, size_t len) {
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  test_new_id(&sh->id);
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(1, lonely_rank, NULL, 60, NULL));
   unsigned long long comm = 0;
@@ -358,18 +316,8 @@ static void test_quota_buffers_and_ranks(void **state) {
   fd = raw_connect(dmn.socket);
   raw_hello(fd);
   joining_comms(fd, 4);
-  raw_send_get_unique_id(fd, 99);
+  raw_send_join(fd, 99, 5000, 2);
   Ccs__Reply *r = raw_reply(fd);
-  Ccs__CommInit ci = CCS__COMM_INIT__INIT;
-  ci.id = r->unique_id->id;
-  ci.nranks = 2;
-  Ccs__Request init = CCS__REQUEST__INIT;
-  init.id = 5000;
-  init.body_case = CCS__REQUEST__BODY_COMM_INIT;
-  init.comm_init = &ci;
-  raw_request(fd, &init, -1);
-  ccs__reply__free_unpacked(r, NULL);
-  r = raw_reply(fd);
   assert_int_equal(r->status, CCS_ERR_QUOTA);
   assert_non_null(strstr(r->error, "ranks"));
   ccs__reply__free_unpacked(r, NULL);
@@ -393,14 +341,14 @@ static int late_rank(int rank, int n, void *arg) {
 }
 
 static void test_ids_expire(void **state) {
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+  test_new_id(&sh->id);
   sleep(2);
   assert_int_equal(test_run_ranks(1, late_rank, NULL, 30, NULL), 0);
   fprintf(stderr, "# %s\n", sh->text);
   assert_non_null(strstr(sh->text, "expired"));
   /* fresh ids work (used at once) */
-  assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
-  assert_int_equal(test_run_ranks(3, healthy_rank, NULL, 60, NULL), 0);
+  test_new_id(&sh->id);
+  assert_int_equal(test_run_sum(3, &sh->id, &three, 0, 60), 0);
   test_daemon_assert_clean(&dmn, &clean);
 }
 
@@ -460,7 +408,7 @@ static void test_descriptor_exhaustion(void **state) {
 
 int main(void) {
   if (geteuid() != 0) {
-    fprintf(stderr, "test_trust needs root (it switches clients to uid %d)\n", OTHER_UID);
+    fprintf(stderr, "test_trust needs root (it switches clients to uid %d)\n", TEST_OTHER_UID);
     return 77;
   }
   const struct CMUnitTest tests[] = {

@@ -66,7 +66,6 @@ static int check(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t t
                  const char *what) {
   size_t sz = ccs_dtype_size(t);
   int wrong = 0;
-  double v[17];
   for (int r = 0; r < n; r++) {
     if (!ranks[r].recv) continue;
     size_t len = b->recv_len;
@@ -78,23 +77,16 @@ static int check(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t t
       uint32_t blk = splits ? 0 : sched_shape_output_whole(c) ? (uint32_t)(i / count) : (uint32_t)r;
       size_t off = splits || !sched_shape_output_whole(c) ? i : i % count;
       struct sched_want w = sched_shape_want(c, root, r, blk);
-      /* element off of block k in participant q's input */
-#define IN_AT(q, k) input(t, op, seed, (q), splits || !sched_shape_input_whole(c) ? off : (size_t)(k) * count + off)
+      /* element off of block k in an input */
+#define IN_AT(k) (splits || !sched_shape_input_whole(c) ? off : (size_t)(k) * count + off)
       double want = 0;
-      if (w.kind == SCHED_WANT_REDUCED) {
-        for (int q = 0; q < n; q++) v[q] = IN_AT(q, blk);
-        want = ref_reduce(t, op, v, n);
-      } else if (w.kind == SCHED_WANT_COPY) {
-        want = IN_AT(w.from, w.block);
-      } else {
-        continue;
-      }
+      if (w.kind == SCHED_WANT_REDUCED) want = ref_reduced(input, t, op, seed, n, IN_AT(blk));
+      else if (w.kind == SCHED_WANT_COPY) want = input(t, op, seed, w.from, IN_AT(w.block));
+      else continue;
 #undef IN_AT
-      uint64_t cell = 0;
-      ref_set(t, &cell, 0, want);
-      if (ref_get_bits(t, ranks[r].recv, i) != ref_get_bits(t, &cell, 0) && wrong++ < 3)
+      if (ref_get_bits(t, ranks[r].recv, i) != ref_stored_bits(t, want) && wrong++ < 3)
         fprintf(stderr, "%s: rank %d element %zu: got %g want %g\n", what, r, i,
-                ref_get(t, ranks[r].recv, i), ref_get(t, &cell, 0));
+                ref_get(t, ranks[r].recv, i), ref_stored(t, want));
     }
     if (!in_place && ranks[r].send && memcmp(ranks[r].send, b->copy[r], b->send_len * sz) && wrong++ < 3)
       fprintf(stderr, "%s: rank %d's send buffer changed\n", what, r);

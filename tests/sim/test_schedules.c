@@ -56,12 +56,6 @@ static double input_value(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int p, s
   return ref_is_signed(t) ? v - 4 : v;
 }
 
-static double reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int n, size_t i) {
-  double v[64];
-  for (int p = 0; p < n; p++) v[p] = input_value(t, op, seed, p, i);
-  return ref_reduce(t, op, v, n);
-}
-
 /* Runs the n schedules on real buffers; fills the parties' work buffers. */
 static void run(enum sched_coll c, int n, int root, const struct schedule *s, size_t count,
                 ccs_dtype_t t, ccs_redop_t op, uint64_t seed, struct party *pt, const char *what) {
@@ -152,13 +146,11 @@ static int check_results(enum sched_coll c, int n, int root, uint32_t nb, size_t
       if (w.kind == SCHED_WANT_NOTHING) continue;
       for (size_t i = begin; i < begin + len; i++) {
         double want;
-        if (w.kind == SCHED_WANT_REDUCED) want = reduced(t, op, seed, n, i);
+        if (w.kind == SCHED_WANT_REDUCED) want = ref_reduced(input_value, t, op, seed, n, i);
         else if (c == SCHED_ALL_TO_ALL) /* participant from's input block `block` */
           want = input_value(t, op, seed, w.from * 1000 + (int)w.block, (size_t)w.block * count + (i - begin));
         else want = input_value(t, op, seed, w.from, i);
-        uint64_t cell = 0;
-        ref_set(t, &cell, 0, want);
-        double got = ref_get(t, pt[p].work, i), exact = ref_get(t, &cell, 0);
+        double got = ref_get(t, pt[p].work, i), exact = ref_stored(t, want);
         if (got != exact && wrong++ < 3)
           fprintf(stderr, "%s: participant %d element %zu: got %g want %g\n", what, p, i, got, exact);
       }

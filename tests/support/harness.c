@@ -2,11 +2,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <dirent.h>
@@ -205,6 +207,22 @@ void test_daemon_kill(struct test_daemon *d) {
 
 int test_daemon_alive(const struct test_daemon *d) {
   return d->pid > 0 && kill(d->pid, 0) == 0 && waitpid(d->pid, NULL, WNOHANG) == 0;
+}
+
+void *test_shared_new(size_t bytes) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void test_shared_free(void *shared, size_t bytes) {
+  if (shared) munmap(shared, bytes);
+}
+
+void test_become_other_tenant(void) {
+  if (setgroups(0, NULL) || setgid(TEST_OTHER_UID) || setuid(TEST_OTHER_UID)) {
+    fprintf(stderr, "cannot switch to uid %d: %s\n", TEST_OTHER_UID, strerror(errno));
+    exit(99);
+  }
 }
 
 int test_run_ranks(int nranks, rank_fn fn, void *arg, double timeout_s, int *statuses) {

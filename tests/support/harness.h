@@ -38,6 +38,16 @@ const char *test_cluster_key(void);
 /* Ranks forked from now on connect to daemon r % n of these. */
 void test_spread_ranks(const struct test_daemon *d, int n);
 
+/* Zeroed memory that the parent and the ranks it forks share (MAP_SHARED):
+ * a test's `struct shared`. NULL when there is none. */
+void *test_shared_new(size_t bytes);
+void test_shared_free(void *shared, size_t bytes);
+
+/* The other tenant some clients run as (nobody); switching needs root. */
+#define TEST_OTHER_UID 65534
+/* Makes this process TEST_OTHER_UID, or exits 99 saying why it cannot. */
+void test_become_other_tenant(void);
+
 typedef int (*rank_fn)(int rank, int nranks, void *arg);
 /* Forks nranks processes running fn; each exits with fn's result. Waits
  * up to timeout_s; stragglers are killed. Fills statuses (exit codes, or

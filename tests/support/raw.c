@@ -1,5 +1,6 @@
 #include "raw.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -26,31 +27,16 @@ int raw_connect(const char *socket_path) {
 }
 
 void raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds) {
-  struct iovec iov = {(void *)buf, len};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  char *ctl = NULL;
-  if (nfds > 0) {
-    size_t space = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    ctl = calloc(1, space);
-    msg.msg_control = ctl;
-    msg.msg_controllen = space;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-  }
-  assert_int_equal(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)len);
-  free(ctl);
+  assert_int_equal(frame_send(fd, buf, len, fds, nfds, 0), (ssize_t)len);
 }
 
-void raw_request(int fd, Ccs__Request *req, int pass_fd) {
-  size_t len;
-  uint8_t *f = ccs__frame_pack(&req->base, &len);
-  assert_non_null(f);
-  raw_send(fd, f, len, &pass_fd, pass_fd >= 0 ? 1 : 0);
-  free(f);
+void raw_send_frame(int fd, struct frame f, int pass_fd) {
+  assert_non_null(f.data);
+  raw_send(fd, f.data, f.len, &pass_fd, pass_fd >= 0 ? 1 : 0);
+  free(f.data);
 }
+
+void raw_request(int fd, Ccs__Request *req, int pass_fd) { raw_send_frame(fd, frame_of(req), pass_fd); }
 
 static int read_full(int fd, uint8_t *buf, size_t len) {
   for (size_t got = 0; got < len;) {
@@ -90,15 +76,18 @@ void raw_expect_closed(int fd) {
   close(fd);
 }
 
-void raw_send_hello(int fd, uint32_t protocol) {
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__Hello h = CCS__HELLO__INIT;
-  h.protocol = protocol;
-  req.id = 1;
-  req.body_case = CCS__REQUEST__BODY_HELLO;
-  req.hello = &h;
-  raw_request(fd, &req, -1);
+int raw_closed_by_daemon(int fd) {
+  char buf[4096];
+  for (double end = test_now() + 5; test_now() < end;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return 1;
+  }
+  return 0;
 }
+
+void raw_send_hello(int fd, uint32_t protocol) { raw_send_frame(fd, frame_hello(1, protocol), -1); }
 
 void raw_hello(int fd) {
   raw_send_hello(fd, CCS__PROTOCOL_VERSION);
@@ -106,12 +95,7 @@ void raw_hello(int fd) {
 }
 
 void raw_send_get_unique_id(int fd, uint64_t req_id) {
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__GetUniqueId g = CCS__GET_UNIQUE_ID__INIT;
-  req.id = req_id;
-  req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID;
-  req.get_unique_id = &g;
-  raw_request(fd, &req, -1);
+  raw_send_frame(fd, frame_get_unique_id(req_id), -1);
 }
 
 int raw_memfd(size_t bytes, int seals) {
@@ -123,12 +107,7 @@ int raw_memfd(size_t bytes, int seals) {
 }
 
 ccs_result_t raw_register(int fd, int memfd, uint64_t *ret_id) {
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
-  req.id = 7;
-  req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
-  req.mem_register = &m;
-  raw_request(fd, &req, memfd);
+  raw_send_frame(fd, frame_mem_register(7), memfd);
   Ccs__Reply *r = raw_reply(fd);
   assert_non_null(r);
   ccs_result_t rc = (ccs_result_t)r->status;
@@ -137,35 +116,37 @@ ccs_result_t raw_register(int fd, int memfd, uint64_t *ret_id) {
   return rc;
 }
 
-uint64_t raw_comm_of_one(int fd) {
-  raw_send_get_unique_id(fd, 3);
+void raw_send_join(int fd, uint64_t id_req, uint64_t init_req, uint32_t nranks) {
+  raw_send_get_unique_id(fd, id_req);
   Ccs__Reply *r = raw_reply(fd);
   assert_int_equal(r->status, CCS_OK);
-  Ccs__CommInit ci = CCS__COMM_INIT__INIT;
-  ci.id = r->unique_id->id;
-  ci.nranks = 1;
-  Ccs__Request init = CCS__REQUEST__INIT;
-  init.id = 4;
-  init.body_case = CCS__REQUEST__BODY_COMM_INIT;
-  init.comm_init = &ci;
-  raw_request(fd, &init, -1);
+  raw_send_frame(fd, frame_comm_init(init_req, r->unique_id->id, nranks, 0), -1);
   ccs__reply__free_unpacked(r, NULL);
-  r = raw_reply(fd);
+}
+
+uint64_t raw_comm_of_one(int fd) {
+  raw_send_join(fd, 3, 4, 1);
+  Ccs__Reply *r = raw_reply(fd);
   assert_int_equal(r->status, CCS_OK);
   uint64_t comm = r->comm_init->comm;
   ccs__reply__free_unpacked(r, NULL);
   return comm;
 }
 
+void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *ref, uint64_t count) {
+  Ccs__Op op = CCS__OP__INIT, *ops[1] = {&op};
+  op.comm = comm;
+  op.kind = CCS__ALL_REDUCE;
+  op.count = count;
+  op.dtype = CCS_FLOAT32;
+  op.send = op.recv = ref;
+  raw_send_frame(fd, frame_submit(req_id, ops, 1, 0), -1);
+}
+
 Ccs__StatsReply *raw_stats(const char *socket_path) {
   int fd = raw_connect(socket_path);
   raw_hello(fd);
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__Stats st = CCS__STATS__INIT;
-  req.id = 2;
-  req.body_case = CCS__REQUEST__BODY_STATS;
-  req.stats = &st;
-  raw_request(fd, &req, -1);
+  raw_send_frame(fd, frame_stats(2), -1);
   Ccs__Reply *r = raw_reply(fd);
   close(fd);
   assert_non_null(r);

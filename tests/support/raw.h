@@ -6,15 +6,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "wire.h"
+#include "frames.h"
 
 int raw_connect(const char *socket_path);
 void raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds);
+/* Sends f (with pass_fd when not -1) and frees it. */
+void raw_send_frame(int fd, struct frame f, int pass_fd);
 void raw_request(int fd, Ccs__Request *req, int pass_fd);
 /* The next reply, or NULL at end of stream; fails after 10 s. */
 Ccs__Reply *raw_reply(int fd);
 void raw_expect(int fd, ccs_result_t status);
 void raw_expect_closed(int fd);
+/* 1 when the daemon closed fd within 5 s (whatever it said before), else
+ * 0: fails no test, for the forked clients that report by exit status. */
+int raw_closed_by_daemon(int fd);
 void raw_send_hello(int fd, uint32_t protocol); /* no wait for the reply */
 void raw_hello(int fd);                          /* and expects CCS_OK */
 void raw_send_get_unique_id(int fd, uint64_t req_id); /* no wait for the reply */
@@ -22,8 +27,13 @@ void raw_send_get_unique_id(int fd, uint64_t req_id); /* no wait for the reply *
 int raw_memfd(size_t bytes, int seals);
 /* Registers memfd on fd; the daemon's status, and the buffer id on success. */
 ccs_result_t raw_register(int fd, int memfd, uint64_t *ret_id);
+/* Asks for a unique id (request id_req) and joins rank 0 of a comm of
+ * nranks on it (request init_req); no wait for the join's reply. */
+void raw_send_join(int fd, uint64_t id_req, uint64_t init_req, uint32_t nranks);
 /* A one-rank communicator of this connection (after its hello). */
 uint64_t raw_comm_of_one(int fd);
+/* An in-place all_reduce of count float32 on ref; no wait for the reply. */
+void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *ref, uint64_t count);
 
 /* Counters of the daemon (whole daemon when run as root). */
 Ccs__StatsReply *raw_stats(const char *socket_path);

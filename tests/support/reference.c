@@ -209,6 +209,24 @@ double ref_reduce(ccs_dtype_t t, ccs_redop_t op, const double *values, int n) {
   return (double)(op == CCS_AVG ? ref_wrap(t, iacc) / n : ref_wrap(t, iacc));
 }
 
+double ref_reduced(ref_input_fn input, ccs_dtype_t t, ccs_redop_t op, uint64_t key, int n, size_t i) {
+  double v[REF_MAX_RANKS];
+  if (n > REF_MAX_RANKS) abort();
+  for (int r = 0; r < n; r++) v[r] = input(t, op, key, r, i);
+  return ref_reduce(t, op, v, n);
+}
+
+uint64_t ref_stored_bits(ccs_dtype_t t, double v) {
+  uint64_t cell = 0;
+  ref_set(t, &cell, 0, v);
+  return cell;
+}
+
+double ref_stored(ccs_dtype_t t, double v) {
+  uint64_t cell = ref_stored_bits(t, v);
+  return ref_get(t, &cell, 0);
+}
+
 double ref_hop_exact_value(ccs_dtype_t t, ccs_redop_t op, uint64_t h) {
   if (ref_is_float(t) && ccs_dtype_size(t) < 4 && op != CCS_MAX && op != CCS_MIN) {
     if (op == CCS_PROD) return h % 2 ? 1 : -1;

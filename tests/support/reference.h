@@ -60,6 +60,19 @@ int64_t ref_wrap(ccs_dtype_t t, int64_t v);
  * exact (ref_set rounds them to the type). */
 double ref_reduce(ccs_dtype_t t, ccs_redop_t op, const double *values, int n);
 
+/* Rank r's element i of an op's input; key tells ops apart (a seed, an
+ * op's number). */
+typedef double (*ref_input_fn)(ccs_dtype_t t, ccs_redop_t op, uint64_t key, int rank, size_t i);
+#define REF_MAX_RANKS 64
+/* Element i of the reduction over ranks 0..n-1 (n <= REF_MAX_RANKS) of
+ * input: what a reducing collective delivers there, in exact arithmetic. */
+double ref_reduced(ref_input_fn input, ccs_dtype_t t, ccs_redop_t op, uint64_t key, int n, size_t i);
+
+/* v as a buffer of type t holds it (rounded, saturated or wrapped): its
+ * bits (zero-extended), and its value. */
+uint64_t ref_stored_bits(ccs_dtype_t t, double v);
+double ref_stored(ccs_dtype_t t, double v);
+
 /* Does got match want within one rounding step of the type? (exact for
  * integers, NaN matches NaN) */
 int ref_close(ccs_dtype_t t, double got, double want);

@@ -9,12 +9,10 @@
 
 #include <cmocka.h>
 
+#include "frames.h"
 #include "harness.h"
-#include "wire.h"
 
 static uint8_t *pack_submit(size_t nops, size_t *len) {
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__Submit sub = CCS__SUBMIT__INIT;
   Ccs__Op *ops = calloc(nops, sizeof(*ops));
   Ccs__Op **ptrs = calloc(nops, sizeof(*ptrs));
   Ccs__BufRef ref = CCS__BUF_REF__INIT;
@@ -29,15 +27,11 @@ static uint8_t *pack_submit(size_t nops, size_t *len) {
     ops[i].send = &ref;
     ptrs[i] = &ops[i];
   }
-  sub.n_ops = nops;
-  sub.ops = ptrs;
-  req.id = 42;
-  req.body_case = CCS__REQUEST__BODY_SUBMIT;
-  req.submit = &sub;
-  uint8_t *f = ccs__frame_pack(&req.base, len);
+  struct frame f = frame_submit(42, ptrs, nops, 0);
   free(ops);
   free(ptrs);
-  return f;
+  *len = f.len;
+  return f.data;
 }
 
 /* Feeds `len` bytes in pieces of `step`; returns the frames seen. */
