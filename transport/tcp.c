@@ -555,7 +555,7 @@ static int outside(const struct tmem *m, const void *buf, size_t len) {
 }
 
 static int tcp_send(struct tconn *c, struct tmem *m, const void *buf, size_t len,
-                         uint64_t tag, void *user) {
+                    uint64_t tag, void *user) {
   if (m && outside(m, buf, len)) return -EFAULT;
   if (c->dead) return -ECONNRESET;
   struct op *op = new_op(buf, NULL, len, tag, user);
@@ -568,7 +568,7 @@ static int tcp_send(struct tconn *c, struct tmem *m, const void *buf, size_t len
 }
 
 static int tcp_recv(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag,
-                         void *user) {
+                    void *user) {
   if (m && outside(m, buf, len)) return -EFAULT;
   struct op *op = new_op(NULL, buf, len, tag, user);
   if (!op) return -ENOMEM;

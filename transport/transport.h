@@ -58,9 +58,8 @@ struct transport_ops {
    * network read or write other memory. m NULL: a small message of the
    * caller's own (control), which fabrics copy. */
   int (*send)(struct tconn *c, struct tmem *m, const void *buf, size_t len, uint64_t tag,
-                   void *user);
-  int (*recv)(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag,
-                   void *user);
+              void *user);
+  int (*recv)(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag, void *user);
   /* up to max completions, waiting at most timeout_ms for the first */
   int (*poll)(struct transport *t, int timeout_ms, struct tcompletion *out, int max);
   /* Its pending sends and receives complete with -ECANCELED (and conn NULL: it is gone). */
