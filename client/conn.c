@@ -60,6 +60,7 @@ void ccs__conn_put(struct ccs__conn *c) {
     free(s);
   }
   ccs__frame_reader_close(&c->rd);
+  ccs__ring_free(c->ring);
   pthread_mutex_destroy(&c->send_mu);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
@@ -111,6 +112,7 @@ static ccs_result_t conn_open(struct ccs__conn **ret) {
     return rc;
   }
   ccs__reply__free_unpacked(reply, NULL);
+  ccs__ring_open(c);
   *ret = c;
   return CCS_OK;
 }
@@ -151,25 +153,27 @@ ccs_result_t ccs__conn_get(struct ccs__conn **ret) {
   return rc;
 }
 
-static int send_all(struct ccs__conn *c, const uint8_t *buf, size_t len, int pass_fd) {
+#define MAX_FDS 2
+
+static int send_all(struct ccs__conn *c, const uint8_t *buf, size_t len, const int *fds, int nfds) {
   size_t off = 0;
   while (off < len) {
     struct iovec iov = {(void *)(buf + off), len - off};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     union {
-      char buf[CMSG_SPACE(sizeof(int))];
+      char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
       struct cmsghdr align;
     } ctl;
-    if (off == 0 && pass_fd >= 0) {
-      /* The fd rides with the frame's first byte; the daemon pairs them. */
+    if (off == 0 && nfds > 0) {
+      /* The fds ride with the frame's first byte; the daemon pairs them. */
       memset(&ctl, 0, sizeof(ctl));
       msg.msg_control = ctl.buf;
-      msg.msg_controllen = sizeof(ctl.buf);
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
       struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
       cm->cmsg_level = SOL_SOCKET;
       cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+      cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+      memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
     }
     ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
@@ -211,8 +215,74 @@ static Ccs__Reply *take_reply(struct ccs__conn *c, uint64_t id) {
   return NULL;
 }
 
+/* Under c->mu: a reply read by whichever thread reads, for its caller. */
+static void file_reply(struct ccs__conn *c, Ccs__Reply *r) {
+  struct ccs__reply_slot *slot = r ? malloc(sizeof(*slot)) : NULL;
+  if (r && r->id == 0) {
+    /* Unsolicited: the daemon's last word before it closes on us. */
+    snprintf(c->broken_text, sizeof(c->broken_text), "%s", r->error);
+    c->broken = r->status ? r->status : CCS_ERR_PROTOCOL;
+    ccs__reply__free_unpacked(r, NULL);
+    free(slot);
+  } else if (!slot) {
+    if (r) ccs__reply__free_unpacked(r, NULL);
+    if (!c->broken) c->broken = CCS_ERR_DAEMON_UNAVAILABLE;
+  } else {
+    slot->id = r->id;
+    slot->reply = r;
+    slot->next = c->replies;
+    c->replies = slot;
+  }
+}
+
+ccs_result_t ccs__conn_check(struct ccs__conn *c) {
+  pthread_mutex_lock(&c->mu);
+  if (!c->broken && !c->reading) {
+    struct pollfd p = {c->fd, POLLRDHUP, 0};
+    if (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+      c->reading = 1; /* it hung up: reading what is left cannot block */
+      pthread_mutex_unlock(&c->mu);
+      Ccs__Reply *r;
+      while (!c->broken && (r = read_reply(c)) != NULL) {
+        pthread_mutex_lock(&c->mu);
+        file_reply(c, r);
+        pthread_mutex_unlock(&c->mu);
+      }
+      pthread_mutex_lock(&c->mu);
+      if (!c->broken) c->broken = CCS_ERR_DAEMON_UNAVAILABLE;
+      c->reading = 0;
+      pthread_cond_broadcast(&c->cv);
+    }
+  }
+  ccs_result_t broken = c->broken;
+  pthread_mutex_unlock(&c->mu);
+  return broken;
+}
+
+/* Under c->mu. */
+static ccs_result_t broken_error(struct ccs__conn *c) {
+  if (c->broken == CCS_ERR_DAEMON_UNAVAILABLE || !c->broken_text[0])
+    ccs__set_error("connection to ccsd lost (daemon stopped or restarted); create new "
+                   "communicators once it is back");
+  else
+    ccs__set_error("ccsd closed the connection: %s", c->broken_text);
+  return c->broken;
+}
+
+ccs_result_t ccs__conn_broken_error(struct ccs__conn *c) {
+  pthread_mutex_lock(&c->mu);
+  ccs_result_t rc = broken_error(c);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
 ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
                             Ccs__Reply **ret) {
+  return ccs__conn_call_fds(c, req, &pass_fd, pass_fd >= 0, ret);
+}
+
+ccs_result_t ccs__conn_call_fds(struct ccs__conn *c, Ccs__Request *req, const int *fds, int nfds,
+                                Ccs__Reply **ret) {
   pthread_mutex_lock(&c->send_mu);
   uint64_t id = req->id = ++c->next_id;
   size_t len;
@@ -220,7 +290,7 @@ ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
   /* A failed send is not the end yet: a daemon that refused us (quota,
    * allow-list) wrote why before closing, and the read below finds it, or
    * the end of the stream. */
-  if (frame && !c->broken) (void)send_all(c, frame, len, pass_fd);
+  if (frame && !c->broken) (void)send_all(c, frame, len, fds, nfds);
   pthread_mutex_unlock(&c->send_mu);
   free(frame);
   if (!frame) {
@@ -240,32 +310,10 @@ ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
     Ccs__Reply *r = read_reply(c);
     pthread_mutex_lock(&c->mu);
     c->reading = 0;
-    struct ccs__reply_slot *slot = r ? malloc(sizeof(*slot)) : NULL;
-    if (r && r->id == 0) {
-      /* Unsolicited: the daemon's last word before it closes on us. */
-      snprintf(c->broken_text, sizeof(c->broken_text), "%s", r->error);
-      c->broken = r->status ? r->status : CCS_ERR_PROTOCOL;
-      ccs__reply__free_unpacked(r, NULL);
-      free(slot);
-    } else if (!slot) {
-      if (r) ccs__reply__free_unpacked(r, NULL);
-      if (!c->broken) c->broken = CCS_ERR_DAEMON_UNAVAILABLE;
-    } else {
-      slot->id = r->id;
-      slot->reply = r;
-      slot->next = c->replies;
-      c->replies = slot;
-    }
+    file_reply(c, r);
     pthread_cond_broadcast(&c->cv);
   }
-  ccs_result_t broken = c->broken;
-  if (!reply) {
-    if (broken == CCS_ERR_DAEMON_UNAVAILABLE || !c->broken_text[0])
-      ccs__set_error("connection to ccsd lost (daemon stopped or restarted); create new "
-                     "communicators once it is back");
-    else
-      ccs__set_error("ccsd closed the connection: %s", c->broken_text);
-  }
+  ccs_result_t broken = reply ? CCS_OK : broken_error(c);
   pthread_mutex_unlock(&c->mu);
   if (!reply) return broken;
   ccs_result_t rc = (ccs_result_t)reply->status;

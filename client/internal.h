@@ -31,6 +31,7 @@ struct ccs__conn {
   int reading;
   struct ccs__reply_slot *replies;
   struct ccs__frame_reader rd;
+  struct ccs__ring *ring; /* the fast path (ring.c), or NULL */
 };
 
 /* The current connection, connecting (and saying hello) if there is none,
@@ -44,6 +45,25 @@ void ccs__conn_put(struct ccs__conn *c);
  * with its text, and freed. */
 ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
                             Ccs__Reply **ret);
+/* The same, passing nfds descriptors with the request. */
+ccs_result_t ccs__conn_call_fds(struct ccs__conn *c, Ccs__Request *req, const int *fds, int nfds,
+                                Ccs__Reply **ret);
+/* Without blocking: has the daemon hung up? (Then what it said last is
+ * read, when no other thread reads.) The connection's failure, or CCS_OK. */
+ccs_result_t ccs__conn_check(struct ccs__conn *c);
+/* The connection's failure, with its text in ccs__error(). */
+ccs_result_t ccs__conn_broken_error(struct ccs__conn *c);
+
+/* ring.c: the fast path (proto/ring.h). ccs__ring_open sets c->ring when
+ * the daemon takes the rings (quietly not, else). */
+struct ccs__ring;
+void ccs__ring_open(struct ccs__conn *c);
+void ccs__ring_free(struct ccs__ring *r);
+/* Can a call of nops host ops go through the rings? */
+int ccs__ring_takes(const struct ccs__conn *c, size_t nops);
+/* Submits the ops as one call and waits for its answer: as ccs__conn_call
+ * would answer a Submit without info. */
+ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n);
 
 /* Thread-local detail of the last failure (also copied into the comm). */
 void ccs__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

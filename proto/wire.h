@@ -9,7 +9,7 @@
 #include "ccs.h"
 #include "ccs.pb-c.h"
 
-#define CCS__PROTOCOL_VERSION 2u
+#define CCS__PROTOCOL_VERSION 3u /* 3: RingSetup */
 
 /* A frame is a 4-byte little-endian length and that many bytes of protobuf.
  * The cap is checked before anything is allocated for the payload: a

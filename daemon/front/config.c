@@ -71,6 +71,7 @@ static const struct key keys[] = {
     {"peer_unexpected_bytes", K_BYTES, AT(peer_unexpected_bytes), 1 << 20, 1.8e19, "bytes a connection from another daemon may hold before their receive is posted; beyond, it is closed"},
     {"peer_unexpected_total", K_BYTES, AT(peer_unexpected_total), 1 << 20, 1.8e19, "the same, over all connections"},
     {"transport", K_TRANSPORT, AT(transport), 0, 0, "how data moves between daemons (tcp)"},
+    {"poll_spin_us", K_COUNT, AT(poll_spin_us), 0, 1e6, "microseconds the loop keeps polling the clients' rings after their last op, before it sleeps (0: never spins)"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -107,6 +108,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->heartbeat_s = 1;
   cfg->peer_connections = 2;
   cfg->peer_timeout_s = 5;
+  cfg->poll_spin_us = 50;
 }
 
 /* What "0" means for the keys where it means "as the machine has". */

@@ -135,7 +135,7 @@ static void on_event_register(struct session *s, uint64_t id, const Ccs__EventRe
   ccsd_session_send(s, &r);
 }
 
-static struct gpu_events *find_events(struct session *s, uint64_t events) {
+struct gpu_events *ccsd_session_events(struct session *s, uint64_t events) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &s->events) {
     struct gpu_events *ev = LIST_ENTRY(it, struct gpu_events, link);
@@ -145,7 +145,7 @@ static struct gpu_events *find_events(struct session *s, uint64_t events) {
 }
 
 static void on_event_deregister(struct session *s, uint64_t id, uint64_t events) {
-  struct gpu_events *ev = find_events(s, events);
+  struct gpu_events *ev = ccsd_session_events(s, events);
   if (!ev) {
     ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such events on this connection");
     return;
@@ -180,119 +180,6 @@ static void on_comm_query(struct session *s, uint64_t id, uint64_t handle) {
                      c->state == COMM_FAILED ? c->error_text : NULL);
 }
 
-/* Resolves and checks one buffer reference. `need` is the byte length the
- * op requires; 0 means the buffer is not used and must be absent. */
-static ccs_result_t resolve_buf(struct session *s, const Ccs__BufRef *ref, uint64_t need,
-                                size_t align, const char *which, struct membuf **ret_buf,
-                                uint64_t *ret_off, char *err, size_t errlen) {
-  *ret_buf = NULL;
-  *ret_off = 0;
-  if (need == 0) return CCS_OK; /* unused: ignore whatever came */
-  if (!ref) {
-    snprintf(err, errlen, "%s buffer missing", which);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
-  ccs_result_t rc;
-  struct membuf *b = ccsd_membuf_find(s, ref->buffer, &rc);
-  uint64_t end;
-  if (!b) {
-    snprintf(err, errlen, "%s buffer %llu %s", which, (unsigned long long)ref->buffer,
-             rc == CCS_ERR_PERMISSION ? "belongs to another client"
-                                      : "is not registered on this connection");
-    return rc;
-  }
-  if (ref->length != need) {
-    snprintf(err, errlen, "%s buffer spans %llu bytes, the op needs %llu", which,
-             (unsigned long long)ref->length, (unsigned long long)need);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
-  if (__builtin_add_overflow(ref->offset, ref->length, &end) || end > b->size) {
-    snprintf(err, errlen, "%s range [%llu, +%llu) is outside its %zu-byte buffer", which,
-             (unsigned long long)ref->offset, (unsigned long long)ref->length, b->size);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
-  if (ref->offset % align) {
-    snprintf(err, errlen, "%s buffer is not aligned to its %zu-byte elements", which, align);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
-  *ret_buf = b;
-  *ret_off = ref->offset;
-  return CCS_OK;
-}
-
-/* Builds the post of one op; on failure fills err and returns NULL. */
-static struct client_post *make_post(struct session *s, const Ccs__Op *op, ccs_result_t *rc,
-                                     char *err, size_t errlen) {
-  *rc = CCS_ERR_INVALID_ARGUMENT;
-  struct client_comm *cc = ccsd_client_comm_find(s, op->comm);
-  if (!cc) {
-    snprintf(err, errlen, "no such communicator");
-    return NULL;
-  }
-  struct member *m = cc->member;
-  int n = m->comm->nranks;
-  if (op->kind >= CCS__COLL_KIND_COUNT) {
-    snprintf(err, errlen, "unknown collective %u", op->kind);
-    return NULL;
-  }
-  if (op->dtype >= CCS_DTYPE_COUNT) {
-    snprintf(err, errlen, "unknown data type %u", op->dtype);
-    return NULL;
-  }
-  if (ccs__coll_has_redop(op->kind) && op->redop >= CCS_REDOP_COUNT) {
-    snprintf(err, errlen, "unknown reduction %u", op->redop);
-    return NULL;
-  }
-  int p2p = op->kind == CCS__SEND || op->kind == CCS__RECV;
-  if ((ccs__coll_has_root(op->kind) || p2p) && (op->root < 0 || op->root >= n)) {
-    snprintf(err, errlen, "%s %d is out of range for %d ranks", p2p ? "peer" : "root", op->root,
-             n);
-    return NULL;
-  }
-  size_t sz = ccs_dtype_size(op->dtype);
-  uint64_t send_len, recv_len;
-  if (ccs__op_lengths(op->kind, op->count, sz, n, m->rank, op->root, &send_len, &recv_len)) {
-    snprintf(err, errlen, "count %llu overflows", (unsigned long long)op->count);
-    return NULL;
-  }
-  struct client_post *cp = calloc(1, sizeof(*cp));
-  if (!cp) {
-    *rc = CCS_ERR_NO_MEMORY;
-    snprintf(err, errlen, "out of memory");
-    return NULL;
-  }
-  struct post *p = &cp->post;
-  if ((*rc = resolve_buf(s, op->send, send_len, sz, "send", &cp->sendbuf, &p->send_off, err,
-                         errlen)) != CCS_OK ||
-      (*rc = resolve_buf(s, op->recv, recv_len, sz, "receive", &cp->recvbuf, &p->recv_off, err,
-                         errlen)) != CCS_OK ||
-      (*rc = ccsd_tenant_charge(s->d, s->uid, TENANT_OPS, 1, &cp->tenant, err, errlen)) != CCS_OK) {
-    free(cp);
-    return NULL;
-  }
-  cp->d = s->d;
-  p->ops = &ccsd_client_post_ops;
-  p->posted_ms = ccsd_now_ms(s->d);
-  p->posted_ns = uv_hrtime();
-  p->member = m;
-  p->kind = op->kind;
-  p->dtype = op->dtype;
-  p->redop = ccs__coll_has_redop(op->kind) ? op->redop : 0;
-  p->count = op->count;
-  p->root = ccs__coll_has_root(op->kind) || p2p ? op->root : 0;
-  p->send_len = send_len;
-  p->recv_len = recv_len;
-  struct membuf *bufs[2] = {cp->sendbuf, cp->recvbuf};
-  struct coll_buf *views[2] = {&p->send, &p->recv};
-  for (int k = 0; k < 2; k++) {
-    if (!bufs[k]) continue;
-    ccsd_membuf_ref(bufs[k]);
-    *views[k] = (struct coll_buf){bufs[k]->base, bufs[k]->size, bufs[k]->device};
-  }
-  *rc = CCS_OK;
-  return cp;
-}
-
 static void on_stats(struct session *s, uint64_t id) {
   struct daemon *d = s->d;
   Ccs__StatsReply st = CCS__STATS_REPLY__INIT;
@@ -310,6 +197,7 @@ static void on_stats(struct session *s, uint64_t id) {
   LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
     struct session *each = LIST_ENTRY(it, struct session, link);
     if (each->closing || (!all && each->uid != s->uid)) continue;
+    st.fast_path_sessions += each->ring != NULL;
     struct list *b, *btmp;
     LIST_FOREACH_SAFE(b, btmp, &each->buffers) st.buffers++;
   }
@@ -318,6 +206,7 @@ static void on_stats(struct session *s, uint64_t id) {
            CCS_VERSION_PATCH);
   st.daemon_version = version;
   st.uptime_s = (double)(ccsd_now_ms(d) - d->started_ms) / 1000.0;
+  if (all) st.fast_path_calls = d->ring_calls;
   Ccs__Reply r = CCS__REPLY__INIT;
   r.id = id;
   r.body_case = CCS__REPLY__BODY_STATS;
@@ -325,54 +214,31 @@ static void on_stats(struct session *s, uint64_t id) {
   ccsd_session_send(s, &r);
 }
 
-/* All ops of a Submit are checked before any is posted: a call with a bad
- * argument has no effect (NCCL's InvalidArgument is local, non-fatal). */
+/* A Submit over the socket: its ops as either path brings them. */
 static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
-  char err[CCS__ERROR_TEXT_MAX];
-  ccs_result_t rc = CCS_OK;
   if (m->n_ops == 0 || m->n_ops > CCS__SUBMIT_MAX_OPS) {
+    char err[96];
     snprintf(err, sizeof(err), "a submission holds 1..%u ops, not %zu", CCS__SUBMIT_MAX_OPS,
              m->n_ops);
     ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }
-  struct gpu_events *events = m->events ? find_events(s, m->events) : NULL;
-  if (m->events && !events) {
-    ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such events on this connection");
-    return;
-  }
-  struct client_post **posts = calloc(m->n_ops, sizeof(*posts));
-  if (!posts) {
+  struct op_args *ops = calloc(m->n_ops, sizeof(*ops));
+  if (!ops) {
     ccsd_session_reply(s, id, CCS_ERR_NO_MEMORY, "out of memory");
     return;
   }
-  size_t i;
-  for (i = 0; i < m->n_ops; i++) {
-    posts[i] = make_post(s, m->ops[i], &rc, err, sizeof(err));
-    if (!posts[i]) break;
+  for (size_t i = 0; i < m->n_ops; i++) {
+    const Ccs__Op *op = m->ops[i];
+    const Ccs__BufRef *refs[2] = {op->send, op->recv};
+    struct op_buf *bufs[2] = {&ops[i].send, &ops[i].recv};
+    ops[i] = (struct op_args){.comm = op->comm, .kind = op->kind, .count = op->count,
+                              .dtype = op->dtype, .redop = op->redop, .root = op->root};
+    for (int k = 0; k < 2; k++)
+      if (refs[k]) *bufs[k] = (struct op_buf){refs[k]->buffer, refs[k]->offset, refs[k]->length, 1};
   }
-  if (i < m->n_ops) {
-    char full[CCS__ERROR_TEXT_MAX + 32];
-    if (m->n_ops > 1) snprintf(full, sizeof(full), "op %zu of the group: %s", i, err);
-    else snprintf(full, sizeof(full), "%s", err);
-    while (i-- > 0) ccsd_client_post_free(posts[i]);
-    free(posts);
-    ccsd_session_reply(s, id, rc, full);
-    return;
-  }
-  struct submission *sub = ccsd_submission_new(s, id, (int)m->n_ops);
-  if (!sub) {
-    for (i = 0; i < m->n_ops; i++) ccsd_client_post_free(posts[i]);
-    free(posts);
-    ccsd_session_reply(s, id, CCS_ERR_NO_MEMORY, "out of memory");
-    return;
-  }
-  for (i = 0; i < m->n_ops; i++) {
-    posts[i]->sub = sub;
-    if ((posts[i]->post.events = events) != NULL) events->refs++;
-    ccsd_post_submit(&posts[i]->post);
-  }
-  free(posts);
+  ccsd_submit(s, id, ops, m->n_ops, m->events, 0);
+  free(ops);
 }
 
 void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len) {
@@ -405,6 +271,7 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len) {
   case CCS__REQUEST__BODY_SUBMIT: on_submit(s, id, req->submit); break;
   case CCS__REQUEST__BODY_STATS: on_stats(s, id); break;
   case CCS__REQUEST__BODY_ADMIN: ccsd_admin(s, id, req->admin); break;
+  case CCS__REQUEST__BODY_RING_SETUP: ccsd_ring_setup(s, id); break;
   default:
     ccsd_session_reply(s, id, CCS_ERR_PROTOCOL, "unknown request");
     ccsd_session_close(s, "unknown request");

@@ -77,6 +77,7 @@ struct ccsd_config {
   char cluster_key_file[108];  /* daemons prove they hold this key to each other */
   int peer_encrypt;            /* data between daemons encrypted too */
   char transport[16];          /* how data moves between daemons (transport.h) */
+  int poll_spin_us;            /* the loop spins on the rings this long after their last work */
   int peer_max_connections;
   uint64_t peer_unexpected_bytes, peer_unexpected_total; /* held before their receive */
 };
@@ -135,6 +136,9 @@ struct daemon {
   int metrics_on;
   struct list http_conns;
   int nhttp_conns;
+  struct list rings; /* connections' fast paths (ring.c) */
+  uint32_t nrings;   /* of them, those whose connection is open */
+  uint64_t ring_calls; /* calls taken from the rings, ever */
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
   char gpu_absent[200];      /* why coll.gpu is NULL (host-only) */
@@ -188,6 +192,7 @@ struct session {
   struct client_comm *comms_by_handle;  /* the same (uthash) */
   struct list submissions;
   uint64_t next_comm_handle;
+  struct ring *ring; /* the fast path, once set up (ring.c) */
 };
 
 /* A request waiting for its reply: a Submit (one post per op) or a CommInit. */
@@ -196,6 +201,7 @@ struct submission {
   struct list link;         /* in session->submissions */
   struct session *session;  /* NULL once the client is gone */
   uint64_t req_id;
+  int via_ring; /* answered through the completion ring, not the socket */
   int nposts, ndone;
   ccs_result_t status;
   char *error;
@@ -280,6 +286,8 @@ void ccsd_session_new(struct daemon *d, int fd);
 /* One unsolicited reply saying why, best effort, then the close. */
 void ccsd_session_refuse(int fd, ccs_result_t rc, const char *why);
 void ccsd_session_close(struct session *s, const char *why);
+/* One error reply saying what the client did wrong, then the close. */
+void ccsd_session_protocol_error(struct session *s, const char *what);
 int ccsd_session_send(struct session *s, const Ccs__Reply *reply);
 int ccsd_session_reply(struct session *s, uint64_t req_id, ccs_result_t status, const char *error);
 int ccsd_session_take_fd(struct session *s); /* the next fd in arrival order, or -1 */
@@ -304,8 +312,44 @@ void ccsd_membuf_deregister(struct membuf *b);
 void ccsd_membuf_ref(struct membuf *b);
 void ccsd_membuf_unref(struct membuf *b);
 
+/* submit.c: one op of a call, as either path brings it (a Submit's Op, a
+ * ring entry) */
+struct op_buf {
+  uint64_t buffer, offset, length;
+  int present;
+};
+struct op_args {
+  uint64_t comm;
+  uint32_t kind, dtype, redop;
+  int32_t root;
+  uint64_t count;
+  struct op_buf send, recv;
+};
+/* Checks the n ops of call `id` and posts them, all or none; the answer
+ * goes back the way the call came (via_ring: the completion ring). */
+void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size_t n,
+                 uint64_t events, int via_ring);
+struct gpu_events *ccsd_session_events(struct session *s, uint64_t events); /* dispatch.c */
+
+/* ring.c: the fast path (proto/ring.h) */
+/* The rings and doorbell of a RingSetup (fds taken from the session). */
+void ccsd_ring_setup(struct session *s, uint64_t req_id);
+void ccsd_ring_close(struct session *s); /* the session closes */
+/* Takes what the rings hold, up to a bound per connection: how many
+ * batches were taken. */
+int ccsd_rings_poll(struct daemon *d);
+/* A batch's answer through its connection's completion ring. */
+void ccsd_ring_complete(struct session *s, uint64_t req_id, ccs_result_t status, const char *error);
+/* Before the loop sleeps: clients ring the doorbell from now on. 1 when a
+ * ring got work meanwhile (then the loop must not sleep). */
+int ccsd_rings_arm(struct daemon *d);
+void ccsd_rings_disarm(struct daemon *d);
+
+/* loop.c: libuv's loop, spinning on the rings while they have work */
+void ccsd_loop_run(struct daemon *d);
+
 /* submission.c */
-struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts);
+struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts, int via_ring);
 void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, const char *error);
 void ccsd_submission_note(struct submission *sub, const char *info);
 void ccsd_submission_orphan_all(struct session *s);

@@ -100,7 +100,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     return;
   }
   struct client_comm *cc = calloc(1, sizeof(*cc));
-  struct submission *sub = cc ? ccsd_submission_new(s, req_id, 1) : NULL;
+  struct submission *sub = cc ? ccsd_submission_new(s, req_id, 1, 0) : NULL;
   if (!sub) {
     free(cc);
     ccsd_session_reply(s, req_id, CCS_ERR_NO_MEMORY, "out of memory");

@@ -49,6 +49,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   d->loop = loop;
   d->listen_fd = -1;
   list_init(&d->sessions);
+  list_init(&d->rings);
   list_init(&d->coll.comms);
   list_init(&d->tenants);
   list_init(&d->http_conns);

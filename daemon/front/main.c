@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
            d.socket_activated ? " (socket from systemd)" : "", d.cfg.threads);
   ccsd_systemd_ready(&d);
 
-  uv_run(d.loop, UV_RUN_DEFAULT);
+  ccsd_loop_run(&d);
 
   ccsd_systemd_stopping(&d);
   uv_close((uv_handle_t *)&d.sig_term, NULL);

@@ -172,9 +172,14 @@ char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, s
             "ccs_executor_busy_seconds_total %.6f\n"
             "# HELP ccs_executor_threads Executor threads.\n# TYPE ccs_executor_threads gauge\n"
             "ccs_executor_threads %d\n"
+            "# HELP ccs_fast_path_clients Connections submitting through shared-memory rings.\n"
+            "# TYPE ccs_fast_path_clients gauge\nccs_fast_path_clients %u\n"
+            "# HELP ccs_fast_path_calls_total Calls taken from the connections' rings.\n"
+            "# TYPE ccs_fast_path_calls_total counter\nccs_fast_path_calls_total %llu\n"
             "# HELP ccs_uptime_seconds Seconds since the daemon started.\n"
             "# TYPE ccs_uptime_seconds gauge\nccs_uptime_seconds %.3f\n",
-        ccsd_executor_busy_seconds(d->coll.exec), d->cfg.threads,
+        ccsd_executor_busy_seconds(d->coll.exec), d->cfg.threads, d->nrings,
+        (unsigned long long)d->ring_calls,
         (double)(ccsd_now_ms(d) - d->started_ms) / 1000.0);
   }
   if (o.failed) {

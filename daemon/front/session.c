@@ -141,6 +141,7 @@ void ccsd_session_close(struct session *s, const char *why) {
     ccsd_client_comm_drop(s, LIST_ENTRY(it, struct client_comm, link), why, 0);
   }
   ccsd_submission_orphan_all(s);
+  ccsd_ring_close(s);
   LIST_FOREACH_SAFE(it, tmp, &s->buffers) {
     ccsd_membuf_deregister(LIST_ENTRY(it, struct membuf, link));
   }
@@ -265,7 +266,7 @@ static int stash_fds(struct session *s, struct msghdr *msg, uint64_t read_end) {
   return ok ? 0 : -1;
 }
 
-static void protocol_error(struct session *s, const char *what) {
+void ccsd_session_protocol_error(struct session *s, const char *what) {
   LOG_WARN("client %llu (pid %d uid %d): protocol error: %s", (unsigned long long)s->id,
            (int)s->pid, (int)s->uid, what);
   ccsd_session_reply(s, 0, CCS_ERR_PROTOCOL, what);
@@ -279,7 +280,7 @@ static void on_readable(struct session *s) {
     uint8_t *space;
     size_t room;
     if (ccs__frame_reader_space(&s->rd, &space, &room)) {
-      protocol_error(s, "out of memory reading frame");
+      ccsd_session_protocol_error(s, "out of memory reading frame");
       return;
     }
     union {
@@ -302,7 +303,7 @@ static void on_readable(struct session *s) {
     }
     s->rx_total += (uint64_t)n;
     if (stash_fds(s, &msg, s->rx_total)) {
-      protocol_error(s, "too many or truncated file descriptors");
+      ccsd_session_protocol_error(s, "too many or truncated file descriptors");
       return;
     }
     s->last_rx_ms = ccsd_now_ms(s->d);
@@ -315,14 +316,14 @@ static void on_readable(struct session *s) {
       ccsd_dispatch(s, payload, len);
       /* An fd not claimed by its frame is a protocol violation. */
       if (!s->closing && s->nfds && s->fds[0].read_end <= s->rx_frame_end) {
-        protocol_error(s, "file descriptor sent with a frame that takes none");
+        ccsd_session_protocol_error(s, "file descriptor sent with a frame that takes none");
         return;
       }
     }
     if (r < 0 && !s->closing) {
       char what[96];
       snprintf(what, sizeof(what), "frame larger than %u bytes", CCS__FRAME_MAX);
-      protocol_error(s, what);
+      ccsd_session_protocol_error(s, what);
       return;
     }
   }

@@ -1,16 +1,18 @@
 /* A request waiting for its reply. A Submit completes when each of its ops
- * did; the reply carries the first error. If the client left meanwhile the
+ * did; the reply carries the first error, over the socket or through the
+ * completion ring, the way the call came. If the client left meanwhile the
  * submission is orphaned and freed silently when its last op completes. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "front/front.h"
 
-struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts) {
+struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts, int via_ring) {
   struct submission *sub = calloc(1, sizeof(*sub));
   if (!sub) return NULL;
   sub->session = s;
   sub->req_id = req_id;
+  sub->via_ring = via_ring;
   sub->nposts = nposts;
   list_insert_tail(&s->submissions, &sub->link);
   return sub;
@@ -23,7 +25,10 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
     sub->error = strdup(error ? error : "");
   }
   if (sub->ndone < sub->nposts) return;
-  if (sub->session) {
+  if (sub->session && sub->via_ring) {
+    list_remove(&sub->link);
+    ccsd_ring_complete(sub->session, sub->req_id, sub->status, sub->error);
+  } else if (sub->session) {
     Ccs__Reply r = CCS__REPLY__INIT;
     Ccs__CommInitReply init = CCS__COMM_INIT_REPLY__INIT;
     r.id = sub->req_id;

@@ -1,5 +1,6 @@
 /* Fuzz target: requests of every kind, well formed, with fuzzed values,
- * from several clients at once, through the real dispatch of a live
+ * from several clients at once, over the socket and over the fast path's
+ * rings (setups, entries, indices), through the real dispatch of a live
  * daemon state. The input is not the wire bytes (fuzz_session does that)
  * but the choices: which client does what, with which fields. Unique ids
  * are real ones, signed with the daemon's key (this harness holds the
@@ -11,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -20,6 +22,7 @@
 #include "front/front.h"
 #include "fuzz_input.h"
 #include "base/log.h"
+#include "ring.h"
 
 enum { CLIENTS = 3, IDS = 4, KNOWN = 8 };
 
@@ -31,6 +34,8 @@ struct client {
   uint64_t next_req;
   uint64_t comms[KNOWN], buffers[KNOWN]; /* handles the daemon gave */
   int ncomms, nbuffers;
+  struct ccs__ring_shared *ring; /* the last rings it set up, mapped here */
+  uint32_t sub_tail;
 };
 
 static void daemon_once(void) {
@@ -45,8 +50,11 @@ static void daemon_once(void) {
   if (ccsd_daemon_init(&d, &loop)) abort();
 }
 
-static void spin(void) {
-  for (int i = 0; i < 4; i++) uv_run(&loop, UV_RUN_NOWAIT);
+static void spin(void) { /* as ccsd_loop_run does while it spins */
+  for (int i = 0; i < 4; i++) {
+    ccsd_rings_poll(&d);
+    uv_run(&loop, UV_RUN_NOWAIT);
+  }
 }
 
 /* Reads every reply waiting for c, remembering the handles they carry. */
@@ -82,6 +90,13 @@ static void send_request(struct client *c, Ccs__Request *req, const int *fds, in
   if (!f.data) return;
   if (frame_send(c->fd, f.data, f.len, fds, nfds, MSG_DONTWAIT) < 0) { /* the daemon closed it */ }
   free(f.data);
+}
+
+static void disconnect_client(struct client *c) {
+  close(c->fd);
+  c->fd = -1;
+  if (c->ring) munmap(c->ring, CCS__RING_BYTES);
+  c->ring = NULL;
 }
 
 static void connect_client(struct client *c) {
@@ -172,33 +187,102 @@ static void buf_ref(struct fuzz_input *in, struct client *c, Ccs__BufRef *r) {
   r->length = fuzz_u8(in) % 4 ? fuzz_count(in, 65536) : fuzz_u64(in);
 }
 
+/* One op's fields: valid, at the edges, or hostile. */
+static void draw_op(struct fuzz_input *in, struct client *c, Ccs__Op *op, Ccs__BufRef refs[2]) {
+  ccs__op__init(op);
+  ccs__buf_ref__init(&refs[0]);
+  ccs__buf_ref__init(&refs[1]);
+  op->comm = pick(in, c->comms, c->ncomms);
+  op->kind = fuzz_u8(in) % (CCS__COLL_KIND_COUNT + 1);
+  op->count = fuzz_u8(in) % 8 ? fuzz_count(in, 512) : fuzz_u64(in);
+  op->dtype = fuzz_u8(in) % (CCS_DTYPE_COUNT + 1);
+  op->redop = fuzz_u8(in) % (CCS_REDOP_COUNT + 1);
+  op->root = fuzz_u8(in) % 8 ? (int32_t)(fuzz_u8(in) % 4) : (int32_t)fuzz_u32(in);
+  if (fuzz_u8(in) % 4) buf_ref(in, c, op->send = &refs[0]);
+  if (fuzz_u8(in) % 4) buf_ref(in, c, op->recv = &refs[1]);
+}
+
 static void submit(struct fuzz_input *in, struct client *c) {
   enum { MAXOPS = 3 };
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__Submit s = CCS__SUBMIT__INIT;
   Ccs__Op ops[MAXOPS], *opp[MAXOPS];
-  Ccs__BufRef refs[2 * MAXOPS];
+  Ccs__BufRef refs[MAXOPS][2];
   s.n_ops = fuzz_u8(in) % 16 ? 1 + fuzz_u8(in) % MAXOPS : 0;
   for (size_t i = 0; i < s.n_ops; i++) {
-    Ccs__Op *op = &ops[i];
-    ccs__op__init(op);
-    ccs__buf_ref__init(&refs[2 * i]);
-    ccs__buf_ref__init(&refs[2 * i + 1]);
-    op->comm = pick(in, c->comms, c->ncomms);
-    op->kind = fuzz_u8(in) % (CCS__COLL_KIND_COUNT + 1);
-    op->count = fuzz_u8(in) % 8 ? fuzz_count(in, 512) : fuzz_u64(in);
-    op->dtype = fuzz_u8(in) % (CCS_DTYPE_COUNT + 1);
-    op->redop = fuzz_u8(in) % (CCS_REDOP_COUNT + 1);
-    op->root = fuzz_u8(in) % 8 ? (int32_t)(fuzz_u8(in) % 4) : (int32_t)fuzz_u32(in);
-    if (fuzz_u8(in) % 4) buf_ref(in, c, op->send = &refs[2 * i]);
-    if (fuzz_u8(in) % 4) buf_ref(in, c, op->recv = &refs[2 * i + 1]);
-    opp[i] = op;
+    draw_op(in, c, &ops[i], refs[i]);
+    opp[i] = &ops[i];
   }
   s.ops = opp;
   s.events = fuzz_u8(in) % 16 ? 0 : fuzz_u64(in);
   req.body_case = CCS__REQUEST__BODY_SUBMIT;
   req.submit = &s;
   send_request(c, &req, NULL, 0);
+}
+
+/* Rings for c: mostly as libccs makes them, sometimes not (size, seals,
+ * layout, a pipe for a doorbell, fds missing). */
+static void ring_setup(struct fuzz_input *in, struct client *c) {
+  uint8_t how = fuzz_u8(in);
+  size_t bytes = how % 16 == 1 ? 4096 : CCS__RING_BYTES;
+  int memfd = memfd_create("fuzz-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING), pipe_fds[2] = {-1, -1};
+  if (memfd < 0 || ftruncate(memfd, (off_t)bytes)) abort();
+  if (how % 16 != 2) fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+  struct ccs__ring_shared *sh = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (sh == MAP_FAILED) abort();
+  sh->magic = CCS__RING_MAGIC; /* a fresh memfd holds zeros: the layout's header only */
+  sh->protocol = CCS__PROTOCOL_VERSION;
+  sh->entries = CCS__RING_ENTRIES;
+  sh->batch_max = CCS__RING_BATCH_MAX;
+  if (how % 16 == 3) sh->protocol = fuzz_u32(in);
+  int bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (how % 16 == 4 && !pipe(pipe_fds)) {
+    close(bell);
+    bell = pipe_fds[0];
+  }
+  int fds[2] = {memfd, bell}, nfds = how % 16 == 5 ? fuzz_u8(in) % 2 : 2;
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__RingSetup rs = CCS__RING_SETUP__INIT;
+  req.body_case = CCS__REQUEST__BODY_RING_SETUP;
+  req.ring_setup = &rs;
+  send_request(c, &req, fds, nfds);
+  close(memfd), close(bell);
+  if (pipe_fds[1] >= 0) close(pipe_fds[1]);
+  if (bytes != CCS__RING_BYTES) {
+    munmap(sh, bytes);
+    return;
+  }
+  if (c->ring) munmap(c->ring, CCS__RING_BYTES); /* a second setup is refused: those stay */
+  c->ring = sh;
+  c->sub_tail = 0;
+}
+
+/* A batch through c's rings: entries drawn as a Submit's ops, indices and
+ * counts now and then impossible; completions taken, or not. */
+static void ring_submit(struct fuzz_input *in, struct client *c) {
+  if (!c->ring) return;
+  struct ccs__ring_shared *sh = c->ring;
+  uint8_t how = fuzz_u8(in);
+  uint32_t n = how % 16 ? 1u + fuzz_u8(in) % 3u : fuzz_u8(in) % (CCS__RING_BATCH_MAX + 2u);
+  uint64_t req_id = ++c->next_req;
+  for (uint32_t i = 0; i < n && i < CCS__RING_ENTRIES; i++) {
+    Ccs__Op op;
+    Ccs__BufRef refs[2];
+    draw_op(in, c, &op, refs);
+    struct ccs__ring_op *e = &sh->sub[(c->sub_tail + i) % CCS__RING_ENTRIES];
+    *e = (struct ccs__ring_op){.req_id = req_id, .index = i, .nops = n, .comm = op.comm,
+                               .kind = op.kind, .dtype = op.dtype, .redop = op.redop,
+                               .root = op.root, .count = op.count};
+    if (op.send) e->send = (struct ccs__ring_buf){op.send->buffer, op.send->offset, op.send->length};
+    if (op.recv) e->recv = (struct ccs__ring_buf){op.recv->buffer, op.recv->offset, op.recv->length};
+    if (how % 32 == 1) e->index = fuzz_u8(in);
+    if (how % 32 == 2) e->nops = fuzz_u32(in);
+    if (how % 32 == 3) e->req_id = fuzz_u64(in);
+  }
+  c->sub_tail += how % 32 == 4 ? fuzz_u32(in) : n;
+  atomic_store(&sh->sub_tail, c->sub_tail);
+  if (how % 4) atomic_store(&sh->done_head, atomic_load(&sh->done_tail)); /* taken */
+  if (how % 64 == 5) atomic_store(&sh->done_head, fuzz_u32(in));
 }
 
 static const char *const commands[] = {"status", "stuck", "comms", "abort", "config", "metrics", "x"};
@@ -282,24 +366,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int steps = 0; steps < 64 && !fuzz_done(&in); steps++) {
     struct client *c = &clients[fuzz_u8(&in) % CLIENTS];
     if (c->fd < 0) connect_client(c);
-    uint8_t what = fuzz_u8(&in) % 16;
+    uint8_t what = fuzz_u8(&in) % 20;
     switch (what) {
     case 0: comm_init(&in, c); comm_init(&in, c); break;
     case 1: case 2: comm_init(&in, c); break;
     case 3: mem_register(&in, c); break;
     case 4: case 5: case 6: submit(&in, c); break;
     case 7: admin(&in, c); break;
-    case 8: /* the client goes, everything of it with it */
-      close(c->fd);
-      c->fd = -1;
-      break;
+    case 8: disconnect_client(c); break; /* everything of it goes with it */
+    case 16: ring_setup(&in, c); break;
+    case 17: case 18: ring_submit(&in, c); break;
     default: simple(&in, c, fuzz_u8(&in) % 10); break;
     }
     spin();
     for (int i = 0; i < CLIENTS; i++) drain(&clients[i]);
   }
   for (int i = 0; i < CLIENTS; i++)
-    if (clients[i].fd >= 0) close(clients[i].fd);
+    if (clients[i].fd >= 0) disconnect_client(&clients[i]);
   /* everything the clients made is gone with them (ops on the executor
    * finish first) */
   for (int i = 0; i < 2000 && (!list_empty(&d.sessions) || !list_empty(&d.coll.comms)); i++) {

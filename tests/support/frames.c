@@ -46,6 +46,14 @@ struct frame frame_comm_init(uint64_t req_id, ProtobufCBinaryData id, uint32_t n
   return frame_of(&req);
 }
 
+struct frame frame_ring_setup(uint64_t req_id) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__RingSetup r = CCS__RING_SETUP__INIT;
+  req.id = req_id;
+  req.body_case = CCS__REQUEST__BODY_RING_SETUP, req.ring_setup = &r;
+  return frame_of(&req);
+}
+
 struct frame frame_mem_register(uint64_t req_id) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;

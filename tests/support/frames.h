@@ -25,6 +25,8 @@ struct frame frame_get_unique_id(uint64_t req_id);
 struct frame frame_stats(uint64_t req_id);
 /* Joins `rank` of a comm of nranks on the unique id's bytes. */
 struct frame frame_comm_init(uint64_t req_id, ProtobufCBinaryData id, uint32_t nranks, uint32_t rank);
+/* The rings' memfd and the doorbell's eventfd travel beside it (ring.h). */
+struct frame frame_ring_setup(uint64_t req_id);
 /* The memory travels beside the frame, as its descriptor (frame_send). */
 struct frame frame_mem_register(uint64_t req_id);
 /* n_ops ops, waiting on registered events when `events` is not 0. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "ring.h"
 
 int raw_connect(const char *socket_path) {
   struct sockaddr_un a = {.sun_family = AF_UNIX};
@@ -30,10 +32,14 @@ void raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds) {
   assert_int_equal(frame_send(fd, buf, len, fds, nfds, 0), (ssize_t)len);
 }
 
-void raw_send_frame(int fd, struct frame f, int pass_fd) {
+void raw_send_frame_fds(int fd, struct frame f, const int *fds, int nfds) {
   assert_non_null(f.data);
-  raw_send(fd, f.data, f.len, &pass_fd, pass_fd >= 0 ? 1 : 0);
+  raw_send(fd, f.data, f.len, fds, nfds);
   free(f.data);
+}
+
+void raw_send_frame(int fd, struct frame f, int pass_fd) {
+  raw_send_frame_fds(fd, f, &pass_fd, pass_fd >= 0 ? 1 : 0);
 }
 
 void raw_request(int fd, Ccs__Request *req, int pass_fd) { raw_send_frame(fd, frame_of(req), pass_fd); }
@@ -143,6 +149,59 @@ void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *re
   raw_send_frame(fd, frame_submit(req_id, ops, 1, 0), -1);
 }
 
+ccs_result_t raw_ring_setup(int fd, struct raw_ring *ret) {
+  memset(ret, 0, sizeof(*ret));
+  int memfd = raw_memfd(CCS__RING_BYTES, F_SEAL_SHRINK | F_SEAL_GROW);
+  ret->sh = mmap(NULL, CCS__RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  assert_true(ret->sh != MAP_FAILED);
+  ret->sh->magic = CCS__RING_MAGIC;
+  ret->sh->protocol = CCS__PROTOCOL_VERSION;
+  ret->sh->entries = CCS__RING_ENTRIES;
+  ret->sh->batch_max = CCS__RING_BATCH_MAX;
+  ret->bell = eventfd(0, EFD_CLOEXEC);
+  assert_true(ret->bell >= 0);
+  int fds[2] = {memfd, ret->bell};
+  raw_send_frame_fds(fd, frame_ring_setup(9), fds, 2);
+  close(memfd);
+  Ccs__Reply *r = raw_reply(fd);
+  assert_non_null(r);
+  ccs_result_t rc = (ccs_result_t)r->status;
+  ccs__reply__free_unpacked(r, NULL);
+  return rc;
+}
+
+void raw_ring_submit(struct raw_ring *r, uint64_t req_id, const struct ccs__ring_op *ops, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    struct ccs__ring_op *e = &r->sh->sub[(r->sub_tail + i) % CCS__RING_ENTRIES];
+    *e = ops[i];
+    e->req_id = req_id;
+    e->index = i;
+    e->nops = n;
+  }
+  r->sub_tail += n;
+  atomic_store(&r->sh->sub_tail, r->sub_tail);
+  if (atomic_load(&r->sh->daemon_sleeping)) {
+    uint64_t one = 1;
+    assert_int_equal(write(r->bell, &one, sizeof(one)), sizeof(one));
+  }
+}
+
+void raw_ring_wait(struct raw_ring *r, struct ccs__ring_done *ret, char *text, size_t len) {
+  for (double end = test_now() + 10; atomic_load(&r->sh->done_tail) == r->done_head;) {
+    if (test_now() > end) fail_msg("no completion in 10 s");
+    usleep(200);
+  }
+  uint32_t slot = r->done_head % CCS__RING_ENTRIES;
+  *ret = r->sh->done[slot];
+  if (text) snprintf(text, len, "%s", r->sh->text[slot]);
+  atomic_store(&r->sh->done_head, ++r->done_head);
+}
+
+void raw_ring_close(struct raw_ring *r) {
+  munmap(r->sh, CCS__RING_BYTES);
+  close(r->bell);
+}
+
 Ccs__StatsReply *raw_stats(const char *socket_path) {
   int fd = raw_connect(socket_path);
   raw_hello(fd);
@@ -158,7 +217,7 @@ Ccs__StatsReply *raw_stats(const char *socket_path) {
   return copy;
 }
 
-void test_daemon_state(const struct test_daemon *d, struct test_daemon_state *ret) {
+static void read_state(const struct test_daemon *d, struct test_daemon_state *ret) {
   Ccs__StatsReply *st = raw_stats(d->socket);
   usleep(30000); /* the stats connection's own close */
   memset(ret, 0, sizeof(*ret)); /* compared with memcmp: padding too */
@@ -171,11 +230,23 @@ void test_daemon_state(const struct test_daemon *d, struct test_daemon_state *re
   free(st);
 }
 
+/* Two readings in a row that agree: connections closed just before (the
+ * harness's own probes) are gone from a baseline. */
+void test_daemon_state(const struct test_daemon *d, struct test_daemon_state *ret) {
+  struct test_daemon_state prev;
+  read_state(d, ret);
+  for (int i = 0; i < 30; i++) {
+    prev = *ret;
+    read_state(d, ret);
+    if (!memcmp(&prev, ret, sizeof(prev))) return;
+  }
+}
+
 void test_daemon_assert_clean(const struct test_daemon *d, const struct test_daemon_state *before) {
   double deadline = test_now() + 10;
   struct test_daemon_state now;
   for (;;) {
-    test_daemon_state(d, &now);
+    read_state(d, &now);
     if (!memcmp(&now, before, sizeof(now))) break;
     if (test_now() > deadline)
       fail_msg("daemon grew: fds %d -> %d, sessions %llu -> %llu, comms %llu -> %llu, "

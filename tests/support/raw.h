@@ -12,6 +12,7 @@ int raw_connect(const char *socket_path);
 void raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds);
 /* Sends f (with pass_fd when not -1) and frees it. */
 void raw_send_frame(int fd, struct frame f, int pass_fd);
+void raw_send_frame_fds(int fd, struct frame f, const int *fds, int nfds);
 void raw_request(int fd, Ccs__Request *req, int pass_fd);
 /* The next reply, or NULL at end of stream; fails after 10 s. */
 Ccs__Reply *raw_reply(int fd);
@@ -35,6 +36,26 @@ uint64_t raw_comm_of_one(int fd);
 /* An in-place all_reduce of count float32 on ref; no wait for the reply. */
 void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *ref, uint64_t count);
 
+/* The fast path by hand (proto/ring.h): the rings of a connection, as
+ * the client's side sees them. */
+struct ccs__ring_shared;
+struct raw_ring {
+  struct ccs__ring_shared *sh;
+  int bell; /* the doorbell's eventfd */
+  uint32_t sub_tail, done_head;
+};
+/* Sets up rings on connection fd (after its hello): a fresh sealed memfd
+ * and eventfd, laid out as libccs does. The daemon's status. */
+ccs_result_t raw_ring_setup(int fd, struct raw_ring *ret);
+/* Publishes ops[0..n) as one batch with this request id, and rings the
+ * bell when the daemon sleeps. */
+struct ccs__ring_op;
+void raw_ring_submit(struct raw_ring *r, uint64_t req_id, const struct ccs__ring_op *ops, uint32_t n);
+/* The next completion (its text into text); fails the test after 10 s. */
+struct ccs__ring_done;
+void raw_ring_wait(struct raw_ring *r, struct ccs__ring_done *ret, char *text, size_t len);
+void raw_ring_close(struct raw_ring *r);
+
 /* Counters of the daemon (whole daemon when run as root). */
 Ccs__StatsReply *raw_stats(const char *socket_path);
 
@@ -44,6 +65,7 @@ struct test_daemon_state {
   uint64_t sessions, comms, buffers, registered_bytes, ops_in_flight;
 };
 struct test_daemon;
+/* A settled reading: what the daemon holds once recent closes are done. */
 void test_daemon_state(const struct test_daemon *d, struct test_daemon_state *ret);
 /* Waits up to 10 s (closes are asynchronous) for the daemon to hold what
  * `before` says, and to be alive; fails the test naming what grew. */

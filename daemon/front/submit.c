@@ -1,0 +1,164 @@
+/* A call's ops, from either path (a Submit over the socket, a batch from
+ * the rings), checked field by field and posted: all or none. A call with
+ * a bad argument has no effect (NCCL's InvalidArgument is local,
+ * non-fatal); its answer goes back the way the call came. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "front/front.h"
+
+/* Resolves and checks one buffer reference. `need` is the byte length the
+ * op requires; 0 means the buffer is not used and must be absent. */
+static ccs_result_t resolve_buf(struct session *s, const struct op_buf *ref, uint64_t need,
+                                size_t align, const char *which, struct membuf **ret_buf,
+                                uint64_t *ret_off, char *err, size_t errlen) {
+  *ret_buf = NULL;
+  *ret_off = 0;
+  if (need == 0) return CCS_OK; /* unused: ignore whatever came */
+  if (!ref->present) {
+    snprintf(err, errlen, "%s buffer missing", which);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  ccs_result_t rc;
+  struct membuf *b = ccsd_membuf_find(s, ref->buffer, &rc);
+  uint64_t end;
+  if (!b) {
+    snprintf(err, errlen, "%s buffer %llu %s", which, (unsigned long long)ref->buffer,
+             rc == CCS_ERR_PERMISSION ? "belongs to another client"
+                                      : "is not registered on this connection");
+    return rc;
+  }
+  if (ref->length != need) {
+    snprintf(err, errlen, "%s buffer spans %llu bytes, the op needs %llu", which,
+             (unsigned long long)ref->length, (unsigned long long)need);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  if (__builtin_add_overflow(ref->offset, ref->length, &end) || end > b->size) {
+    snprintf(err, errlen, "%s range [%llu, +%llu) is outside its %zu-byte buffer", which,
+             (unsigned long long)ref->offset, (unsigned long long)ref->length, b->size);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  if (ref->offset % align) {
+    snprintf(err, errlen, "%s buffer is not aligned to its %zu-byte elements", which, align);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  *ret_buf = b;
+  *ret_off = ref->offset;
+  return CCS_OK;
+}
+
+/* Builds the post of one op; on failure fills err and returns NULL. */
+static struct client_post *make_post(struct session *s, const struct op_args *op, ccs_result_t *rc,
+                                     char *err, size_t errlen) {
+  *rc = CCS_ERR_INVALID_ARGUMENT;
+  struct client_comm *cc = ccsd_client_comm_find(s, op->comm);
+  if (!cc) {
+    snprintf(err, errlen, "no such communicator");
+    return NULL;
+  }
+  struct member *m = cc->member;
+  int n = m->comm->nranks;
+  if (op->kind >= CCS__COLL_KIND_COUNT) {
+    snprintf(err, errlen, "unknown collective %u", op->kind);
+    return NULL;
+  }
+  if (op->dtype >= CCS_DTYPE_COUNT) {
+    snprintf(err, errlen, "unknown data type %u", op->dtype);
+    return NULL;
+  }
+  if (ccs__coll_has_redop(op->kind) && op->redop >= CCS_REDOP_COUNT) {
+    snprintf(err, errlen, "unknown reduction %u", op->redop);
+    return NULL;
+  }
+  int p2p = op->kind == CCS__SEND || op->kind == CCS__RECV;
+  if ((ccs__coll_has_root(op->kind) || p2p) && (op->root < 0 || op->root >= n)) {
+    snprintf(err, errlen, "%s %d is out of range for %d ranks", p2p ? "peer" : "root", op->root,
+             n);
+    return NULL;
+  }
+  size_t sz = ccs_dtype_size(op->dtype);
+  uint64_t send_len, recv_len;
+  if (ccs__op_lengths(op->kind, op->count, sz, n, m->rank, op->root, &send_len, &recv_len)) {
+    snprintf(err, errlen, "count %llu overflows", (unsigned long long)op->count);
+    return NULL;
+  }
+  struct client_post *cp = calloc(1, sizeof(*cp));
+  if (!cp) {
+    *rc = CCS_ERR_NO_MEMORY;
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  struct post *p = &cp->post;
+  if ((*rc = resolve_buf(s, &op->send, send_len, sz, "send", &cp->sendbuf, &p->send_off, err,
+                         errlen)) != CCS_OK ||
+      (*rc = resolve_buf(s, &op->recv, recv_len, sz, "receive", &cp->recvbuf, &p->recv_off, err,
+                         errlen)) != CCS_OK ||
+      (*rc = ccsd_tenant_charge(s->d, s->uid, TENANT_OPS, 1, &cp->tenant, err, errlen)) != CCS_OK) {
+    free(cp);
+    return NULL;
+  }
+  cp->d = s->d;
+  p->ops = &ccsd_client_post_ops;
+  p->posted_ms = ccsd_now_ms(s->d);
+  p->posted_ns = uv_hrtime();
+  p->member = m;
+  p->kind = op->kind;
+  p->dtype = op->dtype;
+  p->redop = ccs__coll_has_redop(op->kind) ? op->redop : 0;
+  p->count = op->count;
+  p->root = ccs__coll_has_root(op->kind) || p2p ? op->root : 0;
+  p->send_len = send_len;
+  p->recv_len = recv_len;
+  struct membuf *bufs[2] = {cp->sendbuf, cp->recvbuf};
+  struct coll_buf *views[2] = {&p->send, &p->recv};
+  for (int k = 0; k < 2; k++) {
+    if (!bufs[k]) continue;
+    ccsd_membuf_ref(bufs[k]);
+    *views[k] = (struct coll_buf){bufs[k]->base, bufs[k]->size, bufs[k]->device};
+  }
+  *rc = CCS_OK;
+  return cp;
+}
+
+static void answer(struct session *s, uint64_t id, int via_ring, ccs_result_t rc, const char *err) {
+  if (via_ring) ccsd_ring_complete(s, id, rc, err);
+  else ccsd_session_reply(s, id, rc, err);
+}
+
+void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size_t n,
+                 uint64_t events_id, int via_ring) {
+  char err[CCS__ERROR_TEXT_MAX];
+  ccs_result_t rc = CCS_OK;
+  struct gpu_events *events = events_id ? ccsd_session_events(s, events_id) : NULL;
+  if (events_id && !events) {
+    answer(s, id, via_ring, CCS_ERR_INVALID_ARGUMENT, "no such events on this connection");
+    return;
+  }
+  struct client_post *stack[8], **posts = n <= 8 ? stack : calloc(n, sizeof(*posts));
+  if (!posts) {
+    answer(s, id, via_ring, CCS_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  size_t i;
+  for (i = 0; i < n; i++) {
+    posts[i] = make_post(s, &ops[i], &rc, err, sizeof(err));
+    if (!posts[i]) break;
+  }
+  struct submission *sub = i == n ? ccsd_submission_new(s, id, (int)n, via_ring) : NULL;
+  if (!sub) { /* op i was refused, or no memory for the submission */
+    char full[CCS__ERROR_TEXT_MAX + 32];
+    if (i < n && n > 1) snprintf(full, sizeof(full), "op %zu of the group: %s", i, err);
+    else snprintf(full, sizeof(full), "%s", i < n ? err : "out of memory");
+    if (i == n) rc = CCS_ERR_NO_MEMORY;
+    while (i-- > 0) ccsd_client_post_free(posts[i]);
+    if (posts != stack) free(posts);
+    answer(s, id, via_ring, rc, full);
+    return;
+  }
+  for (i = 0; i < n; i++) {
+    posts[i]->sub = sub;
+    if ((posts[i]->post.events = events) != NULL) events->refs++;
+    ccsd_post_submit(&posts[i]->post);
+  }
+  if (posts != stack) free(posts);
+}

@@ -1,0 +1,79 @@
+/* The fast path between a client connection and the daemon: one page set
+ * in shared memory that the client makes (a sealed memfd) and passes with
+ * a RingSetup request, holding two single-producer rings:
+ *
+ *   submissions   client -> daemon: the ops of one call (a batch), as
+ *                 fixed-size entries; the daemon copies a batch out before
+ *                 it checks it, with the code that checks socket requests
+ *   completions   daemon -> client: the request id and status of a batch,
+ *                 its error text in a slot of its own
+ *
+ * Indices run free (uint32, wrapping); each side writes only its own and
+ * never trusts the other's: the daemon closes a connection whose indices
+ * are impossible, and nothing a client writes here can reach another
+ * connection. Neither side sleeps while the other is busy: the daemon
+ * spins on its rings while there is work, then sets daemon_sleeping and
+ * waits on the connection's doorbell (an eventfd the client passes along),
+ * which a client rings only then; a client spins for its completion, then
+ * sleeps on the futex done_tail after counting itself in client_waiting,
+ * which the daemon wakes only then. The socket stays for setup, fds, large
+ * or rare requests, and as the liveness channel. */
+#ifndef CCS_RING_H
+#define CCS_RING_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+#define CCS__RING_MAGIC 0x52534343u /* "CCSR" */
+#define CCS__RING_ENTRIES 256u     /* per ring; a power of two */
+#define CCS__RING_BATCH_MAX 64u    /* ops of one call; a larger group goes by the socket */
+
+/* A buffer reference (BufRef); length 0: none. */
+struct ccs__ring_buf {
+  uint64_t buffer, offset, length;
+};
+
+/* One op (Op), entry `index` of a batch of `nops` with id req_id. */
+struct ccs__ring_op {
+  uint64_t req_id;
+  uint32_t index, nops;
+  uint64_t comm;
+  uint32_t kind, dtype, redop;
+  int32_t root;
+  uint64_t count;
+  struct ccs__ring_buf send, recv;
+};
+
+/* A batch is done: its text, when status is not CCS_OK, in text[slot]
+ * where slot is the completion's index modulo the ring. */
+struct ccs__ring_done {
+  uint64_t req_id;
+  int32_t status;
+  uint32_t text_len;
+};
+
+#define CCS__CACHE_LINE 64
+struct ccs__ring_shared {
+  uint32_t magic, protocol, entries, batch_max; /* written by the client, checked by the daemon */
+  _Alignas(CCS__CACHE_LINE) _Atomic uint32_t sub_tail; /* client: entries published */
+  _Alignas(CCS__CACHE_LINE) _Atomic uint32_t sub_head; /* daemon: entries taken */
+  _Alignas(CCS__CACHE_LINE) _Atomic uint32_t daemon_sleeping; /* daemon: ring the doorbell */
+  _Alignas(CCS__CACHE_LINE) _Atomic uint32_t done_tail; /* daemon: completions published (a futex) */
+  _Atomic uint32_t client_waiting;                      /* client: threads asleep on done_tail */
+  _Alignas(CCS__CACHE_LINE) _Atomic uint32_t done_head; /* client: completions taken */
+  _Alignas(CCS__CACHE_LINE) struct ccs__ring_op sub[CCS__RING_ENTRIES];
+  struct ccs__ring_done done[CCS__RING_ENTRIES];
+  char text[CCS__RING_ENTRIES][CCS__ERROR_TEXT_MAX];
+};
+
+/* The memfd's size: whole pages. */
+#define CCS__RING_BYTES ((sizeof(struct ccs__ring_shared) + 4095u) & ~(size_t)4095u)
+
+_Static_assert((CCS__RING_ENTRIES & (CCS__RING_ENTRIES - 1)) == 0, "ring entries: a power of two");
+_Static_assert(CCS__RING_BATCH_MAX <= CCS__RING_ENTRIES, "a batch fits the ring");
+_Static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2,
+               "ring indices are lock-free 32-bit atomics (shared between processes)");
+
+#endif
