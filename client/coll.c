@@ -1,7 +1,8 @@
 /* Collective calls and groups: each call becomes one op; outside a group
  * it is submitted alone, inside one it waits for ccs_group_end, which
  * submits all of the thread's ops in one request and returns when all are
- * done. Unregistered buffers are copied through a staging area. */
+ * done (or, on a host stream, once submitted: stream.c). Unregistered
+ * buffers are copied through a staging area. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@ struct op {
   size_t stage2_len, stage2_off;
   int device;   /* the GPU holding the buffers; -1: host memory */
   void *stream; /* cudaStream_t (device buffers) */
+  struct ccs__host_stream *host_stream; /* or a host stream (host buffers) */
 };
 
 static __thread struct {
@@ -41,10 +43,23 @@ static ccs_result_t fail(ccs_comm_t *comm, ccs_result_t rc, const char *fmt, con
   return rc;
 }
 
-/* Device buffers: both on one GPU; a stream only with them. */
+void ccs__comm_failed(ccs_comm_t *comm, ccs_result_t rc, const char *text) {
+  snprintf(comm->last_error, sizeof(comm->last_error), "%s", text);
+  /* A call refused as a whole (bad arguments, a quota, a mismatch the
+   * ranks all saw) leaves the comm usable; a lost rank, a timeout, an
+   * abort or a lost daemon is fatal to it, as in NCCL. */
+  int fatal = rc == CCS_ERR_PEER_LOST || rc == CCS_ERR_TIMEOUT || rc == CCS_ERR_ABORTED ||
+              rc == CCS_ERR_DAEMON_UNAVAILABLE || rc == CCS_ERR_PROTOCOL ||
+              rc == CCS_ERR_TRANSPORT || rc == CCS_ERR_SYSTEM || rc == CCS_ERR_CUDA;
+  if (fatal && comm->async_error == CCS_OK) comm->async_error = rc;
+}
+
+/* Device buffers: both on one GPU; a CUDA stream only with them, a host
+ * stream only without. */
 static ccs_result_t check_domain(struct op *o, ccs_stream_t stream) {
   char why[512];
   const char *name = ccs__coll_name(o->kind);
+  if ((o->host_stream = ccs__host_stream_of(stream)) != NULL) stream = NULL;
   if (stream && ccs__gpu_usable() != CCS_OK) {
     snprintf(why, sizeof(why), "%s: a stream was given; %s", name, ccs__error());
     return fail(o->comm, CCS_ERR_UNSUPPORTED, "%s", why);
@@ -62,8 +77,12 @@ static ccs_result_t check_domain(struct op *o, ccs_stream_t stream) {
   }
   if (stream && o->device < 0 && (o->send_len || o->recv_len))
     return fail(o->comm, CCS_ERR_INVALID_USAGE,
-                "%s: with a stream the buffers are device memory; host buffers take a NULL "
-                "stream", name);
+                "%s: with a CUDA stream the buffers are device memory; host buffers take a "
+                "host stream (ccs_stream_create) or NULL", name);
+  if (o->host_stream && o->device >= 0)
+    return fail(o->comm, CCS_ERR_INVALID_USAGE,
+                "%s: a host stream (ccs_stream_create) takes host buffers; device buffers take "
+                "a CUDA stream", name);
   return CCS_OK;
 }
 
@@ -153,7 +172,8 @@ static ccs_result_t submit(struct op *ops, size_t n) {
     if (ops[i].comm->conn != c)
       return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
                   "a group mixes communicators of different daemon connections");
-    if (ops[i].device != device || ops[i].stream != ops[0].stream)
+    if (ops[i].device != device || ops[i].stream != ops[0].stream ||
+        ops[i].host_stream != ops[0].host_stream)
       return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
                   "the ops of a group use one stream and buffers of one GPU (or host memory)");
     if (ops[i].comm->async_error != CCS_OK)
@@ -162,6 +182,20 @@ static ccs_result_t submit(struct op *ops, size_t n) {
   size_t staged_bytes;
   ccs_result_t rc = resolve(c, ops, n, &staged_bytes);
   if (rc != CCS_OK) return rc;
+  struct ccs__host_stream *hs = ops[0].host_stream;
+  int debug = 0, one_comm = 1, p2p = 0; /* how ops ran comes back only over the socket */
+  for (size_t i = 0; i < n; i++) {
+    debug |= ops[i].comm->debug;
+    one_comm &= ops[i].comm == ops[0].comm;
+    p2p |= ops[i].kind == CCS__SEND || ops[i].kind == CCS__RECV;
+  }
+  int async = hs && device < 0 && !debug && one_comm && !p2p && !staged_bytes && ccs__ring_takes(c, n);
+  /* the order of a stream, and of a comm whose streams' calls run: what
+   * does not follow them through the rings waits for them */
+  if (hs && (!async || (hs->inflight && hs->comm != ops[0].comm))) ccs__host_stream_drain(hs);
+  for (size_t i = 0; i < n && !async; i++)
+    if (ops[i].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[i].comm->inflight)) != CCS_OK)
+      return fail(ops[i].comm, rc, "%s", ccs__error());
   struct ccs__staging *st = NULL;
   if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, device, &st)) != CCS_OK)
     return fail(ops[0].comm, rc, "%s", ccs__error());
@@ -216,8 +250,11 @@ static ccs_result_t submit(struct op *ops, size_t n) {
   req.body_case = CCS__REQUEST__BODY_SUBMIT;
   req.submit = &sub;
   Ccs__Reply *reply = NULL;
-  int debug = 0; /* how the ops ran comes back only over the socket */
-  for (size_t i = 0; i < n; i++) debug |= ops[i].comm->debug;
+  if (async) { /* its answer goes to the stream */
+    if ((rc = ccs__ring_post(c, ptrs, n, hs, ops[0].comm)) != CCS_OK)
+      ccs__comm_failed(ops[0].comm, rc, ccs__error());
+    goto out;
+  }
   if (device < 0 && !debug && ccs__ring_takes(c, n)) rc = ccs__ring_call(c, ptrs, n);
   else rc = ccs__conn_call(c, &req, -1, &reply);
   if (rc == CCS_OK) {
@@ -237,17 +274,7 @@ static ccs_result_t submit(struct op *ops, size_t n) {
     if (rc == CCS_OK && device >= 0 && !ops[0].stream) rc = ccs__gpu_sync(NULL);
     if (rc != CCS_OK) goto copy_failed;
   } else {
-    for (size_t i = 0; i < n; i++) {
-      ccs_comm_t *cm = ops[i].comm;
-      snprintf(cm->last_error, sizeof(cm->last_error), "%s", ccs__error());
-      /* A call refused as a whole (bad arguments, a quota, a mismatch the
-       * ranks all saw) leaves the comm usable; a lost rank, a timeout, an
-       * abort or a lost daemon is fatal to it, as in NCCL. */
-      int fatal = rc == CCS_ERR_PEER_LOST || rc == CCS_ERR_TIMEOUT || rc == CCS_ERR_ABORTED ||
-                  rc == CCS_ERR_DAEMON_UNAVAILABLE || rc == CCS_ERR_PROTOCOL ||
-                  rc == CCS_ERR_TRANSPORT || rc == CCS_ERR_SYSTEM || rc == CCS_ERR_CUDA;
-      if (fatal && cm->async_error == CCS_OK) cm->async_error = rc;
-    }
+    for (size_t i = 0; i < n; i++) ccs__comm_failed(ops[i].comm, rc, ccs__error());
   }
   goto out;
 copy_failed:

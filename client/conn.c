@@ -60,6 +60,7 @@ void ccs__conn_put(struct ccs__conn *c) {
     free(s);
   }
   ccs__frame_reader_close(&c->rd);
+  ccs__host_streams_conn_gone(c);
   ccs__ring_free(c->ring);
   pthread_mutex_destroy(&c->send_mu);
   pthread_mutex_destroy(&c->mu);

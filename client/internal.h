@@ -64,6 +64,36 @@ int ccs__ring_takes(const struct ccs__conn *c, size_t nops);
 /* Submits the ops as one call and waits for its answer: as ccs__conn_call
  * would answer a Submit without info. */
 ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n);
+/* Submits the ops of comm as one call of host stream s and returns: the
+ * daemon runs them after the comm's earlier ops; their answer goes to s
+ * (and to comm when it failed). */
+struct ccs__host_stream;
+ccs_result_t ccs__ring_post(struct ccs__conn *c, Ccs__Op *const *ops, size_t n,
+                            struct ccs__host_stream *s, ccs_comm_t *comm);
+/* Until *count (a stream's or a comm's calls in flight, changed under the
+ * ring's lock) is 0: CCS_OK, or the connection's failure. */
+ccs_result_t ccs__ring_wait_idle(struct ccs__conn *c, const uint32_t *count);
+/* Answers still to come for comm's calls go to no comm (it is freed). */
+void ccs__ring_forget_comm(struct ccs__conn *c, const ccs_comm_t *comm);
+
+/* stream.c: host streams (ccs_stream_create). Their fields, but for the
+ * registry's link, change under their connection's ring lock. */
+struct ccs__host_stream {
+  struct ccs__host_stream *next; /* the registry */
+  struct ccs__conn *conn;        /* of the calls in flight, while there are some */
+  ccs_comm_t *comm;              /* of the calls in flight */
+  uint32_t inflight;
+  ccs_result_t error; /* the first since the last synchronize */
+  char error_text[CCS__ERROR_TEXT_MAX];
+};
+/* The host stream s is, or NULL (a CUDA stream, or nothing). */
+struct ccs__host_stream *ccs__host_stream_of(const void *s);
+/* Until s has no call in flight; CCS_OK, or the connection's failure. */
+ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s);
+/* The connection c is freed: its streams' calls will never be answered. */
+void ccs__host_streams_conn_gone(struct ccs__conn *c);
+/* A call failed: its comm learns why, and whether it is done for. */
+void ccs__comm_failed(ccs_comm_t *comm, ccs_result_t rc, const char *text);
 
 /* Thread-local detail of the last failure (also copied into the comm). */
 void ccs__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -152,6 +182,7 @@ struct ccs_comm {
   int debug; /* CCS_DEBUG=INFO */
   ccs_result_t async_error;
   char last_error[CCS__ERROR_TEXT_MAX];
+  uint32_t inflight; /* host streams' calls not yet answered (under the ring's lock) */
 };
 
 #endif

@@ -31,6 +31,9 @@ struct call {
   int busy, done;
   ccs_result_t status;
   char *text; /* the error text, when not CCS_OK */
+  /* a host stream's call: nobody waits; its answer goes to them */
+  struct ccs__host_stream *stream;
+  ccs_comm_t *comm;
 };
 
 struct ccs__ring {
@@ -108,6 +111,33 @@ int ccs__ring_takes(const struct ccs__conn *c, size_t nops) {
   return c->ring && nops <= CCS__RING_BATCH_MAX;
 }
 
+static void slot_free(struct ccs__ring *r, uint32_t slot) {
+  struct call *call = &r->calls[slot];
+  free(call->text);
+  call->text = NULL;
+  call->busy = 0;
+  call->stream = NULL;
+  call->comm = NULL;
+  r->free_slots[r->nfree++] = (uint16_t)slot;
+}
+
+/* Under r->mu: a host stream's call answered. */
+static void stream_call_done(struct ccs__ring *r, uint32_t slot) {
+  struct call *call = &r->calls[slot];
+  struct ccs__host_stream *s = call->stream;
+  const char *text = call->text ? call->text : ccs_strerror(call->status);
+  if (call->status != CCS_OK && s->error == CCS_OK) {
+    s->error = call->status;
+    snprintf(s->error_text, sizeof(s->error_text), "%s", text);
+  }
+  if (--s->inflight == 0) s->conn = NULL, s->comm = NULL;
+  if (call->comm) {
+    call->comm->inflight--;
+    if (call->status != CCS_OK) ccs__comm_failed(call->comm, call->status, text);
+  }
+  slot_free(r, slot);
+}
+
 /* Under r->mu: every completion that arrived, into its call. */
 static void take_completions(struct ccs__ring *r) {
   uint32_t tail = atomic_load_explicit(&r->sh->done_tail, memory_order_acquire);
@@ -125,6 +155,7 @@ static void take_completions(struct ccs__ring *r) {
       }
     }
     call->done = 1;
+    if (call->stream) stream_call_done(r, d.req_id % CCS__RING_ENTRIES);
   }
   atomic_store_explicit(&r->sh->done_head, r->done_head, memory_order_release);
 }
@@ -154,15 +185,18 @@ static ccs_result_t wait_done(struct ccs__conn *c, uint32_t seen) {
 }
 
 static void fill(struct ccs__ring_op *e, const Ccs__Op *op, uint64_t req_id, uint32_t index,
-                 uint32_t nops) {
+                 uint32_t nops, uint32_t flags) {
   *e = (struct ccs__ring_op){.req_id = req_id, .index = index, .nops = nops, .comm = op->comm,
                              .kind = op->kind, .dtype = op->dtype, .redop = op->redop,
-                             .root = op->root, .count = op->count};
+                             .root = op->root, .count = op->count, .flags = flags};
   if (op->send) e->send = (struct ccs__ring_buf){op->send->buffer, op->send->offset, op->send->length};
   if (op->recv) e->recv = (struct ccs__ring_buf){op->recv->buffer, op->recv->offset, op->recv->length};
 }
 
-ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) {
+/* Publishes the ops as one call (a host stream's when s): its slot, or -1
+ * when the connection broke meanwhile. */
+static int publish(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct ccs__host_stream *s,
+                   ccs_comm_t *comm) {
   struct ccs__ring *r = c->ring;
   struct ccs__ring_shared *sh = r->sh;
   pthread_mutex_lock(&r->mu);
@@ -179,7 +213,7 @@ ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) 
     if (no_slot) rc = wait_done(c, seen);
     else if (now_ns() - since < SLEEP_CHECK_NS) sched_yield();
     else rc = ccs__conn_check(c), since = now_ns();
-    if (rc != CCS_OK) return ccs__conn_broken_error(c);
+    if (rc != CCS_OK) return -1;
     pthread_mutex_lock(&r->mu);
   }
   uint32_t slot = r->free_slots[--r->nfree];
@@ -187,9 +221,18 @@ ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) 
   call->gen++;
   call->busy = 1;
   call->done = 0;
+  call->stream = s;
+  call->comm = comm;
+  if (s) {
+    s->inflight++;
+    s->conn = c;
+    s->comm = comm;
+    comm->inflight++;
+  }
   uint64_t req_id = call->gen * CCS__RING_ENTRIES + slot;
   for (size_t i = 0; i < n; i++)
-    fill(&sh->sub[(r->sub_tail + i) % CCS__RING_ENTRIES], ops[i], req_id, (uint32_t)i, (uint32_t)n);
+    fill(&sh->sub[(r->sub_tail + i) % CCS__RING_ENTRIES], ops[i], req_id, (uint32_t)i,
+         (uint32_t)n, s ? CCS__RING_OP_ORDERED : 0);
   r->sub_tail += (uint32_t)n;
   atomic_store_explicit(&sh->sub_tail, r->sub_tail, memory_order_seq_cst);
   pthread_mutex_unlock(&r->mu);
@@ -197,7 +240,46 @@ ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) 
     uint64_t one = 1;
     if (write(r->bell, &one, sizeof(one)) < 0) { /* a full counter: the bell rings already */ }
   }
+  return (int)slot;
+}
 
+ccs_result_t ccs__ring_post(struct ccs__conn *c, Ccs__Op *const *ops, size_t n,
+                            struct ccs__host_stream *s, ccs_comm_t *comm) {
+  return publish(c, ops, n, s, comm) < 0 ? ccs__conn_broken_error(c) : CCS_OK;
+}
+
+ccs_result_t ccs__ring_wait_idle(struct ccs__conn *c, const uint32_t *count) {
+  struct ccs__ring *r = c->ring;
+  if (!r) return CCS_OK; /* no rings: nothing is ever in flight */
+  ccs_result_t rc = CCS_OK;
+  pthread_mutex_lock(&r->mu);
+  for (;;) {
+    take_completions(r);
+    if (*count == 0) break;
+    uint32_t seen = r->done_head;
+    pthread_mutex_unlock(&r->mu);
+    rc = wait_done(c, seen);
+    pthread_mutex_lock(&r->mu);
+    if (rc != CCS_OK) break;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return rc == CCS_OK ? CCS_OK : ccs__conn_broken_error(c);
+}
+
+void ccs__ring_forget_comm(struct ccs__conn *c, const ccs_comm_t *comm) {
+  struct ccs__ring *r = c->ring;
+  if (!r) return;
+  pthread_mutex_lock(&r->mu);
+  for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++)
+    if (r->calls[i].comm == comm) r->calls[i].comm = NULL;
+  pthread_mutex_unlock(&r->mu);
+}
+
+ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) {
+  struct ccs__ring *r = c->ring;
+  int slot = publish(c, ops, n, NULL, NULL);
+  if (slot < 0) return ccs__conn_broken_error(c);
+  struct call *call = &r->calls[slot];
   ccs_result_t rc = CCS_OK;
   pthread_mutex_lock(&r->mu);
   for (;;) {
@@ -213,10 +295,7 @@ ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) 
   if (answered) { /* else the connection broke: the slot stays taken, never reused */
     if ((rc = call->status) != CCS_OK)
       ccs__set_error("%s", call->text && *call->text ? call->text : ccs_strerror(rc));
-    free(call->text);
-    call->text = NULL;
-    call->busy = 0;
-    r->free_slots[r->nfree++] = (uint16_t)slot;
+    slot_free(r, (uint32_t)slot);
   }
   pthread_mutex_unlock(&r->mu);
   return answered ? rc : ccs__conn_broken_error(c);

@@ -43,8 +43,13 @@ struct ccs__ring_op {
   uint32_t kind, dtype, redop;
   int32_t root;
   uint64_t count;
+  uint32_t flags, reserved;
   struct ccs__ring_buf send, recv;
 };
+/* flags: the op runs only after the comm's earlier ops have finished (a
+ * host stream's: its call returned before they were done, and it may read
+ * what they write) */
+#define CCS__RING_OP_ORDERED 1u
 
 /* A batch is done: its text, when status is not CCS_OK, in text[slot]
  * where slot is the completion's index modulo the ring. */

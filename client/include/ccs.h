@@ -71,8 +71,10 @@ typedef struct {
 
 typedef struct ccs_comm ccs_comm_t;
 /* A cudaStream_t, for device buffers: the op runs in the stream's order and
- * the call returns without waiting for the GPU (as NCCL). NULL: the call
- * returns when the op is complete (host or device buffers). */
+ * the call returns without waiting for the GPU (as NCCL). A host stream of
+ * ccs_stream_create, for host buffers: likewise, the call returns once the
+ * op is submitted. NULL: the call returns when the op is complete (host or
+ * device buffers). */
 typedef void *ccs_stream_t;
 
 const char *ccs_strerror(ccs_result_t r);
@@ -130,6 +132,22 @@ ccs_result_t ccs_send(const void *sendbuf, size_t count, ccs_dtype_t dtype, int 
 ccs_result_t ccs_recv(void *recvbuf, size_t count, ccs_dtype_t dtype, int peer, ccs_comm_t *comm,
                       ccs_stream_t stream);
 ccs_result_t ccs_barrier(ccs_comm_t *comm);
+
+/* Host streams. The calls given one run in the order given (each after the
+ * one before has finished) while the caller goes on; their buffers must
+ * stay as they are until then. ccs_stream_synchronize waits for them all
+ * and returns the first failure among them since the last synchronize
+ * (its text: ccs_comm_last_error(NULL), and the failed call's comm's);
+ * ccs_stream_query returns CCS_IN_PROGRESS while any runs. A failure that
+ * ends a comm (a lost rank, a timeout, an abort) also shows in
+ * ccs_comm_get_async_error. Calls that cannot be submitted asynchronously
+ * (staged buffers: see ccs_mem_alloc; sends and receives; CCS_RING=0)
+ * wait for the stream and complete before returning. ccs_comm_destroy
+ * waits for its comm's calls; ccs_stream_destroy for the stream's. */
+ccs_result_t ccs_stream_create(ccs_stream_t *stream);
+ccs_result_t ccs_stream_synchronize(ccs_stream_t stream);
+ccs_result_t ccs_stream_query(ccs_stream_t stream);
+ccs_result_t ccs_stream_destroy(ccs_stream_t stream);
 
 /* Ops issued between start and end are submitted together; they complete
  * (host) by the time ccs_group_end returns. Groups nest, like NCCL's. */

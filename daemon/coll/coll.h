@@ -103,6 +103,8 @@ struct comm {
   struct list slots; /* pending collectives, by op number */
   struct list p2p;   /* unmatched sends and receives */
   struct list running; /* launched ops */
+  struct list queued;  /* matched ordered ops (slots) waiting for the running ones */
+  int launching;       /* ccsd_comm_launch_queued is under way */
   struct algo_rules rules; /* the daemon's, or the ranks' CCS_ALGO */
   char algo_text[512];     /* CCS_ALGO as the first rank gave it */
   int first_rank;
@@ -162,6 +164,7 @@ struct post {
   uint64_t posted_ms;
   uint64_t posted_ns; /* uv_hrtime, for the latency histogram */
   struct gpu_events *events; /* the client's stream order (device buffers) */
+  int ordered; /* runs after the comm's earlier ops finish (a host stream's op) */
   int replied;
 };
 
@@ -184,6 +187,7 @@ struct slot {
   uint64_t seq;
   uint64_t opened_ms; /* when its first rank posted */
   int nposted;
+  int ordered; /* a post of it is */
   struct post **posts; /* nposted of them, in arrival order */
   int cap;
   uint64_t posted[];   /* a bit per rank */
@@ -243,6 +247,8 @@ void ccsd_comm_check_deadlines(struct comm *c);
 /* Answers p (unless it was) and lets it go. */
 void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error);
 void ccsd_comm_fail_pending(struct comm *c);
+/* The queued ops, in order, while none runs: after an op of c finished. */
+void ccsd_comm_launch_queued(struct comm *c);
 
 /* op.c: a matched op: its algorithm, its graph, where it runs */
 void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq);

@@ -30,7 +30,7 @@ static void on_timer_closed(uv_handle_t *handle) {
 
 void ccsd_comm_unref(struct comm *c) {
   if (--c->refs > 0) return;
-  if (!list_empty(&c->slots) || !list_empty(&c->p2p))
+  if (!list_empty(&c->slots) || !list_empty(&c->p2p) || !list_empty(&c->queued))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
   /* found no more, but in coll->comms until on_timer_closed: a walk of them
@@ -153,6 +153,7 @@ struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, 
   list_init(&c->slots);
   list_init(&c->p2p);
   list_init(&c->running);
+  list_init(&c->queued);
   list_init(&c->agreements);
   uv_timer_init(co->loop, &c->timer);
   c->timer.data = c;

@@ -30,12 +30,14 @@ static void slot_free(struct slot *sl) {
 
 void ccsd_comm_fail_pending(struct comm *c) {
   struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &c->slots) {
-    struct slot *sl = LIST_ENTRY(it, struct slot, link);
-    list_remove(&sl->link);
-    for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], c->error, c->error_text);
-    slot_free(sl);
-  }
+  struct list *pending[2] = {&c->slots, &c->queued};
+  for (int k = 0; k < 2; k++)
+    LIST_FOREACH_SAFE(it, tmp, pending[k]) {
+      struct slot *sl = LIST_ENTRY(it, struct slot, link);
+      list_remove(&sl->link);
+      for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], c->error, c->error_text);
+      slot_free(sl);
+    }
   LIST_FOREACH_SAFE(it, tmp, &c->p2p) {
     struct post *p = LIST_ENTRY(it, struct post, link);
     list_remove(&p->link);
@@ -219,6 +221,33 @@ static struct slot *find_slot(struct comm *c, uint64_t seq) {
   return NULL;
 }
 
+/* Op #sl->seq, matched and agreed: launched, and its slot gone. */
+static void launch_slot(struct comm *c, struct slot *sl) {
+  struct post **by_rank = calloc((size_t)c->nranks, sizeof(*by_rank));
+  if (!by_rank) {
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory launching op #%llu", (unsigned long long)sl->seq);
+    for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], c->error, c->error_text);
+  } else { /* ranks of other daemons have no post here */
+    for (int i = 0; i < sl->nposted; i++) by_rank[sl->posts[i]->member->rank] = sl->posts[i];
+    ccsd_op_launch(c, by_rank, c->nranks, sl->seq);
+  }
+  free(by_rank);
+  slot_free(sl);
+}
+
+/* A launch inside (an op that finishes at once) finds this under way and
+ * leaves the next to the loop here: no recursion however many wait. */
+void ccsd_comm_launch_queued(struct comm *c) {
+  if (c->launching) return;
+  c->launching = 1;
+  while (c->state == COMM_READY && list_empty(&c->running) && !list_empty(&c->queued)) {
+    struct slot *sl = LIST_ENTRY(c->queued.next, struct slot, link);
+    list_remove(&sl->link);
+    launch_slot(c, sl);
+  }
+  c->launching = 0;
+}
+
 void ccsd_post_submit(struct post *p) {
   struct comm *c = p->member->comm;
   int p2p = p->kind == CCS__SEND || p->kind == CCS__RECV;
@@ -262,6 +291,7 @@ void ccsd_post_submit(struct post *p) {
     return;
   }
   p->seq = seq;
+  sl->ordered |= p->ordered;
   int r = p->member->rank;
   sl->posted[r / 64] |= (uint64_t)1 << (r % 64);
   sl->posts[sl->nposted++] = p;
@@ -269,20 +299,17 @@ void ccsd_post_submit(struct post *p) {
 
   list_remove(&sl->link);
   char err[CCS__ERROR_TEXT_MAX];
-  struct post **by_rank = NULL;
   if (check_mismatch(sl->posts, sl->nposted, seq, err, sizeof(err))) {
     LOG_WARN("comm %llu: %s", (unsigned long long)c->id, err);
     /* Across daemons the others run op #seq without this one's data and
      * would wait for it: the comm fails everywhere, with this text. */
     if (c->spans) ccsd_comm_fail(c, CCS_ERR_MISMATCH, "%s", err);
     for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], CCS_ERR_MISMATCH, err);
-  } else if (!(by_rank = calloc((size_t)c->nranks, sizeof(*by_rank)))) {
-    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory launching op #%llu", (unsigned long long)seq);
-    for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], c->error, c->error_text);
-  } else { /* ranks of other daemons have no post here */
-    for (int i = 0; i < sl->nposted; i++) by_rank[sl->posts[i]->member->rank] = sl->posts[i];
-    ccsd_op_launch(c, by_rank, c->nranks, seq);
+    slot_free(sl);
+  } else if (sl->ordered && (!list_empty(&c->running) || !list_empty(&c->queued))) {
+    /* a host stream's op may read what the one before writes */
+    list_insert_tail(&c->queued, &sl->link);
+  } else {
+    launch_slot(c, sl);
   }
-  free(by_rank);
-  slot_free(sl);
 }

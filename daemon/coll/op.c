@@ -339,5 +339,6 @@ static void ccsd_xop_done(struct xop *x) {
     x->posts[i]->ops->release(x->posts[i]);
   }
   ccsd_xop_free(x);
+  ccsd_comm_launch_queued(c);
   ccsd_comm_unref(c);
 }

@@ -324,6 +324,7 @@ struct op_args {
   int32_t root;
   uint64_t count;
   struct op_buf send, recv;
+  int ordered; /* after the comm's earlier ops (the rings' CCS__RING_OP_ORDERED) */
 };
 /* Checks the n ops of call `id` and posts them, all or none; the answer
  * goes back the way the call came (via_ring: the completion ring). */

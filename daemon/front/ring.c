@@ -152,7 +152,8 @@ static void violation(struct ring *r, const char *what) {
 
 static void to_args(const struct ccs__ring_op *e, struct op_args *a) {
   *a = (struct op_args){.comm = e->comm, .kind = e->kind, .count = e->count, .dtype = e->dtype,
-                        .redop = e->redop, .root = e->root};
+                        .redop = e->redop, .root = e->root,
+                        .ordered = (e->flags & CCS__RING_OP_ORDERED) != 0};
   const struct ccs__ring_buf *bufs[2] = {&e->send, &e->recv};
   struct op_buf *args[2] = {&a->send, &a->recv};
   for (int k = 0; k < 2; k++)
@@ -186,6 +187,13 @@ static int take_batch(struct ring *r) {
   }
   r->sub_head += n;
   atomic_store_explicit(&sh->sub_head, r->sub_head, memory_order_release);
+  for (uint32_t i = 0; i < n; i++)
+    if (e[i].flags & ~CCS__RING_OP_ORDERED) {
+      char err[96];
+      snprintf(err, sizeof(err), "op %u of the call has unknown flags 0x%x", i, e[i].flags);
+      ccsd_ring_complete(r->session, e[0].req_id, CCS_ERR_INVALID_ARGUMENT, err);
+      return r->session && !r->session->closing ? 1 : -1;
+    }
   struct op_args args[CCS__RING_BATCH_MAX];
   for (uint32_t i = 0; i < n; i++) to_args(&e[i], &args[i]);
   r->session->d->ring_calls++;

@@ -109,6 +109,7 @@ static struct client_post *make_post(struct session *s, const struct op_args *op
   p->root = ccs__coll_has_root(op->kind) || p2p ? op->root : 0;
   p->send_len = send_len;
   p->recv_len = recv_len;
+  p->ordered = op->ordered;
   struct membuf *bufs[2] = {cp->sendbuf, cp->recvbuf};
   struct coll_buf *views[2] = {&p->send, &p->recv};
   for (int k = 0; k < 2; k++) {

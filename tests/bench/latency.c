@@ -1,5 +1,8 @@
 /* Where the time of a small collective goes: medians of many round trips.
- *   latency [ITERS]   (CCS_SOCKET names the daemon)
+ *   latency [ITERS]                       (CCS_SOCKET names the daemon)
+ *   latency ITERS all_reduce|barrier NP   one row: its median alone
+ *   latency ITERS stream NP               8 B all_reduce back to back on a
+ *                                         host stream: rank 0's calls per second
  * Rows: a bare Unix-socket round trip between two processes; a 1-rank
  * barrier (client -> daemon loop -> client); a 1-rank 8 B all_reduce (adds
  * the executor hand-off and back); 2- and 4-rank 8 B all_reduce (adds
@@ -83,8 +86,51 @@ static double ccs_median(int n, int barrier, int iters) {
   return m;
 }
 
+/* rank 0's calls per second: iters 8 B all_reduce on a host stream, then
+ * one synchronize, with n ranks forked */
+static double ccs_stream_rate(int n, int iters) {
+  ccs_unique_id_t id;
+  if (ccs_get_unique_id(&id) != CCS_OK) return -1;
+  double *shared = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  pid_t pids[16];
+  for (int r = 0; r < n; r++) {
+    if ((pids[r] = fork()) != 0) continue;
+    ccs_comm_t *comm;
+    ccs_stream_t s;
+    double *buf;
+    if (ccs_comm_init_rank(&comm, n, id, r) != CCS_OK || ccs_stream_create(&s) != CCS_OK ||
+        ccs_mem_alloc((void **)&buf, 16) != CCS_OK)
+      _exit(1);
+    buf[0] = 1;
+    for (int round = 0; round < 2; round++) { /* the first warms up */
+      double t0 = now_us();
+      for (int i = 0; i < iters; i++)
+        if (ccs_all_reduce(buf, buf + 1, 1, CCS_FLOAT64, CCS_SUM, comm, s) != CCS_OK) _exit(1);
+      if (ccs_stream_synchronize(s) != CCS_OK) _exit(1);
+      if (r == 0) *shared = iters / ((now_us() - t0) * 1e-6);
+    }
+    ccs_stream_destroy(s);
+    ccs_comm_destroy(comm);
+    _exit(0);
+  }
+  for (int r = 0; r < n; r++) waitpid(pids[r], NULL, 0);
+  double rate = *shared;
+  munmap(shared, sizeof(double));
+  return rate;
+}
+
 int main(int argc, char **argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 2000;
+  if (argc == 4) { /* one row, for scripts/compare_small.sh */
+    int n = atoi(argv[3]);
+    if (iters < 1 || n < 1 || n > 16) return 2;
+    if (!strcmp(argv[2], "stream")) {
+      printf("%.0f\n", ccs_stream_rate(n, iters));
+      return 0;
+    }
+    printf("%.2f\n", ccs_median(n, !strcmp(argv[2], "barrier"), iters));
+    return 0;
+  }
   printf("# median round trip (us), %d iterations each\n", iters);
   printf("%-44s %8.1f\n", "Unix socket ping-pong (2 processes)", socket_rtt(iters));
   printf("%-44s %8.1f\n", "ccs_barrier, 1 rank (loop only)", ccs_median(1, 1, iters));

@@ -278,6 +278,7 @@ static void ring_submit(struct fuzz_input *in, struct client *c) {
     if (how % 32 == 1) e->index = fuzz_u8(in);
     if (how % 32 == 2) e->nops = fuzz_u32(in);
     if (how % 32 == 3) e->req_id = fuzz_u64(in);
+    e->flags = how % 32 == 6 ? fuzz_u32(in) : fuzz_u8(in) & CCS__RING_OP_ORDERED;
   }
   c->sub_tail += how % 32 == 4 ? fuzz_u32(in) : n;
   atomic_store(&sh->sub_tail, c->sub_tail);

@@ -1,0 +1,115 @@
+/* Host streams: a call on host buffers given one returns once it is
+ * submitted, as a CUDA-stream call returns once it is enqueued. Its ops
+ * go through the rings marked ordered, so the daemon runs them after the
+ * comm's earlier ops (the next may read what the last wrote); its answer
+ * is taken by whichever thread next looks at the rings, and lands here:
+ * the count in flight, and the first failure, which synchronize (or
+ * query) reports. What cannot go asynchronously (no rings, staged
+ * buffers, sends and receives, a debug comm, another comm's ops) first
+ * waits for what the stream has in flight, then runs as a call with no
+ * stream: the order holds either way. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ccs__host_stream *registry;
+
+struct ccs__host_stream *ccs__host_stream_of(const void *s) {
+  if (!s) return NULL;
+  pthread_mutex_lock(&registry_mu);
+  struct ccs__host_stream *it = registry;
+  while (it && (const void *)it != s) it = it->next;
+  pthread_mutex_unlock(&registry_mu);
+  return it;
+}
+
+ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s) {
+  struct ccs__conn *c = s->conn;
+  if (!c || !c->ring) return CCS_OK;
+  ccs_result_t rc = ccs__ring_wait_idle(c, &s->inflight);
+  if (rc != CCS_OK && s->error == CCS_OK) {
+    s->error = rc;
+    snprintf(s->error_text, sizeof(s->error_text), "%s", ccs__error());
+  }
+  return rc;
+}
+
+void ccs__host_streams_conn_gone(struct ccs__conn *c) {
+  pthread_mutex_lock(&registry_mu);
+  for (struct ccs__host_stream *s = registry; s; s = s->next) {
+    if (s->conn != c) continue;
+    if (s->inflight && s->error == CCS_OK) { /* answers that can never come */
+      s->error = CCS_ERR_DAEMON_UNAVAILABLE;
+      snprintf(s->error_text, sizeof(s->error_text), "the connection to ccsd closed with %u "
+               "call(s) of this stream unanswered", s->inflight);
+    }
+    s->inflight = 0;
+    s->conn = NULL;
+    s->comm = NULL;
+  }
+  pthread_mutex_unlock(&registry_mu);
+}
+
+CCS__API ccs_result_t ccs_stream_create(ccs_stream_t *stream) {
+  if (!stream) {
+    ccs__set_error("ccs_stream_create: stream is NULL");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct ccs__host_stream *s = calloc(1, sizeof(*s));
+  if (!s) {
+    ccs__set_error("out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  pthread_mutex_lock(&registry_mu);
+  s->next = registry;
+  registry = s;
+  pthread_mutex_unlock(&registry_mu);
+  *stream = s;
+  return CCS_OK;
+}
+
+static struct ccs__host_stream *known(ccs_stream_t stream, const char *what) {
+  struct ccs__host_stream *s = ccs__host_stream_of(stream);
+  if (!s) ccs__set_error("%s: not a stream of ccs_stream_create (a CUDA stream orders itself)", what);
+  return s;
+}
+
+CCS__API ccs_result_t ccs_stream_synchronize(ccs_stream_t stream) {
+  struct ccs__host_stream *s = known(stream, "ccs_stream_synchronize");
+  if (!s) return CCS_ERR_INVALID_ARGUMENT;
+  ccs__host_stream_drain(s);
+  ccs_result_t rc = s->error;
+  if (rc != CCS_OK) ccs__set_error("%s", s->error_text);
+  s->error = CCS_OK; /* reported once */
+  return rc;
+}
+
+CCS__API ccs_result_t ccs_stream_query(ccs_stream_t stream) {
+  struct ccs__host_stream *s = known(stream, "ccs_stream_query");
+  if (!s) return CCS_ERR_INVALID_ARGUMENT;
+  struct ccs__conn *c = s->conn;
+  if (c && c->ring) {
+    uint32_t none = 0; /* looks at the answers that came, waits for nothing */
+    ccs__ring_wait_idle(c, &none);
+  }
+  if (s->inflight) return CCS_IN_PROGRESS;
+  if (s->error != CCS_OK) ccs__set_error("%s", s->error_text);
+  return s->error;
+}
+
+CCS__API ccs_result_t ccs_stream_destroy(ccs_stream_t stream) {
+  struct ccs__host_stream *s = known(stream, "ccs_stream_destroy");
+  if (!s) return CCS_ERR_INVALID_ARGUMENT;
+  ccs__host_stream_drain(s); /* its calls' answers must not land in freed memory */
+  pthread_mutex_lock(&registry_mu);
+  struct ccs__host_stream **at = &registry;
+  while (*at != s) at = &(*at)->next;
+  *at = s->next;
+  pthread_mutex_unlock(&registry_mu);
+  free(s);
+  return CCS_OK;
+}

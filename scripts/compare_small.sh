@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Small ops, the fast path's targets, side by side with Open MPI (shared
+# memory, btl vader) in one run, taking turns: rank 0's median time of an
+# 8 B all_reduce and of a barrier with 2 and 4 ranks, for Open MPI, ccs
+# (rings, the default) and ccs with CCS_RING=0 (every call over the
+# socket); each cell the median of RUNS runs of ITERS calls. Then what an
+# idle daemon costs: its CPU time over the 2 s from 1 s after the last op.
+#   scripts/compare_small.sh [ITERS] [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+iters=${1:-500}
+runs=${2:-7}
+scripts/setup.sh build >/dev/null
+. scripts/daemon.sh
+mpi_perf_build
+mpicc -O2 tests/bench/mpi_latency.c -o build/mpi-latency
+start_daemon
+daemon_pid=$(pgrep -n -f "ccsd --socket $CCS_SOCKET")
+
+mpirun_() {
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$@"
+}
+median() { printf '%s\n' "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
+echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl vader); 8 B = one float64, sum"
+echo "# rank 0's median of $iters calls, median of $runs runs, in us; poll_spin_us and CCS_SPIN_US at their defaults"
+printf '%-16s %6s %10s %10s %10s %10s\n' op ranks OpenMPI ccs ccs_socket ccs/OMPI
+for op in all_reduce barrier; do
+  for np in 2 4; do
+    m=(); c=(); s=()
+    for _ in $(seq "$runs"); do
+      m+=("$(mpirun_ "$np" build/mpi-latency "$op" "$iters")")
+      c+=("$(build/tests/ccs-latency "$iters" "$op" "$np")")
+      s+=("$(CCS_RING=0 build/tests/ccs-latency "$iters" "$op" "$np")")
+    done
+    mm=$(median "${m[@]}") cm=$(median "${c[@]}") sm=$(median "${s[@]}")
+    printf '%-16s %6d %10s %10s %10s %10.1f\n' "$op" "$np" "$mm" "$cm" "$sm" \
+      "$(echo "$cm $mm" | awk '{print $2 > 0 ? $1 / $2 : 0}')"
+  done
+done
+
+echo
+echo "# 8 B all_reduce back to back, asynchronous: ccs on a host stream (ccs_stream_create),"
+echo "# Open MPI MPI_Iallreduce then MPI_Waitall; rank 0's calls per second, median of $runs runs of $((iters * 20))"
+printf '%-16s %6s %10s %10s %10s\n' op ranks OpenMPI ccs ccs/OMPI
+for np in 2 4; do
+  m=(); c=()
+  for _ in $(seq "$runs"); do
+    m+=("$(mpirun_ "$np" build/mpi-latency stream $((iters * 20)))")
+    c+=("$(build/tests/ccs-latency $((iters * 20)) stream "$np")")
+  done
+  mm=$(median "${m[@]}") cm=$(median "${c[@]}")
+  printf '%-16s %6d %10s %10s %10.2f\n' stream "$np" "$mm" "$cm" "$(echo "$cm $mm" | awk '{print $2 > 0 ? $1 / $2 : 0}')"
+done
+
+echo
+hz=$(getconf CLK_TCK)
+sleep 1
+t0=$(cpu_ticks "$daemon_pid")
+sleep 2
+t1=$(cpu_ticks "$daemon_pid")
+echo "idle daemon: $(echo "$t0 $t1 $hz" | awk '{printf "%.2f", ($2 - $1) / $3 / 2 * 100}')% of a CPU over 2 s, from 1 s after the last op"
