@@ -161,13 +161,16 @@ static void take_completions(struct ccs__ring *r) {
 }
 
 /* Until done_tail moves past seen: spinning (then yielding) for the spin
- * budget, then asleep on it. CCS_OK, or the connection's failure. */
+ * budget, then asleep on it. CCS_OK, or the connection's failure. Only a
+ * few pauses before yielding: where ranks and the daemon share CPUs the
+ * daemon must run for the answer to come (8 B all_reduce, 4 ranks on 2
+ * CPUs: 8.6 us after 64 pauses, 7.3 us after 8). */
 static ccs_result_t wait_done(struct ccs__conn *c, uint32_t seen) {
   struct ccs__ring_shared *sh = c->ring->sh;
   uint64_t start = now_ns();
   for (int k = 0;; k++) {
     if (atomic_load_explicit(&sh->done_tail, memory_order_acquire) != seen) return CCS_OK;
-    if (k < 64) cpu_relax();
+    if (k < 8) cpu_relax();
     else if (now_ns() - start < c->ring->spin_ns) sched_yield();
     else break;
   }

@@ -38,7 +38,7 @@ for op in all_reduce barrier; do
     done
     mm=$(median "${m[@]}") cm=$(median "${c[@]}") sm=$(median "${s[@]}")
     printf '%-16s %6d %10s %10s %10s %10.1f\n' "$op" "$np" "$mm" "$cm" "$sm" \
-      "$(echo "$cm $mm" | awk '{print $2 > 0 ? $1 / $2 : 0}')"
+      "$(echo "$cm $mm" | awk '{print ($2 > 0 ? $1 / $2 : 0)}')"
   done
 done
 
@@ -53,7 +53,7 @@ for np in 2 4; do
     c+=("$(build/tests/ccs-latency $((iters * 20)) stream "$np")")
   done
   mm=$(median "${m[@]}") cm=$(median "${c[@]}")
-  printf '%-16s %6d %10s %10s %10.2f\n' stream "$np" "$mm" "$cm" "$(echo "$cm $mm" | awk '{print $2 > 0 ? $1 / $2 : 0}')"
+  printf '%-16s %6d %10s %10s %10.2f\n' stream "$np" "$mm" "$cm" "$(echo "$cm $mm" | awk '{print ($2 > 0 ? $1 / $2 : 0)}')"
 done
 
 echo

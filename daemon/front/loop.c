@@ -11,6 +11,7 @@
 
 void ccsd_loop_run(struct daemon *d) {
   uint64_t last_work = 0;
+  int busy_rounds = 0;
   while (!d->stopping) {
     if (list_empty(&d->rings)) { /* no fast path: libuv's loop as it is */
       if (!uv_run(d->loop, UV_RUN_ONCE)) break;
@@ -20,7 +21,9 @@ void ccsd_loop_run(struct daemon *d) {
     uint64_t now = uv_hrtime();
     if (got) last_work = now;
     if (now - last_work < (uint64_t)d->cfg.poll_spin_us * 1000) {
-      uv_run(d->loop, UV_RUN_NOWAIT);
+      /* libuv's turn costs a system call: while batches keep coming it
+       * waits a few rounds */
+      if (!got || ++busy_rounds >= 8) uv_run(d->loop, UV_RUN_NOWAIT), busy_rounds = 0;
       if (!got) sched_yield();
       continue;
     }
