@@ -3,6 +3,8 @@
  *   latency ITERS all_reduce|barrier NP   one row: its median alone
  *   latency ITERS stream NP               8 B all_reduce back to back on a
  *                                         host stream: rank 0's calls per second
+ * With CCS_SOCKETS=A:B:... rank r talks to daemon r % (their number)
+ * (ranks across daemons); the unique id comes from CCS_SOCKET's.
  * Rows: a bare Unix-socket round trip between two processes; a 1-rank
  * barrier (client -> daemon loop -> client); a 1-rank 8 B all_reduce (adds
  * the executor hand-off and back); 2- and 4-rank 8 B all_reduce (adds
@@ -59,26 +61,37 @@ static double socket_rtt(int iters) {
   return m;
 }
 
-/* rank 0's median time of the op over iters, with n ranks forked */
-static double ccs_median(int n, int barrier, int iters) {
+/* In a forked rank: its daemon, when CCS_SOCKETS lists several. */
+static void use_daemon_of(int rank) {
+  const char *list = getenv("CCS_SOCKETS");
+  if (!list || !*list) return;
+  char copy[4096], *save, *path[16];
+  snprintf(copy, sizeof(copy), "%s", list);
+  int n = 0;
+  for (char *p = strtok_r(copy, ":", &save); p && n < 16; p = strtok_r(NULL, ":", &save)) path[n++] = p;
+  if (n) setenv("CCS_SOCKET", path[rank % n], 1);
+}
+
+/* A rank's measurement: on comm, iters times; rank 0's result is kept. */
+typedef double (*rank_fn)(ccs_comm_t *comm, int rank, int iters, int arg);
+
+/* Forks n ranks (each on its daemon, use_daemon_of) that join one comm
+ * and run fn; rank 0's result, or -1. */
+static double run_ranks(int n, rank_fn fn, int iters, int arg) {
   ccs_unique_id_t id;
   if (ccs_get_unique_id(&id) != CCS_OK) return -1;
   double *shared = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  *shared = -1;
   pid_t pids[16];
   for (int r = 0; r < n; r++) {
     if ((pids[r] = fork()) != 0) continue;
+    use_daemon_of(r);
     ccs_comm_t *comm;
     if (ccs_comm_init_rank(&comm, n, id, r) != CCS_OK) _exit(1);
-    double *t = malloc(sizeof(double) * (size_t)iters), x = 1, y;
-    for (int i = 0; i < iters + 20; i++) {
-      double t0 = now_us();
-      ccs_result_t rc = barrier ? ccs_barrier(comm) : ccs_all_reduce(&x, &y, 1, CCS_FLOAT64, CCS_SUM, comm, NULL);
-      if (rc != CCS_OK) _exit(1);
-      if (i >= 20) t[i - 20] = now_us() - t0;
-    }
-    if (r == 0) *shared = median(t, iters);
+    double v = fn(comm, r, iters, arg);
+    if (r == 0) *shared = v;
     ccs_comm_destroy(comm);
-    _exit(0);
+    _exit(v < 0);
   }
   for (int r = 0; r < n; r++) waitpid(pids[r], NULL, 0);
   double m = *shared;
@@ -86,38 +99,42 @@ static double ccs_median(int n, int barrier, int iters) {
   return m;
 }
 
-/* rank 0's calls per second: iters 8 B all_reduce on a host stream, then
- * one synchronize, with n ranks forked */
-static double ccs_stream_rate(int n, int iters) {
-  ccs_unique_id_t id;
-  if (ccs_get_unique_id(&id) != CCS_OK) return -1;
-  double *shared = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  pid_t pids[16];
-  for (int r = 0; r < n; r++) {
-    if ((pids[r] = fork()) != 0) continue;
-    ccs_comm_t *comm;
-    ccs_stream_t s;
-    double *buf;
-    if (ccs_comm_init_rank(&comm, n, id, r) != CCS_OK || ccs_stream_create(&s) != CCS_OK ||
-        ccs_mem_alloc((void **)&buf, 16) != CCS_OK)
-      _exit(1);
-    buf[0] = 1;
-    for (int round = 0; round < 2; round++) { /* the first warms up */
-      double t0 = now_us();
-      for (int i = 0; i < iters; i++)
-        if (ccs_all_reduce(buf, buf + 1, 1, CCS_FLOAT64, CCS_SUM, comm, s) != CCS_OK) _exit(1);
-      if (ccs_stream_synchronize(s) != CCS_OK) _exit(1);
-      if (r == 0) *shared = iters / ((now_us() - t0) * 1e-6);
-    }
-    ccs_stream_destroy(s);
-    ccs_comm_destroy(comm);
-    _exit(0);
+/* The median time of the op (a barrier when arg, else an 8 B all_reduce). */
+static double median_call(ccs_comm_t *comm, int rank, int iters, int barrier) {
+  (void)rank;
+  double *t = malloc(sizeof(double) * (size_t)iters), x = 1, y;
+  for (int i = 0; i < iters + 20; i++) {
+    double t0 = now_us();
+    ccs_result_t rc = barrier ? ccs_barrier(comm) : ccs_all_reduce(&x, &y, 1, CCS_FLOAT64, CCS_SUM, comm, NULL);
+    if (rc != CCS_OK) return -1;
+    if (i >= 20) t[i - 20] = now_us() - t0;
   }
-  for (int r = 0; r < n; r++) waitpid(pids[r], NULL, 0);
-  double rate = *shared;
-  munmap(shared, sizeof(double));
+  double m = median(t, iters);
+  free(t);
+  return m;
+}
+
+/* Calls per second: iters 8 B all_reduce on a host stream, then one
+ * synchronize (the first round warms up). */
+static double stream_rate(ccs_comm_t *comm, int rank, int iters, int arg) {
+  (void)rank, (void)arg;
+  ccs_stream_t s;
+  double *buf, rate = -1;
+  if (ccs_stream_create(&s) != CCS_OK || ccs_mem_alloc((void **)&buf, 16) != CCS_OK) return -1;
+  buf[0] = 1;
+  for (int round = 0; round < 2; round++) {
+    double t0 = now_us();
+    for (int i = 0; i < iters; i++)
+      if (ccs_all_reduce(buf, buf + 1, 1, CCS_FLOAT64, CCS_SUM, comm, s) != CCS_OK) return -1;
+    if (ccs_stream_synchronize(s) != CCS_OK) return -1;
+    rate = iters / ((now_us() - t0) * 1e-6);
+  }
+  ccs_stream_destroy(s);
+  ccs_mem_free(buf);
   return rate;
 }
+
+static double ccs_median(int n, int barrier, int iters) { return run_ranks(n, median_call, iters, barrier); }
 
 int main(int argc, char **argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 2000;
@@ -125,7 +142,7 @@ int main(int argc, char **argv) {
     int n = atoi(argv[3]);
     if (iters < 1 || n < 1 || n > 16) return 2;
     if (!strcmp(argv[2], "stream")) {
-      printf("%.0f\n", ccs_stream_rate(n, iters));
+      printf("%.0f\n", run_ranks(n, stream_rate, iters, 0));
       return 0;
     }
     printf("%.2f\n", ccs_median(n, !strcmp(argv[2], "barrier"), iters));

@@ -136,6 +136,36 @@ static void test_setup_refused(void **state) {
   assert_daemon_serves(2);
 }
 
+/* A connection with rings, a one-rank comm and a buffer of `bytes`
+ * (mapped here at p), beside another client's buffer of 4096 bytes. */
+struct ringed {
+  int fd, other;
+  struct raw_ring r;
+  uint64_t comm, buf, theirs;
+  float *p;
+  void *theirs_map;
+  size_t bytes;
+};
+
+static void ringed_open(struct ringed *t, size_t bytes) {
+  t->fd = connected();
+  t->other = connected();
+  assert_int_equal(raw_ring_setup(t->fd, &t->r), CCS_OK);
+  t->comm = raw_comm_of_one(t->fd);
+  t->bytes = bytes;
+  t->buf = buffer_of(t->fd, bytes, (void **)&t->p);
+  t->theirs = buffer_of(t->other, 4096, &t->theirs_map);
+  memset(t->theirs_map, 0xcd, 4096);
+}
+
+static void ringed_close(struct ringed *t) {
+  munmap(t->p, t->bytes);
+  munmap(t->theirs_map, 4096);
+  raw_ring_close(&t->r);
+  close(t->fd);
+  close(t->other);
+}
+
 /* libccs submits through the rings unless CCS_RING=0 says not to. */
 static uint64_t fast_path_calls(void) {
   Ccs__StatsReply *st = raw_stats(daemon_.socket);
@@ -176,22 +206,19 @@ static void expect_done(struct raw_ring *r, uint64_t req_id, ccs_result_t want, 
 }
 
 static void test_ops_through_the_ring(void **state) {
-  int fd = connected(), other = connected();
-  struct raw_ring r;
-  assert_int_equal(raw_ring_setup(fd, &r), CCS_OK);
-  uint64_t comm = raw_comm_of_one(fd);
-  float *p;
-  void *theirs_map;
-  uint64_t buf = buffer_of(fd, 8192, (void **)&p), theirs = buffer_of(other, 4096, &theirs_map);
+  struct ringed t;
+  ringed_open(&t, 8192);
+  struct raw_ring *r = &t.r;
+  uint64_t comm = t.comm, buf = t.buf, theirs = t.theirs;
+  float *p = t.p;
   uint64_t seed = test_seed();
   for (int i = 0; i < 512; i++) p[i] = (float)(test_mix(seed, (uint64_t)i) % 1000) - 500;
   float *out = p + 1024; /* the results land at byte 4096 */
   memset(out, 0xab, 4096);
-  memset(theirs_map, 0xcd, 4096);
   /* out of place, one rank: the sum is the input */
   struct ccs__ring_op op = all_reduce(comm, buf, 0, buf, 4096, 512);
-  raw_ring_submit(&r, 77, &op, 1);
-  expect_done(&r, 77, CCS_OK, NULL);
+  raw_ring_submit(r, 77, &op, 1);
+  expect_done(r, 77, CCS_OK, NULL);
   assert_memory_equal(out, p, 2048);
   /* every check of a socket Submit, answered through the ring */
   memset(out, 0xab, 4096);
@@ -213,31 +240,27 @@ static void test_ops_through_the_ring(void **state) {
   bad[6].op.kind = 200;
   bad[7].op.recv.length = 12;
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-    raw_ring_submit(&r, 100 + i, &bad[i].op, 1);
-    expect_done(&r, 100 + i, bad[i].want, bad[i].text);
+    raw_ring_submit(r, 100 + i, &bad[i].op, 1);
+    expect_done(r, 100 + i, bad[i].want, bad[i].text);
   }
   /* a batch with one bad op has no effect at all */
   struct ccs__ring_op batch[3] = {all_reduce(comm, buf, 0, buf, 4096, 8),
                                   all_reduce(comm, buf, 0, theirs, 0, 8),
                                   all_reduce(comm, buf, 0, buf, 6144, 8)};
-  raw_ring_submit(&r, 200, batch, 3);
-  expect_done(&r, 200, CCS_ERR_PERMISSION, "op 1 of the group");
+  raw_ring_submit(r, 200, batch, 3);
+  expect_done(r, 200, CCS_ERR_PERMISSION, "op 1 of the group");
   for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)out)[i], 0xabababab);
-  for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)theirs_map)[i], 0xcdcdcdcd);
+  for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)t.theirs_map)[i], 0xcdcdcdcd);
   /* a full batch, every op applied */
   struct ccs__ring_op many[CCS__RING_BATCH_MAX];
   for (uint32_t i = 0; i < CCS__RING_BATCH_MAX; i++) many[i] = all_reduce(comm, buf, 4 * i, buf, 4096 + 4 * i, 1);
-  raw_ring_submit(&r, 300, many, CCS__RING_BATCH_MAX);
-  expect_done(&r, 300, CCS_OK, NULL);
+  raw_ring_submit(r, 300, many, CCS__RING_BATCH_MAX);
+  expect_done(r, 300, CCS_OK, NULL);
   assert_memory_equal(out, p, 4 * CCS__RING_BATCH_MAX);
   /* the socket serves on */
-  raw_send_get_unique_id(fd, 8);
-  raw_expect(fd, CCS_OK);
-  munmap(p, 8192);
-  munmap(theirs_map, 4096);
-  raw_ring_close(&r);
-  close(fd);
-  close(other);
+  raw_send_get_unique_id(t.fd, 8);
+  raw_expect(t.fd, CCS_OK);
+  ringed_close(&t);
   assert_daemon_serves(2);
 }
 
@@ -331,41 +354,33 @@ static void *rewrite(void *arg) {
 }
 
 static void test_entries_rewritten_after_publishing(void **state) {
-  int fd = connected(), other = connected();
-  struct raw_ring r;
-  assert_int_equal(raw_ring_setup(fd, &r), CCS_OK);
-  uint64_t comm = raw_comm_of_one(fd);
-  float *p;
-  void *theirs_map;
-  uint64_t buf = buffer_of(fd, 4096, (void **)&p), theirs = buffer_of(other, 4096, &theirs_map);
-  memset(theirs_map, 0xcd, 4096);
-  for (int i = 0; i < 16; i++) p[i] = (float)i;
-  struct rewriter w = {&r, buf, theirs, 0};
-  pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, rewrite, &w), 0);
+  struct ringed t;
+  ringed_open(&t, 4096);
+  struct raw_ring *r = &t.r;
+  uint64_t comm = t.comm, buf = t.buf;
+  for (int i = 0; i < 16; i++) t.p[i] = (float)i;
+  struct rewriter w = {r, buf, t.theirs, 0};
+  pthread_t thread;
+  assert_int_equal(pthread_create(&thread, NULL, rewrite, &w), 0);
   int ok = 0, refused = 0;
   for (int k = 0; k < 2000; k++) {
     struct ccs__ring_op op = all_reduce(comm, buf, 0, buf, 1024, 16);
-    raw_ring_submit(&r, (uint64_t)k, &op, 1);
+    raw_ring_submit(r, (uint64_t)k, &op, 1);
     struct ccs__ring_done d;
     char text[CCS__ERROR_TEXT_MAX];
-    raw_ring_wait(&r, &d, text, sizeof(text));
+    raw_ring_wait(r, &d, text, sizeof(text));
     assert_int_equal(d.req_id, (uint64_t)k);
     if (d.status == CCS_OK) ok++;
     else if (d.status == CCS_ERR_PERMISSION && strstr(text, "another client")) refused++;
     else fail_msg("op %d: %s (%s)", k, ccs_result_name((ccs_result_t)d.status), text);
   }
   atomic_store(&w.stop, 1);
-  pthread_join(t, NULL);
+  pthread_join(thread, NULL);
   /* whatever the daemon read, it acted on what it checked: never on theirs */
-  for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)theirs_map)[i], 0xcdcdcdcd);
+  for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)t.theirs_map)[i], 0xcdcdcdcd);
   print_message("rewritten entries: %d ops ran, %d refused\n", ok, refused);
   assert_int_equal(ok + refused, 2000);
-  munmap(p, 4096);
-  munmap(theirs_map, 4096);
-  raw_ring_close(&r);
-  close(fd);
-  close(other);
+  ringed_close(&t);
   assert_daemon_serves(2);
 }
 
