@@ -475,6 +475,7 @@ static int sleeping_rank(int rank, int n, void *arg) {
   if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
   if (rank == 1) { /* never calls: rank 0 waits, asleep after its spin */
     while (sh->killed_at == 0) usleep(1000);
+    ccs_comm_destroy(comm); /* the daemon is gone: it frees what it holds */
     return 0;
   }
   int v = 1, out;
@@ -483,6 +484,7 @@ static int sleeping_rank(int rank, int n, void *arg) {
   int ok = rc == CCS_ERR_DAEMON_UNAVAILABLE && sh->killed_at > 0 && late < 1.0;
   if (!ok) fprintf(stderr, "rank 0: %s %.3f s after the kill\n", ccs_result_name(rc), late);
   else fprintf(stderr, "rank 0: the daemon's death seen after %.0f ms\n", late * 1000);
+  ccs_comm_destroy(comm);
   return !ok;
 }
 
