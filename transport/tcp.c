@@ -88,6 +88,10 @@ struct tconn {
 struct transport {
   struct transport_params params;
   int listen_fd;
+  /* poll saw it readable (or accept has not said "none" since): accept
+   * asks the kernel only then, since a Linux accept on an empty queue still
+   * makes and frees a socket */
+  int listen_readable;
   struct accept_reserve reserve;
   int wake_fd; /* an eventfd: wake() from other threads */
   struct tconn *conns;
@@ -457,6 +461,7 @@ static int tcp_listen(struct transport *t, const char *addr, char *bound, size_t
   getsockname(fd, (struct sockaddr *)&ss, &sslen);
   ccs_addr_format((struct sockaddr *)&ss, sslen, bound, boundlen);
   t->listen_fd = fd;
+  t->listen_readable = 1;
   ccs_accept_reserve_init(&t->reserve);
   return 0;
 }
@@ -502,9 +507,10 @@ static int tcp_connect(struct transport *t, const char *addr, struct tconn **ret
 
 static int tcp_accept(struct transport *t, struct tconn **ret, char *err, size_t errlen) {
   int shed;
-  if (t->listen_fd < 0) return 0;
+  if (t->listen_fd < 0 || !t->listen_readable) return 0;
   int fd = ccs_accept(&t->reserve, t->listen_fd, &shed);
   if (fd < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) t->listen_readable = 0;
     if (errno == EMFILE || errno == ENFILE) {
       snprintf(err, errlen, "out of file descriptors: connections wait in the listen queue");
       return -1;
@@ -612,6 +618,27 @@ static void check_deadlines(struct transport *t) {
       fail(c, -ETIMEDOUT);
 }
 
+/* What connection c waits for. */
+static short events_of(const struct tconn *c) {
+  if (c->state == CONNECTING) return POLLOUT;
+  short ev = POLLIN;
+  if (c->hs_out_sent < c->hs_out_len || (c->state == OPEN && c->sends)) ev |= POLLOUT;
+  return ev;
+}
+
+static int listener_ready(const struct transport *t) {
+  return t->listen_fd >= 0 && ccs_accept_ready(&t->reserve);
+}
+
+static int tcp_wait_fds(struct transport *t, struct pollfd *fds, int max) {
+  int n = 0;
+  if (n++ < max) fds[0] = (struct pollfd){t->wake_fd, POLLIN, 0};
+  for (struct tconn *c = t->conns; c; c = c->next)
+    if (!c->dead && n++ < max) fds[n - 1] = (struct pollfd){c->fd, events_of(c), 0};
+  if (listener_ready(t) && n++ < max) fds[n - 1] = (struct pollfd){t->listen_fd, POLLIN, 0};
+  return n;
+}
+
 static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out, int max) {
   check_deadlines(t);
   if (!t->done) {
@@ -627,15 +654,12 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
     size_t i = 0;
     for (struct tconn *c = t->conns; c; c = c->next) {
       if (c->dead) continue;
-      short ev = POLLIN;
-      if (c->state == CONNECTING) ev = POLLOUT;
-      else if (c->hs_out_sent < c->hs_out_len || (c->state == OPEN && c->sends)) ev |= POLLOUT;
-      fds[i] = (struct pollfd){c->fd, ev, 0};
+      fds[i] = (struct pollfd){c->fd, events_of(c), 0};
       who[i++] = c;
     }
-    size_t nconn = i;
+    size_t nconn = i, listener = 0;
     fds[i++] = (struct pollfd){t->wake_fd, POLLIN, 0};
-    if (t->listen_fd >= 0 && ccs_accept_ready(&t->reserve)) fds[i++] = (struct pollfd){t->listen_fd, POLLIN, 0};
+    if (listener_ready(t)) listener = i, fds[i++] = (struct pollfd){t->listen_fd, POLLIN, 0};
     /* a listener resting after descriptor exhaustion: wake for it soon */
     int wait_ms = t->listen_fd >= 0 && !ccs_accept_ready(&t->reserve) && timeout_ms > 100 ? 100 : timeout_ms;
     if (poll(fds, i, wait_ms) > 0) {
@@ -643,6 +667,7 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
         uint64_t v;
         if (read(t->wake_fd, &v, sizeof(v)) < 0) { /* nothing to do: it was a wake-up */ }
       }
+      if (listener && fds[listener].revents) t->listen_readable = 1;
       for (size_t k = 0; k < nconn; k++) {
         struct tconn *c = who[k];
         short re = fds[k].revents;
@@ -721,6 +746,7 @@ const struct transport_ops ccs_transport_tcp = {
     .send = tcp_send,
     .recv = tcp_recv,
     .poll = tcp_poll,
+    .wait_fds = tcp_wait_fds,
     .close = tcp_close,
     .free = tcp_free,
     .wake = tcp_wake,

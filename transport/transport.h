@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <poll.h>
 
 struct transport;
 struct tconn;
@@ -62,6 +63,11 @@ struct transport_ops {
   int (*recv)(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag, void *user);
   /* up to max completions, waiting at most timeout_ms for the first */
   int (*poll)(struct transport *t, int timeout_ms, struct tcompletion *out, int max);
+  /* What a poll would wait for, for a caller that waits without holding
+   * the transport (another thread may drive it meanwhile): up to max
+   * descriptors, the wake-up's first; returns how many there are. A poll
+   * then takes what they announced. */
+  int (*wait_fds)(struct transport *t, struct pollfd *fds, int max);
   /* Its pending sends and receives complete with -ECANCELED (and conn NULL: it is gone). */
   void (*close)(struct tconn *c);
   /* From any thread: a poll in progress (or the next one) returns at once.

@@ -122,7 +122,8 @@ struct comm {
   size_t chunk_bytes;       /* the root's: chunks are messages */
   int lanes;                /* the root's: data connections per pair of daemons */
   struct p2p_count *p2p_counts; /* messages so far per (from, to) rank pair */
-  struct list agreements;   /* agree.c: ops not yet agreed by every daemon */
+  struct list agreements;   /* agree.c: words heard on ops, not yet from every daemon */
+  struct agree_recent *agree_recent; /* agree.c: what this daemon's ranks called lately */
   size_t np2p;
   int refs;          /* members, xops, the timer handle */
   int gone;          /* unreferenced: leaves the list once its timer closed; walks skip it */
@@ -262,8 +263,11 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
 int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64_t *reach,
                        ccs_result_t *rc, char *err, size_t errlen);
 
-/* agree.c: ranks on different daemons agree on each op */
+/* agree.c: ranks on different daemons agree on each op; a daemon speaks
+ * of an op that has waited CCSD_AGREE_AFTER_MS for the others (slow) */
+#define CCSD_AGREE_AFTER_MS 10
 void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq);
+void ccsd_agree_slow(struct comm *c, uint64_t seq);
 void ccsd_agree_message(struct comm *c, const char *addr, const struct peer_op *m);
 void ccsd_agree_release(struct comm *c); /* the comm failed or goes */
 

@@ -167,6 +167,8 @@ void ccsd_comm_check_deadlines(struct comm *c) {
     const struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
     if (x->run.plan.net_items && (!net || x->launched_ms < net->launched_ms)) net = x;
   }
+  if (net && now - net->launched_ms >= CCSD_AGREE_AFTER_MS) ccsd_agree_slow(c, net->seq);
+  if (c->state != COMM_READY) return; /* the words disagreed */
   if (net && now - net->launched_ms >= limit) {
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
                    "%s #%llu waited %.1f s for the ranks on other daemons (they have not called "
@@ -178,7 +180,11 @@ void ccsd_comm_check_deadlines(struct comm *c) {
   uint64_t next = UINT64_MAX;
   if (sl) next = sl->opened_ms + limit;
   if (p && p->posted_ms + limit < next) next = p->posted_ms + limit;
-  if (net && net->launched_ms + limit < next) next = net->launched_ms + limit;
+  if (net) { /* the word on it when it is slow, then its deadline */
+    uint64_t speak = net->launched_ms + CCSD_AGREE_AFTER_MS;
+    uint64_t at = speak > now ? speak : net->launched_ms + limit;
+    if (at < next) next = at;
+  }
   if (next != UINT64_MAX) uv_timer_start(&c->timer, on_op_timer, next - now, 0);
 }
 

@@ -282,7 +282,8 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);
   x->launched_ms = ccsd_now_ms_of(c->co);
-  if (x->run.plan.net_items && !uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
+  /* the timer may be set for a later deadline: this op's word is due sooner */
+  if (x->run.plan.net_items) ccsd_comm_check_deadlines(c);
   if (x->run.device >= 0) {
     ccsd_gpu_submit(c->co->gpu, &x->run);
     return;

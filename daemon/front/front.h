@@ -139,6 +139,7 @@ struct daemon {
   struct list rings; /* connections' fast paths (ring.c) */
   uint32_t nrings;   /* of them, those whose connection is open */
   uint64_t ring_calls; /* calls taken from the rings, ever */
+  uint32_t ring_calls_open; /* of them, not yet answered: the loop polls for their answers */
   uint64_t next_id; /* sessions, comms: numbers for logs */
   int stopping;
   char gpu_absent[200];      /* why coll.gpu is NULL (host-only) */
@@ -200,6 +201,7 @@ struct submission {
   struct coll_waiter waiter; /* a CommInit's: the comm is ready (or not) */
   struct list link;         /* in session->submissions */
   struct session *session;  /* NULL once the client is gone */
+  struct daemon *d;
   uint64_t req_id;
   int via_ring; /* answered through the completion ring, not the socket */
   int nposts, ndone;

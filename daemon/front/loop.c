@@ -3,15 +3,22 @@
  * takes batches from the rings as they come, and gives libuv's events
  * (sockets, timers, finished ops) a turn without blocking, yielding the
  * CPU to whoever else wants it (ranks spinning on their answers share
- * it). Idle that long, it arms the doorbells and sleeps in libuv until
- * something happens: an idle daemon uses no CPU. */
+ * it). While calls from the rings are unanswered (an op across daemons
+ * takes a network round trip) it polls up to INFLIGHT_SPIN times longer,
+ * and drives the transport itself (run/net.h): a small op's messages and
+ * its answer then cross no thread. Idle, it gives the transport back,
+ * arms the doorbells and sleeps in libuv until something happens: an idle
+ * daemon uses no CPU. */
 #include <sched.h>
 
 #include "front/front.h"
 
+#define INFLIGHT_SPIN 20 /* 1 ms at the default poll_spin_us */
+
 void ccsd_loop_run(struct daemon *d) {
   uint64_t last_work = 0;
   int busy_rounds = 0;
+  int driving = 0; /* the transport, while calls are in flight */
   while (!d->stopping) {
     if (list_empty(&d->rings)) { /* no fast path: libuv's loop as it is */
       if (!uv_run(d->loop, UV_RUN_ONCE)) break;
@@ -20,13 +27,19 @@ void ccsd_loop_run(struct daemon *d) {
     int got = ccsd_rings_poll(d);
     uint64_t now = uv_hrtime();
     if (got) last_work = now;
-    if (now - last_work < (uint64_t)d->cfg.poll_spin_us * 1000) {
+    uint64_t spin_ns = (uint64_t)d->cfg.poll_spin_us * 1000 * (d->ring_calls_open ? INFLIGHT_SPIN : 1);
+    if (now - last_work < spin_ns) {
+      if (d->coll.peers && (driving || d->ring_calls_open)) {
+        driving = 1;
+        got += ccsd_peers_drive(d->coll.peers);
+      }
       /* libuv's turn costs a system call: while batches keep coming it
        * waits a few rounds */
       if (!got || ++busy_rounds >= 8) uv_run(d->loop, UV_RUN_NOWAIT), busy_rounds = 0;
       if (!got) sched_yield();
       continue;
     }
+    if (driving) ccsd_peers_drive_end(d->coll.peers), driving = 0;
     if (ccsd_rings_arm(d)) { /* an entry came while arming */
       ccsd_rings_disarm(d);
       last_work = now;

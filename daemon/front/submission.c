@@ -11,8 +11,10 @@ struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int n
   struct submission *sub = calloc(1, sizeof(*sub));
   if (!sub) return NULL;
   sub->session = s;
+  sub->d = s->d;
   sub->req_id = req_id;
   sub->via_ring = via_ring;
+  s->d->ring_calls_open += via_ring != 0;
   sub->nposts = nposts;
   list_insert_tail(&s->submissions, &sub->link);
   return sub;
@@ -25,6 +27,7 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
     sub->error = strdup(error ? error : "");
   }
   if (sub->ndone < sub->nposts) return;
+  sub->d->ring_calls_open -= sub->via_ring != 0;
   if (sub->session && sub->via_ring) {
     list_remove(&sub->link);
     ccsd_ring_complete(sub->session, sub->req_id, sub->status, sub->error);

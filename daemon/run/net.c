@@ -1,8 +1,11 @@
-/* The network thread (net.h): every transport call happens here. Other
- * threads hand it commands through a queue and wake it; it hands the loop
- * thread events through another queue and a uv_async. */
+/* The network side (net.h): every transport call happens under p->drive,
+ * on the network thread, or on the loop thread while it spins with calls
+ * in flight (ccsd_peers_drive). Other threads hand it commands through a
+ * queue and wake it; it hands the loop thread events through another queue
+ * and a uv_async. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,14 +102,21 @@ struct peers {
   const struct transport_ops *ops;
   struct transport *t;
   char self[CCSD_ADDR_MAX];
-  pthread_t thread;
+  pthread_t thread, loop_thread;
+  /* Held by whoever drives the transport and owns what follows "the
+   * driver's own": the network thread, or the loop thread while it spins
+   * (ccsd_peers_drive). */
+  pthread_mutex_t drive;
+  atomic_int loop_drives; /* the loop drives: the network thread sleeps on its wake-up alone */
   pthread_mutex_t mu;
   struct list cmds, events; /* under mu */
   struct list handovers;    /* under mu: ops with network tasks ready (run_op.net_link) */
   int stop;                 /* under mu */
   int stopped;              /* under mu: the thread is gone; hand-overs finish unsent */
   uv_async_t async;
-  /* the network thread's own */
+  /* the driver's own */
+  struct pollfd *fds; /* what the network thread sleeps on */
+  int nfds_cap;
   struct list conns, comms;
   struct list deferred; /* transfers of failed data connections */
   struct list taken;    /* tasks this thread took, not yet run (posted, or computed) */
@@ -769,34 +779,99 @@ static void refused(struct peers *p, const char *why) {
   LOG_WARN("daemons' port: %s", why);
 }
 
+/* One round of the network side, under p->drive: what other threads
+ * queued, the transport polled without waiting, the connections it says
+ * wait to be accepted, what its completions made ready, heartbeats.
+ * Returns -1 once the daemon stops (nothing done), else how much it found
+ * to do. */
+static int step(struct peers *p) {
+  struct list cmds, handovers;
+  list_init(&cmds);
+  list_init(&handovers);
+  pthread_mutex_lock(&p->mu);
+  int stop = p->stop;
+  list_take_all(&cmds, &p->cmds);
+  list_take_all(&handovers, &p->handovers);
+  pthread_mutex_unlock(&p->mu);
+  int work = !list_empty(&handovers);
+  run_queued(p, &cmds, &handovers);
+  if (stop) return -1;
+  struct tcompletion done[64];
+  int n = p->ops->poll(p->t, 0, done, 64);
+  struct tconn *tc;
+  char why[200];
+  for (int r; (r = p->ops->accept(p->t, &tc, why, sizeof(why))) != 0;) {
+    if (r == 1) adopt(p, tc, NULL, 0);
+    else refused(p, why);
+    if (r < 0 && strstr(why, "listen queue")) break;
+  }
+  for (int i = 0; i < n; i++) on_completion(p, &done[i]);
+  run_taken(p);
+  housekeeping(p);
+  run_taken(p);
+  return work + (n > 0 ? n : 0);
+}
+
+/* The descriptors to sleep on, with their room grown as needed (under
+ * p->drive): while the loop drives the transport, only the wake-up. */
+static int wait_fds(struct peers *p) {
+  int n = p->ops->wait_fds(p->t, p->fds, p->nfds_cap);
+  if (n > p->nfds_cap) {
+    struct pollfd *more = realloc(p->fds, sizeof(*more) * (size_t)n * 2);
+    if (!more) return p->nfds_cap; /* some wait unwatched: the 50 ms timeout reaches them */
+    p->fds = more;
+    p->nfds_cap = n * 2;
+    n = p->ops->wait_fds(p->t, p->fds, p->nfds_cap);
+  }
+  return atomic_load_explicit(&p->loop_drives, memory_order_relaxed) && n > 1 ? 1 : n;
+}
+
+/* The network thread drives the transport unless the loop does: then it
+ * sleeps on its wake-up alone (hand-overs from executor threads, commands,
+ * the loop giving the transport back), so that a small op's messages never
+ * wait for this thread to be scheduled. While it drives, it busy-polls for
+ * spin_ns after its last work: a sleeping thread's wake-up (15-70 us on
+ * shared machines) would cost more than the messages. */
 static void *net_thread(void *arg) {
   struct peers *p = arg;
-  struct tcompletion done[64];
+  double active = 0; /* the last hand-over or completion */
   for (;;) {
-    struct list cmds, handovers;
-    list_init(&cmds);
-    list_init(&handovers);
-    pthread_mutex_lock(&p->mu);
-    int stop = p->stop;
-    list_take_all(&cmds, &p->cmds);
-    list_take_all(&handovers, &p->handovers);
-    pthread_mutex_unlock(&p->mu);
-    run_queued(p, &cmds, &handovers);
-    if (stop) break;
-    struct tconn *tc;
-    char why[200];
-    for (int r; (r = p->ops->accept(p->t, &tc, why, sizeof(why))) != 0;) {
-      if (r == 1) adopt(p, tc, NULL, 0);
-      else refused(p, why);
-      if (r < 0 && strstr(why, "listen queue")) break;
-    }
-    int n = p->ops->poll(p->t, 50, done, 64);
-    for (int i = 0; i < n; i++) on_completion(p, &done[i]);
-    run_taken(p);
-    housekeeping(p);
-    run_taken(p);
+    pthread_mutex_lock(&p->drive);
+    int work = step(p);
+    int n = work < 0 ? 0 : wait_fds(p);
+    pthread_mutex_unlock(&p->drive);
+    if (work < 0) break;
+    double now = now_s();
+    if (work > 0) active = now;
+    int spinning = !atomic_load_explicit(&p->loop_drives, memory_order_relaxed) &&
+                   now - active < (double)p->opt.spin_ns / 1e9;
+    if (spinning) sched_yield();
+    else if (poll(p->fds, (nfds_t)n, 50) < 0 && errno != EINTR) usleep(1000);
   }
   return NULL;
+}
+
+int ccsd_peers_drive(struct peers *p) {
+  if (!atomic_load_explicit(&p->loop_drives, memory_order_relaxed)) {
+    atomic_store(&p->loop_drives, 1);
+    p->ops->wake(p->t); /* it stops watching the connections */
+  }
+  if (pthread_mutex_trylock(&p->drive)) return 0; /* the network thread is at it */
+  int work = step(p);
+  pthread_mutex_unlock(&p->drive);
+  return work > 0 ? work : 0;
+}
+
+void ccsd_peers_drive_end(struct peers *p) {
+  if (p && atomic_exchange(&p->loop_drives, 0)) p->ops->wake(p->t);
+}
+
+/* Work queued by the loop while it drives is taken on its next round:
+ * the network thread need not wake. */
+static void wake(struct peers *p) {
+  if (!atomic_load_explicit(&p->loop_drives, memory_order_relaxed) ||
+      !pthread_equal(pthread_self(), p->loop_thread))
+    p->ops->wake(p->t);
 }
 
 /* 0 when queued; -1 once the thread is gone (cmd is the caller's again):
@@ -807,7 +882,7 @@ static int enqueue(struct peers *p, struct cmd *cmd) {
   if (!stopped) list_insert_tail(&p->cmds, &cmd->link);
   pthread_mutex_unlock(&p->mu);
   if (stopped) return -1;
-  p->ops->wake(p->t);
+  wake(p);
   return 0;
 }
 
@@ -900,10 +975,23 @@ static void hand_over(struct peers *p, struct run_op *x) {
   if (!stopped) list_insert_tail(&p->handovers, &x->net_link);
   pthread_mutex_unlock(&p->mu);
   if (stopped) finish_unsent(p->exec, x);
-  else p->ops->wake(p->t);
+  else wake(p);
 }
 
 static void hand_over_cb(void *arg, struct run_op *x) { hand_over(arg, x); }
+
+static void peers_free(struct peers *p) {
+  if (p->t) p->ops->free(p->t);
+  pthread_mutex_destroy(&p->mu);
+  pthread_mutex_destroy(&p->drive);
+  free(p->fds);
+  free(p);
+}
+
+static struct peers *start_failed(struct peers *p) {
+  peers_free(p);
+  return NULL;
+}
 
 struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
                                const struct peers_hooks *hooks, struct executor *exec,
@@ -914,10 +1002,12 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   p->opt = *opt;
   p->hooks = *hooks;
   p->exec = exec;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_mutex_init(&p->drive, NULL);
+  p->loop_thread = pthread_self();
   if (!(p->ops = ccs_transport_find(opt->transport))) { /* the config checked it */
     LOG_ERROR("no transport called '%s'", opt->transport);
-    free(p);
-    return NULL;
+    return start_failed(p);
   }
   list_init(&p->cmds);
   list_init(&p->handovers);
@@ -926,7 +1016,6 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   list_init(&p->conns);
   list_init(&p->comms);
   list_init(&p->deferred);
-  pthread_mutex_init(&p->mu, NULL);
   struct transport_params params = {
       .encrypt_data = opt->encrypt,
       .max_conns = opt->max_connections,
@@ -936,24 +1025,18 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   };
   if (ccs_auth_read_key(opt->cluster_key_file, params.key, err, sizeof(err))) {
     LOG_ERROR("listen needs the cluster key: %s", err);
-    pthread_mutex_destroy(&p->mu);
-    free(p);
-    return NULL;
+    return start_failed(p);
   }
   p->t = p->ops->open(&params, err, sizeof(err));
   ccs_auth_wipe_key(&params);
   if (!p->t || p->ops->listen(p->t, opt->listen, bound, boundlen, err, sizeof(err))) {
     LOG_ERROR("daemons' port: %s", err);
-    if (p->t) p->ops->free(p->t);
-    free(p);
-    return NULL;
+    return start_failed(p);
   }
   /* ids and rank maps carry numeric addresses: a name is resolved once, here */
   if (opt->advertise[0] && ccs_addr_resolve(opt->advertise, bound, boundlen, err, sizeof(err))) {
     LOG_ERROR("advertise: %s", err);
-    p->ops->free(p->t);
-    free(p);
-    return NULL;
+    return start_failed(p);
   }
   snprintf(p->self, sizeof(p->self), "%s", bound);
   uv_async_init(loop, &p->async, on_events);
@@ -962,18 +1045,14 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   if (pthread_create(&p->thread, NULL, net_thread, p)) {
     LOG_ERROR("cannot start the network thread");
     uv_close((uv_handle_t *)&p->async, NULL);
-    p->ops->free(p->t);
-    free(p);
-    return NULL;
+    return start_failed(p);
   }
   ccsd_executor_set_handover(exec, hand_over_cb, p);
   return p;
 }
 
 static void on_async_closed(uv_handle_t *h) {
-  struct peers *p = h->data;
-  pthread_mutex_destroy(&p->mu); /* late hand-overs took it until the executor stopped */
-  free(p);
+  peers_free(h->data); /* late hand-overs took its mutex until the executor stopped */
 }
 
 void ccsd_peers_stop(struct peers *p) {
@@ -1013,5 +1092,6 @@ void ccsd_peers_stop(struct peers *p) {
   run_taken(p);
   on_events(&p->async);
   p->ops->free(p->t);
+  p->t = NULL;
   uv_close((uv_handle_t *)&p->async, on_async_closed);
 }

@@ -41,6 +41,9 @@ struct peers_options {
   size_t max_connections;
   uint64_t unexpected_bytes, unexpected_total;
   double heartbeat_s, peer_timeout_s, io_timeout_s;
+  /* after a hand-over or a completion the thread polls its connections
+   * without sleeping this long (0: it always sleeps in poll) */
+  uint64_t spin_ns;
 };
 
 /* News for the layer above, on the loop thread: a control message from
@@ -67,6 +70,16 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
                                const struct peers_hooks *hooks, struct executor *exec,
                                char *bound, size_t boundlen);
 void ccsd_peers_stop(struct peers *p);
+
+/* Loop thread, while it spins on its clients' rings with calls in flight:
+ * it drives the transport itself (what was handed over, the connections
+ * polled without waiting, their completions, a small op's computing), so
+ * that a small op across daemons crosses no thread on its way; the network
+ * thread meanwhile sleeps on its wake-up. Returns how much it found to do
+ * (0 also when the network thread was at it). drive_end, before the loop
+ * sleeps, gives the transport back to the network thread. */
+int ccsd_peers_drive(struct peers *p);
+void ccsd_peers_drive_end(struct peers *p);
 
 /* Loop thread. A control message to the daemon at addr (connected on
  * first use; a failure comes back as that peer lost). */

@@ -349,6 +349,63 @@ static void test_reductions_differ_across_nodes(void **state) {
   expect_mismatch(REDUCTIONS, "differs across", "op=max");
 }
 
+/* Ranks of daemon 2 broadcast from a root of their own, the others from
+ * rank 0: every daemon's op can finish (a root's sends complete whoever
+ * takes them), so no daemon waits to tell; the words on a rooted op go at
+ * launch, and every rank's next calls fail with the mismatch. */
+static int rooted_differs(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 2;
+  int root = rank % ND == 2 ? 2 : 0, buf[16] = {rank};
+  ccs_result_t rc = ccs_broadcast(buf, buf, 16, CCS_INT32, root, comm, NULL);
+  for (double end = test_now() + 20; rc == CCS_OK && test_now() < end;) rc = ccs_barrier(comm);
+  sh->code[rank] = rc;
+  snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
+  ccs_comm_destroy(comm);
+  return 0;
+}
+
+static void test_roots_differ_across_nodes(void **state) {
+  (void)state;
+  assert_int_equal(test_run_ranks(NR, rooted_differs, NULL, 60, NULL), 0);
+  for (int r = 0; r < NR; r++) {
+    fprintf(stderr, "# roots differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
+    assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
+    assert_non_null(strstr(sh->text[r], "differs across daemons"));
+    assert_non_null(strstr(sh->text[r], "root="));
+  }
+  survivors_serve();
+}
+
+/* The ranks of daemon 1 call each op late (past the time after which a
+ * waiting daemon speaks of it): the daemons' words agree, every result is
+ * right, nothing fails, op after op. */
+static int late_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 2;
+  int bad = 0;
+  for (int i = 0; i < 6 && !bad; i++) {
+    if (rank % ND == 1) usleep(40 * 1000);
+    int64_t v[3] = {rank + i, -rank, (int64_t)1 << 40}, want[3] = {0, 0, 0};
+    for (int r = 0; r < n; r++) want[0] += r + i, want[1] -= r, want[2] += (int64_t)1 << 40;
+    ccs_result_t rc = ccs_all_reduce(v, v, 3, CCS_INT64, CCS_SUM, comm, NULL);
+    if (rc != CCS_OK || memcmp(v, want, sizeof(v))) {
+      fprintf(stderr, "rank %d, op %d: %s: %s\n", rank, i, ccs_result_name(rc), ccs_comm_last_error(comm));
+      bad = 1;
+    }
+  }
+  if (ccs_comm_destroy(comm) != CCS_OK) bad = 1;
+  return bad;
+}
+
+static void test_late_ranks_across_nodes(void **state) {
+  (void)state;
+  assert_int_equal(test_run_ranks(NR, late_rank, NULL, 60, NULL), 0);
+  survivors_serve();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_junk_on_the_port, setup, teardown),
@@ -356,6 +413,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_types_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reductions_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counts_differ_within_a_daemon, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_roots_differ_across_nodes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_late_ranks_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_stopped, setup, teardown),
