@@ -3,8 +3,9 @@
 # memory, btl vader) in one run, taking turns: rank 0's median time of an
 # 8 B all_reduce and of a barrier with 2 and 4 ranks, for Open MPI, ccs
 # (rings, the default) and ccs with CCS_RING=0 (every call over the
-# socket); each cell the median of RUNS runs of ITERS calls. Then what an
-# idle daemon costs: its CPU time over the 2 s from 1 s after the last op.
+# socket); each cell the median of RUNS runs of ITERS calls. Then the same
+# two ops with one rank on each of two daemons on loopback, against Open
+# MPI over TCP on loopback. Then what an idle daemon costs: its CPU time over the 2 s from 1 s after the last op.
 #   scripts/compare_small.sh [ITERS] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +56,34 @@ for np in 2 4; do
   mm=$(median "${m[@]}") cm=$(median "${c[@]}")
   printf '%-16s %6d %10s %10s %10.2f\n' stream "$np" "$mm" "$cm" "$(echo "$cm $mm" | awk '{print ($2 > 0 ? $1 / $2 : 0)}')"
 done
+
+echo
+echo "# across 2 daemons on loopback (one rank each; ccs: a daemon per rank listening on 127.0.0.1,"
+echo "# Open MPI: btl self,tcp over lo), 8 B all_reduce and barrier: rank 0's median, in us"
+key_dir=$(mktemp -d /tmp/ccs-small.XXXXXX)
+build/daemon/ccsd --generate-key "$key_dir/key" >/dev/null
+two=()
+for i in 0 1; do
+  build/daemon/ccsd --socket "$key_dir/$i.sock" --listen "127.0.0.1:$((17700 + i))" \
+    --cluster-key-file "$key_dir/key" 2>/dev/null &
+  two+=($!)
+done
+# (this trap replaces start_daemon's: it stops that daemon too)
+trap 'kill "${two[@]}" "$daemon_pid" 2>/dev/null; rm -rf "$key_dir" "$(dirname "$CCS_SOCKET")"' EXIT
+for i in 0 1; do for _ in $(seq 200); do [ -S "$key_dir/$i.sock" ] && break; sleep 0.05; done; done
+printf '%-16s %6s %10s %10s %10s\n' op ranks OpenMPI ccs ccs/OMPI
+for op in all_reduce barrier; do
+  m=(); c=()
+  for _ in $(seq "$runs"); do
+    m+=("$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none \
+           --mca btl self,tcp --mca btl_tcp_if_include lo -np 2 build/mpi-latency "$op" "$iters")")
+    c+=("$(CCS_SOCKET=$key_dir/0.sock CCS_SOCKETS=$key_dir/0.sock:$key_dir/1.sock \
+           build/tests/ccs-latency "$iters" "$op" 2)")
+  done
+  mm=$(median "${m[@]}") cm=$(median "${c[@]}")
+  printf '%-16s %6s %10s %10s %10.1f\n' "$op" 2x1 "$mm" "$cm" "$(echo "$cm $mm" | awk '{print ($2 > 0 ? $1 / $2 : 0)}')"
+done
+kill "${two[@]}" 2>/dev/null; wait "${two[@]}" 2>/dev/null || true
 
 echo
 hz=$(getconf CLK_TCK)

@@ -63,8 +63,17 @@ static const struct post *first_post(const struct xop *x) {
   return NULL;
 }
 
+/* Whether anyone will read how x runs (describe): a debug rank, or the log. */
+static int explained(const struct xop *x) {
+  if (ccs__log_level >= CCS_LOG_TRACE) return 1;
+  for (int i = 0; i < x->nposts; i++)
+    if (x->posts[i] && x->posts[i]->member->debug) return 1;
+  return 0;
+}
+
 static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   struct comm *c = x->comm;
+  size_t whylen = explained(x) ? sizeof(x->why) : 0;
   const struct coll_config *cfg = &c->co->cfg;
   const struct post *p0 = first_post(x);
   int p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
@@ -141,7 +150,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     op.coll = coll_of[x->kind];
     op.root = c->node_of_rank[p0->root];
     op.avg_divisor = (size_t)c->nranks;
-    op.algo = ccsd_tune(op.coll, n, bytes, &ccsd_link_tcp, &c->rules, x->why, sizeof(x->why));
+    op.algo = ccsd_tune(op.coll, n, bytes, &ccsd_link_tcp, &c->rules, x->why, whylen);
   } else {
     op.coll = x->kind == CCS__BARRIER ? SCHED_ALL_REDUCE : coll_of[x->kind];
     if (x->kind == CCS__BARRIER) op.count = 1; /* one byte each way: the barrier is its arrival */
@@ -158,7 +167,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     }
     if (c->spans) op.rank_of = c->rank_of;
     op.algo = ccsd_tune(op.coll, n, bytes, c->spans ? &ccsd_link_tcp : &ccsd_link_mapped, &c->rules,
-                        x->why, sizeof(x->why));
+                        x->why, whylen);
   }
   uint64_t pieces = bytes / op.chunk_bytes; /* blocks of a pipelined chain or tree */
   op.pipeline = pieces < 1 ? 1 : pieces > 8 ? 8 : (int)pieces;

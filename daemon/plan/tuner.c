@@ -174,8 +174,9 @@ enum sched_algo ccsd_tune(enum sched_coll c, int n, uint64_t bytes, const struct
   }
   if (link->mapped) {
     best = SCHED_DIRECT; /* builds every collective */
-    snprintf(why, whylen, "one node: every algorithm is one pass over the mapped buffers, direct has the fewest steps");
-  } else {
+    if (whylen)
+      snprintf(why, whylen, "one node: every algorithm is one pass over the mapped buffers, direct has the fewest steps");
+  } else if (whylen) {
     snprintf(why, whylen, "model: %.1f us, the lowest for %d participants and %llu bytes",
              best_cost * 1e6, n, (unsigned long long)bytes);
   }
@@ -183,8 +184,10 @@ enum sched_algo ccsd_tune(enum sched_coll c, int n, uint64_t bytes, const struct
     const struct algo_rule *r = &rules->r[i];
     if ((r->coll >= 0 && r->coll != (int)c) || bytes < r->lo || bytes > r->hi) continue;
     if (!ccsd_algo_builds(r->algo, c, n)) continue; /* "ring" alone: where ring applies */
-    snprintf(why, whylen, "rule %d (%s%s%s)", i + 1, r->coll >= 0 ? sched_coll_name((enum sched_coll)r->coll) : "",
-             r->coll >= 0 ? ":" : "", sched_algo_name(r->algo));
+    if (whylen)
+      snprintf(why, whylen, "rule %d (%s%s%s)", i + 1,
+               r->coll >= 0 ? sched_coll_name((enum sched_coll)r->coll) : "", r->coll >= 0 ? ":" : "",
+               sched_algo_name(r->algo));
     return r->algo;
   }
   return best;

@@ -48,7 +48,8 @@ int ccsd_algo_builds(enum sched_algo a, enum sched_coll c, int n);
 double ccsd_algo_cost(enum sched_algo a, enum sched_coll c, int n, uint64_t bytes,
                       const struct link_model *link);
 
-/* The algorithm for this op, and in why a sentence saying why. */
+/* The algorithm for this op, and in why a sentence saying why (none when
+ * whylen is 0: formatting it costs more than choosing). */
 enum sched_algo ccsd_tune(enum sched_coll c, int n, uint64_t bytes, const struct link_model *link,
                           const struct algo_rules *rules, char *why, size_t whylen);
 
