@@ -95,8 +95,10 @@ struct Launch {
   template <typename R, int OP> void run() {
     enum { VEC = 16 / sizeof(typename R::Stored) };
     size_t items = vector ? args->count / VEC + args->count % VEC : args->count;
-    if (vector) reduce_kernel<R, OP, VEC><<<grid_for(items), THREADS, 0, stream>>>(*args);
-    else reduce_kernel<R, OP, 1><<<grid_for(items), THREADS, 0, stream>>>(*args);
+    unsigned grid = grid_for(items);
+    (void)cudaGetLastError(); /* this launch's result, not an earlier call's on this thread */
+    if (vector) reduce_kernel<R, OP, VEC><<<grid, THREADS, 0, stream>>>(*args);
+    else reduce_kernel<R, OP, 1><<<grid, THREADS, 0, stream>>>(*args);
   }
 };
 
@@ -152,6 +154,8 @@ extern "C" int ccs__copy_device(const void *src, void *const *outputs, int noutp
     }
     return cudaSuccess;
   }
-  copy_kernel<<<grid_for(a.n16), THREADS, 0, (cudaStream_t)stream>>>(a);
+  unsigned grid = grid_for(a.n16);
+  (void)cudaGetLastError(); /* as in ccs__reduce_device */
+  copy_kernel<<<grid, THREADS, 0, (cudaStream_t)stream>>>(a);
   return cudaGetLastError();
 }

@@ -26,7 +26,14 @@ static struct {
   CUresult (*device_get)(CUdevice *, int);
   CUresult (*primary_state)(CUdevice, unsigned int *, int *);
   CUresult (*current)(CUcontext *);
+  CUresult (*set_current)(CUcontext);
+  CUresult (*uuid)(CUuuid *, CUdevice);
 } cu;
+
+/* Every device's UUID, read once: registrations and events name GPUs by
+ * UUID, and asking the runtime for a device's properties costs ~1 ms. */
+static int nuuids;
+static uint8_t uuids[64][16];
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char unusable[256]; /* empty: usable */
@@ -69,7 +76,17 @@ static void load(void) {
          entry("cuMemGetAddressRange", (void **)&cu.address_range) ||
          entry("cuDeviceGet", (void **)&cu.device_get) ||
          entry("cuDevicePrimaryCtxGetState", (void **)&cu.primary_state) ||
-         entry("cuCtxGetCurrent", (void **)&cu.current));
+         entry("cuCtxGetCurrent", (void **)&cu.current) ||
+         entry("cuCtxSetCurrent", (void **)&cu.set_current) ||
+         entry("cuDeviceGetUuid", (void **)&cu.uuid));
+  if (unusable[0]) return;
+  for (int d = 0; d < n && d < 64; d++) {
+    CUdevice dev;
+    CUuuid u;
+    if (cu.device_get(&dev, d) != CUDA_SUCCESS || cu.uuid(&u, dev) != CUDA_SUCCESS) break;
+    memcpy(uuids[d], u.bytes, 16);
+    nuuids = d + 1;
+  }
 }
 
 int ccs__cuda_usable(char *why, size_t len) {
@@ -260,18 +277,24 @@ int ccs__cuda_has_context(void) {
 }
 
 int ccs__cuda_uuid_of_device(int device, uint8_t *uuid) {
-  struct cudaDeviceProp p;
-  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return -1;
-  memcpy(uuid, p.uuid.bytes, 16);
+  if (ccs__cuda_usable(NULL, 0) || device < 0 || device >= nuuids) return -1;
+  memcpy(uuid, uuids[device], 16);
   return 0;
 }
 
 int ccs__cuda_device_of_uuid(const uint8_t *uuid) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return -1;
-  for (int d = 0; d < n; d++) {
-    uint8_t each[16];
-    if (ccs__cuda_uuid_of_device(d, each) == 0 && memcmp(each, uuid, 16) == 0) return d;
-  }
+  if (ccs__cuda_usable(NULL, 0)) return -1;
+  for (int d = 0; d < nuuids; d++)
+    if (memcmp(uuids[d], uuid, 16) == 0) return d;
   return -1;
+}
+
+void *ccs__cuda_context_save(void) {
+  CUcontext cur = NULL;
+  if (!ccs__cuda_usable(NULL, 0)) cu.current(&cur);
+  return cur;
+}
+
+void ccs__cuda_context_restore(void *saved) {
+  if (!ccs__cuda_usable(NULL, 0)) cu.set_current((CUcontext)saved);
 }

@@ -49,7 +49,15 @@ void ccs__cuda_ipc_close(void *ptr);
  * runtime would create a context, and its GPU memory, in host-only jobs. */
 int ccs__cuda_has_context(void);
 
-/* The device ordinal of this process whose UUID is uuid (16 bytes), or -1. */
+/* The calling thread's current context, whatever made it (the primary
+ * context of a device, or a framework's own), and back: libccs switches
+ * devices for its own calls and must leave the caller's context as it
+ * found it. */
+void *ccs__cuda_context_save(void);
+void ccs__cuda_context_restore(void *saved);
+
+/* The device ordinal of this process whose UUID is uuid (16 bytes), or -1
+ * (read once per process). */
 int ccs__cuda_device_of_uuid(const uint8_t *uuid);
 /* The UUID of device ordinal `device` into uuid[16]; 0 on success. */
 int ccs__cuda_uuid_of_device(int device, uint8_t *uuid);

@@ -53,6 +53,7 @@ int ccsd_gpu_error_is_sticky(int e) {
   case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress:
   case cudaErrorInvalidAddressSpace: case cudaErrorInvalidPc: case cudaErrorLaunchTimeout:
   case cudaErrorECCUncorrectable: case cudaErrorAssert: case cudaErrorContextIsDestroyed:
+  case cudaErrorNvlinkUncorrectable: case cudaErrorContained: case cudaErrorExternalDevice:
   case cudaErrorUnknown:
     return 1;
   default:
@@ -61,13 +62,16 @@ int ccsd_gpu_error_is_sticky(int e) {
 }
 
 /* A sticky error poisons the context of every tenant of this GPU: no op
- * can run any more; systemd restarts the daemon with a fresh one. */
+ * can run any more; systemd restarts the daemon with a fresh one. _exit,
+ * not exit: exit's handlers would tear the CUDA runtime down under the
+ * other threads still inside it (and hang there); the log line is written
+ * unbuffered before. */
 static void check_sticky(const struct device *dv, cudaError_t e, const char *what) {
   if (!ccsd_gpu_error_is_sticky(e)) return;
   LOG_ERROR("GPU %d (%s): %s: %s (CUDA error %d) leaves the context unusable; exiting so the "
             "service manager restarts the daemon", dv->index, dv->name, what,
             cudaGetErrorString(e), (int)e);
-  exit(EXIT_FAILURE);
+  _exit(EXIT_FAILURE);
 }
 
 static void to_loop_locked(struct gpu *g, struct run_op *x, int flag) {
@@ -235,7 +239,28 @@ static void device_release(void *mem, void *ctx) {
 struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device) { return g->dev[device].pool; }
 const uint64_t *ccsd_gpu_reach(const struct gpu *g) { return g->reach; }
 
+/* Every pair of GPUs that can reach each other may read each other's
+ * memory in a kernel: a legacy IPC buffer of GPU j read on GPU i needs it
+ * (VMM mappings carry their own access). */
+static void enable_peer_access(struct gpu *g) {
+  for (int i = 0; i < g->ndevices; i++)
+    for (int j = 0; j < g->ndevices; j++) {
+      if (i == j || !(g->reach[i] >> j & 1) || cudaSetDevice(i) != cudaSuccess) continue;
+      cudaError_t e = cudaDeviceEnablePeerAccess(j, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+      else if (e != cudaSuccess) {
+        cudaGetLastError();
+        g->reach[i] &= ~((uint64_t)1 << j); /* not reachable after all: ops there are refused */
+        LOG_WARN("GPU %d cannot enable access to GPU %d: %s", i, j, cudaGetErrorString(e));
+      }
+    }
+}
+
 struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
+  /* every kernel loaded at start (CUDA 13 loads lazily by default: a
+   * kernel's first launch would load its module and may synchronise the
+   * device behind clients' work); an operator's own setting stands */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   if (ccs__cuda_usable(why, len)) return NULL;
   int n = 0;
   cudaGetDeviceCount(&n);
@@ -284,6 +309,7 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
     ccsd_gpu_stop(g);
     return NULL;
   }
+  enable_peer_access(g);
   return g;
 }
 

@@ -152,6 +152,10 @@ static void test_sticky_errors(void **state) {
   assert_true(ccsd_gpu_error_is_sticky(700));
   assert_true(ccsd_gpu_error_is_sticky(719));
   assert_true(ccsd_gpu_error_is_sticky(716));
+  /* cudaErrorNvlinkUncorrectable, cudaErrorContained, cudaErrorExternalDevice */
+  assert_true(ccsd_gpu_error_is_sticky(220));
+  assert_true(ccsd_gpu_error_is_sticky(226));
+  assert_true(ccsd_gpu_error_is_sticky(911));
   /* cudaErrorInvalidValue, cudaErrorMemoryAllocation, cudaErrorNotReady: the op fails, not the daemon */
   assert_false(ccsd_gpu_error_is_sticky(1));
   assert_false(ccsd_gpu_error_is_sticky(2));
