@@ -58,9 +58,9 @@ static void unmap(void *ptr, size_t size, int device) {
 }
 
 /* Registers a memfd (device -1), a GPU allocation's fd, or (fd -1) the
- * legacy IPC handle `ipc` of a GPU allocation. */
-static ccs_result_t register_on(struct ccs__conn *c, int fd, int device, size_t size,
-                                const uint8_t *ipc, uint64_t *ret_id) {
+ * legacy IPC handle `ipc` of the GPU allocation at addr. */
+static ccs_result_t register_on(struct ccs__conn *c, int fd, int device, const void *addr,
+                                size_t size, const uint8_t *ipc, uint64_t *ret_id) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__MemRegister m = CCS__MEM_REGISTER__INIT;
   uint8_t uuid[CCS__UUID_BYTES];
@@ -72,6 +72,7 @@ static ccs_result_t register_on(struct ccs__conn *c, int fd, int device, size_t 
     m.device.data = uuid;
     m.device.len = sizeof(uuid);
     if (ipc) m.ipc_handle = (ProtobufCBinaryData){CCS__IPC_MEM_BYTES, (uint8_t *)ipc};
+    if (ipc) m.address = (uint64_t)(uintptr_t)addr; /* the daemon finds blocks it opened by it */
   }
   req.body_case = CCS__REQUEST__BODY_MEM_REGISTER;
   req.mem_register = &m;
@@ -90,7 +91,7 @@ static ccs_result_t register_on(struct ccs__conn *c, int fd, int device, size_t 
 
 ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_t size,
                                   uint64_t *ret_id) {
-  return register_on(c, fd, device, size, NULL, ret_id);
+  return register_on(c, fd, device, NULL, size, NULL, ret_id);
 }
 
 /* Adds a to the table (a->conn's reference becomes the table's). */
@@ -217,7 +218,7 @@ CCS__API ccs_result_t ccs_mem_register(void *ptr, size_t bytes) {
   }
   struct ccs__conn *c;
   if ((rc = ccs__conn_get(&c)) != CCS_OK) return rc;
-  if ((rc = register_on(c, -1, a.device, a.size, a.ipc, &a.id)) == CCS_OK) {
+  if ((rc = register_on(c, -1, a.device, a.ptr, a.size, a.ipc, &a.id)) == CCS_OK) {
     ccs__conn_ref(c);
     a.conn = c;
     if ((rc = remember(&a)) != CCS_OK) forget(&a);
@@ -263,7 +264,7 @@ int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *
     if (a->conn != c) {
       /* Made on an older connection (fork, daemon restart): register here. */
       uint64_t id;
-      if (register_on(c, a->fd, a->device, a->size, a->borrowed ? a->ipc : NULL, &id) != CCS_OK) {
+      if (register_on(c, a->fd, a->device, a->ptr, a->size, a->borrowed ? a->ipc : NULL, &id) != CCS_OK) {
         found = -1;
         break;
       }

@@ -231,8 +231,8 @@ int ccs__cuda_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size, uin
   return 0;
 }
 
-int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, size_t *ret_size,
-                       char *err, size_t errlen) {
+int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, void **ret_block,
+                       size_t *ret_block_size, char *err, size_t errlen) {
   if (ccs__cuda_usable(err, errlen)) return -1;
   cudaIpcMemHandle_t h;
   memcpy(&h, handle, sizeof(h));
@@ -251,7 +251,8 @@ int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, size_t
     return failed(r, "no size for the opened handle", err, errlen);
   }
   *ret_ptr = ptr;
-  *ret_size = size;
+  *ret_block = (void *)(uintptr_t)base;
+  *ret_block_size = size;
   return 0;
 }
 

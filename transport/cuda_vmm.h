@@ -35,12 +35,14 @@ void ccs__vmm_unmap(void *ptr, size_t size);
 
 /* Legacy CUDA IPC (cudaIpcMemHandle_t, 64 bytes): a bearer token, used
  * only where the daemon is told to accept it. The handle of the whole
- * allocation holding ptr, with its base and size; and the importing side,
- * which takes the size from the driver. */
+ * allocation holding ptr, with its base and size; and the importing side:
+ * the opened pointer, and the driver block [*ret_block, + *ret_block_size)
+ * it lies in (the driver's range for it, which starts at the block's start
+ * and may hold other allocations too). */
 int ccs__cuda_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size, uint8_t *handle,
                          char *err, size_t errlen);
-int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, size_t *ret_size,
-                       char *err, size_t errlen);
+int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, void **ret_block,
+                       size_t *ret_block_size, char *err, size_t errlen);
 void ccs__cuda_ipc_close(void *ptr);
 
 /* Whether this process has a CUDA context (the current thread's, or a

@@ -67,7 +67,8 @@ static void on_mem_register(struct session *s, uint64_t id, const Ccs__MemRegist
     if (fd >= 0) close(fd);
   } else if (m->domain == CCS__MEM_CUDA_IPC) { /* the handle is in the message */
     if (fd >= 0) close(fd);
-    rc = ccsd_membuf_register_ipc(s, m->ipc_handle.data, m->device.data, &b, err, sizeof(err));
+    rc = ccsd_membuf_register_ipc(s, m->ipc_handle.data, m->device.data, m->address, m->size, &b,
+                                  err, sizeof(err));
   } else if (fd < 0) {
     ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT,
                        "memory registration without a file descriptor");

@@ -24,6 +24,7 @@
 #include "base/list.h"
 #include "base/textbuf.h"
 #include "coll/coll.h"
+#include "front/ipc_blocks.h"
 #include "wire.h"
 
 #define CCSD_MAX_PENDING_FDS 4
@@ -155,7 +156,7 @@ struct membuf {
   void *base;       /* a device address for device memory */
   size_t size;
   int device;       /* the GPU it lives on; -1: host memory */
-  int legacy_ipc;   /* opened from a cudaIpcMemHandle */
+  struct ipc_block *ipc; /* opened from a cudaIpcMemHandle: a view into this block */
   int refs;
   struct tenant *tenant;
 };
@@ -188,6 +189,7 @@ struct session {
   struct list outq;
   size_t out_bytes;
   struct list buffers;
+  struct list ipc_blocks; /* legacy CUDA IPC blocks opened (ipc_blocks.h) */
   struct list events; /* struct gpu_events */
   struct list comms;                    /* struct client_comm */
   struct client_comm *comms_by_handle;  /* the same (uthash) */
@@ -306,9 +308,10 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
 ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t size,
                                          const uint8_t *uuid, struct membuf **ret, char *err,
                                          size_t errlen);
+/* addr and len: the allocation in the client's addresses */
 ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
-                                      const uint8_t *uuid, struct membuf **ret, char *err,
-                                      size_t errlen);
+                                      const uint8_t *uuid, uint64_t addr, uint64_t len,
+                                      struct membuf **ret, char *err, size_t errlen);
 struct membuf *ccsd_membuf_find(struct session *s, uint64_t id, ccs_result_t *ret_rc);
 void ccsd_membuf_deregister(struct membuf *b);
 void ccsd_membuf_ref(struct membuf *b);

@@ -51,17 +51,17 @@ static void uncharge(struct daemon *d, struct tenant *t, size_t size) {
 }
 
 static void unmap(struct membuf *b) {
-  if (b->legacy_ipc) ccsd_gpu_close_ipc(b->base);
+  if (b->ipc) ccsd_ipc_block_unref(b->ipc, ccsd_gpu_close_ipc);
   else if (b->device >= 0) ccsd_gpu_unmap(b->base, b->size);
   else munmap(b->base, b->size);
 }
 
 /* The mapping at base becomes buffer b of session s (or is undone). */
 static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t size, int device,
-                        int legacy_ipc, struct membuf **ret, char *err, size_t errlen) {
+                        struct ipc_block *ipc, struct membuf **ret, char *err, size_t errlen) {
   struct membuf *b = calloc(1, sizeof(*b));
   if (!b) {
-    struct membuf undo = {.base = base, .size = size, .device = device, .legacy_ipc = legacy_ipc};
+    struct membuf undo = {.base = base, .size = size, .device = device, .ipc = ipc};
     unmap(&undo);
     uncharge(s->d, t, size);
     snprintf(err, errlen, "out of memory");
@@ -74,7 +74,7 @@ static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t 
   b->base = base;
   b->size = size;
   b->device = device;
-  b->legacy_ipc = legacy_ipc;
+  b->ipc = ipc;
   b->refs = 1;
   list_insert_tail(&s->buffers, &b->link);
   HASH_ADD(hh, s->d->buffers_by_id, id, sizeof(b->id), b);
@@ -114,7 +114,7 @@ ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret
     snprintf(err, errlen, "cannot map %zu bytes: %s", size, strerror(saved));
     return saved == ENOMEM ? CCS_ERR_NO_MEMORY : CCS_ERR_SYSTEM;
   }
-  return add(s, t, base, size, -1, 0, ret, err, errlen);
+  return add(s, t, base, size, -1, NULL, ret, err, errlen);
 }
 
 /* Device memory on a daemon without GPUs: refused with the reason. */
@@ -143,12 +143,12 @@ ccs_result_t ccsd_membuf_register_device(struct session *s, int fd, uint64_t siz
     uncharge(s->d, t, size);
     return rc;
   }
-  return add(s, t, base, (size_t)size, device, 0, ret, err, errlen);
+  return add(s, t, base, (size_t)size, device, NULL, ret, err, errlen);
 }
 
 ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
-                                      const uint8_t *uuid, struct membuf **ret, char *err,
-                                      size_t errlen) {
+                                      const uint8_t *uuid, uint64_t addr, uint64_t len,
+                                      struct membuf **ret, char *err, size_t errlen) {
   if (!s->d->cfg.cuda_legacy_ipc) {
     snprintf(err, errlen, "legacy CUDA IPC handles are bearer tokens: this daemon accepts them "
              "only with cuda_legacy_ipc = true (trusted single-tenant nodes); allocate with "
@@ -156,17 +156,31 @@ ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
     return CCS_ERR_PERMISSION;
   }
   if (!s->d->coll.gpu) return host_only(s, err, errlen);
-  void *base;
-  size_t size;
-  int device;
-  ccs_result_t rc = ccsd_gpu_open_ipc(s->d->coll.gpu, handle, uuid, &base, &size, &device, err, errlen);
-  if (rc != CCS_OK) return rc;
+  char *ptr;
+  struct ipc_block *blk = ccsd_ipc_block_find(&s->ipc_blocks, addr, len, &ptr);
+  if (!blk) { /* a block not open yet */
+    void *opened, *block;
+    size_t block_size;
+    int device;
+    ccs_result_t rc = ccsd_gpu_open_ipc(s->d->coll.gpu, handle, uuid, &opened, &block, &block_size,
+                                        &device, err, errlen);
+    if (rc != CCS_OK) return rc;
+    if (!(blk = ccsd_ipc_block_add(&s->ipc_blocks, addr, opened, block, block_size, device))) {
+      ccsd_gpu_close_ipc(opened);
+      snprintf(err, errlen, "out of memory, or the driver's range does not hold the opened handle");
+      return CCS_ERR_NO_MEMORY;
+    }
+    ptr = opened;
+  }
+  size_t size = ccsd_ipc_block_fit(blk, ptr, len);
   struct tenant *t;
-  if ((rc = charge(s, size, &t, err, errlen)) != CCS_OK) {
-    ccsd_gpu_close_ipc(base);
+  ccs_result_t rc = size ? charge(s, size, &t, err, errlen) : CCS_ERR_INVALID_ARGUMENT;
+  if (rc != CCS_OK) {
+    if (!size) snprintf(err, errlen, "an empty legacy IPC buffer");
+    ccsd_ipc_block_unref(blk, ccsd_gpu_close_ipc);
     return rc;
   }
-  return add(s, t, base, size, device, 1, ret, err, errlen);
+  return add(s, t, ptr, size, blk->device, blk, ret, err, errlen);
 }
 
 /* Ids are unique in the daemon: one table for all, and naming another

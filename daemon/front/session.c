@@ -98,6 +98,7 @@ void ccsd_session_new(struct daemon *d, int fd) {
   ccs__frame_reader_init(&s->rd, CCS__FRAME_MAX);
   list_init(&s->outq);
   list_init(&s->buffers);
+  list_init(&s->ipc_blocks);
   list_init(&s->events);
   list_init(&s->comms);
   list_init(&s->submissions);
@@ -145,6 +146,7 @@ void ccsd_session_close(struct session *s, const char *why) {
   LIST_FOREACH_SAFE(it, tmp, &s->buffers) {
     ccsd_membuf_deregister(LIST_ENTRY(it, struct membuf, link));
   }
+  ccsd_ipc_blocks_detach(&s->ipc_blocks); /* what ops in flight hold lives on */
   LIST_FOREACH_SAFE(it, tmp, &s->events) {
     list_remove(it);
     ccsd_gpu_events_unref(LIST_ENTRY(it, struct gpu_events, link));

@@ -40,11 +40,11 @@ void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len);
 ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *uuid,
                           void **ret_base, int *ret_device, char *err, size_t errlen);
 void ccsd_gpu_unmap(void *base, size_t size);
-/* A legacy cudaIpcMemHandle (only where cuda_legacy_ipc is on): the whole
- * allocation, its size from the driver. */
+/* A legacy cudaIpcMemHandle (only where cuda_legacy_ipc is on): the
+ * opened pointer and the driver block it lies in (ccs__cuda_ipc_open). */
 ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8_t *uuid,
-                               void **ret_base, size_t *ret_size, int *ret_device, char *err,
-                               size_t errlen);
+                               void **ret_ptr, void **ret_block, size_t *ret_block_size,
+                               int *ret_device, char *err, size_t errlen);
 void ccsd_gpu_close_ipc(void *base);
 
 /* A client's pair of interprocess events (EventRegister). */

@@ -17,7 +17,7 @@ ccs_result_t ccsd_gpu_check_register(uint32_t domain, uint64_t size, size_t uuid
              uuid_len);
     return CCS_ERR_INVALID_ARGUMENT;
   }
-  if (domain == CCS__MEM_CUDA && (size == 0 || size > SIZE_MAX / 2)) {
+  if (size == 0 || size > SIZE_MAX / 2) { /* the allocation's size (an IPC one's: in the client) */
     snprintf(err, errlen, "a device buffer of %llu bytes", (unsigned long long)size);
     return CCS_ERR_INVALID_ARGUMENT;
   }

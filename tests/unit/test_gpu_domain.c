@@ -126,7 +126,9 @@ static void test_progress(void **state) {
 static void test_registration_fields(void **state) {
   char err[256];
   assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA, 1 << 21, 16, 0, err, sizeof(err)), CCS_OK);
-  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA_IPC, 0, 16, 64, err, sizeof(err)), CCS_OK);
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA_IPC, 4096, 16, 64, err, sizeof(err)), CCS_OK);
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA_IPC, 0, 16, 64, err, sizeof(err)),
+                   CCS_ERR_INVALID_ARGUMENT); /* the allocation's size, from the client */
   assert_int_equal(ccsd_gpu_check_register(7, 1 << 21, 16, 0, err, sizeof(err)),
                    CCS_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(err, "unknown memory domain 7"));
@@ -137,7 +139,7 @@ static void test_registration_fields(void **state) {
                    CCS_ERR_INVALID_ARGUMENT);
   assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA, UINT64_MAX, 16, 0, err, sizeof(err)),
                    CCS_ERR_INVALID_ARGUMENT);
-  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA_IPC, 0, 16, 63, err, sizeof(err)),
+  assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA_IPC, 4096, 16, 63, err, sizeof(err)),
                    CCS_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(err, "64 bytes, not 63"));
   assert_int_equal(ccsd_gpu_check_events(16, 64, 64, err, sizeof(err)), CCS_OK);
