@@ -1,8 +1,9 @@
 /* Collective calls and groups: each call becomes one op; outside a group
  * it is submitted alone, inside one it waits for ccs_group_end, which
  * submits all of the thread's ops in one request and returns when all are
- * done (or, on a host stream, once submitted: stream.c). Unregistered
- * buffers are copied through a staging area. */
+ * done (on a host stream, once submitted: stream.c; on a CUDA stream, once
+ * queued on it, ordered by the stream flags: ring.c). Unregistered buffers
+ * are copied through a staging area. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +166,19 @@ static void fill_ref(Ccs__BufRef *ref, const struct op *o, const char *ptr, uint
   }
 }
 
+/* The staged results back into the caller's buffers (only the receive
+ * ranges), on the op's stream for device memory. */
+static ccs_result_t copy_out(struct op *ops, size_t n, const struct ccs__staging *st) {
+  ccs_result_t rc = CCS_OK;
+  for (size_t i = 0; i < n && rc == CCS_OK; i++) {
+    struct op *o = &ops[i];
+    if (o->stage_lo && o->recv_len)
+      rc = stage_copy(o, o->recv, (char *)st->base + o->stage_off + (size_t)(o->recv - o->stage_lo),
+                      o->recv_len);
+  }
+  return rc;
+}
+
 static ccs_result_t submit(struct op *ops, size_t n) {
   struct ccs__conn *c = ops[0].comm->conn;
   int device = ops[0].device;
@@ -190,21 +204,18 @@ static ccs_result_t submit(struct op *ops, size_t n) {
     p2p |= ops[i].kind == CCS__SEND || ops[i].kind == CCS__RECV;
   }
   int async = hs && device < 0 && !debug && one_comm && !p2p && !staged_bytes && ccs__ring_takes(c, n);
+  /* a CUDA stream's call returns once queued, through the stream flags */
+  int flagged = device >= 0 && ops[0].stream && !debug && one_comm && ccs__ring_takes(c, n) &&
+                ccs__ring_stream_flags(c) == 0;
   /* the order of a stream, and of a comm whose streams' calls run: what
    * does not follow them through the rings waits for them */
   if (hs && (!async || (hs->inflight && hs->comm != ops[0].comm))) ccs__host_stream_drain(hs);
-  for (size_t i = 0; i < n && !async; i++)
+  for (size_t i = 0; i < n && !async && !flagged; i++)
     if (ops[i].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[i].comm->inflight)) != CCS_OK)
       return fail(ops[i].comm, rc, "%s", ccs__error());
   struct ccs__staging *st = NULL;
   if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, device, &st)) != CCS_OK)
     return fail(ops[0].comm, rc, "%s", ccs__error());
-  struct ccs__gpu_order order = {0};
-  int submitted = 0;
-  if (device >= 0 && (rc = ccs__gpu_begin(c, device, ops[0].stream, &order)) != CCS_OK) {
-    ccs__staging_release(st, ops[0].stream);
-    return fail(ops[0].comm, rc, "%s", ccs__error());
-  }
 
   Ccs__Op *msgs = calloc(n, sizeof(*msgs));
   Ccs__Op **ptrs = calloc(n, sizeof(*ptrs));
@@ -241,12 +252,36 @@ static ccs_result_t submit(struct op *ops, size_t n) {
       goto copy_failed;
     ptrs[i] = m;
   }
-  if (device >= 0 && (rc = ccs__gpu_ready(&order)) != CCS_OK) goto copy_failed;
+  if (flagged) {
+    struct ccs__ring_claim k;
+    if ((rc = ccs__ring_claim(c, ops[0].comm, &k)) != CCS_OK) {
+      ccs__comm_failed(ops[0].comm, rc, ccs__error());
+      goto out;
+    }
+    /* the daemon begins once the stream is here; the stream goes on once
+     * the daemon is through: both queued before the call goes out */
+    if (ccs__gpu_flag_write(ops[0].stream, k.ready, k.gen) != CCS_OK ||
+        ccs__gpu_flag_wait(ops[0].stream, k.done, k.gen) != CCS_OK) {
+      /* this device queues no flag: the calls of this connection wait instead */
+      ccs__ring_unclaim(c, &k);
+      ccs__ring_stream_flags_off(c);
+      flagged = 0;
+      if (ops[0].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[0].comm->inflight)) != CCS_OK)
+        goto copy_failed;
+    } else {
+      if ((rc = ccs__ring_post_claimed(c, &k, ptrs, n)) != CCS_OK)
+        ccs__comm_failed(ops[0].comm, rc, ccs__error());
+      else
+        rc = copy_out(ops, n, st);
+      goto out;
+    }
+  }
+  /* the data is there before the daemon reads it: the stream's work done */
+  if (device >= 0 && (rc = ccs__gpu_sync(ops[0].stream)) != CCS_OK) goto copy_failed;
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__Submit sub = CCS__SUBMIT__INIT;
   sub.n_ops = n;
   sub.ops = ptrs;
-  sub.events = order.events;
   req.body_case = CCS__REQUEST__BODY_SUBMIT;
   req.submit = &sub;
   Ccs__Reply *reply = NULL;
@@ -255,22 +290,13 @@ static ccs_result_t submit(struct op *ops, size_t n) {
       ccs__comm_failed(ops[0].comm, rc, ccs__error());
     goto out;
   }
-  if (device < 0 && !debug && ccs__ring_takes(c, n)) rc = ccs__ring_call(c, ptrs, n);
+  if (!debug && ccs__ring_takes(c, n)) rc = ccs__ring_call(c, ptrs, n);
   else rc = ccs__conn_call(c, &req, -1, &reply);
   if (rc == CCS_OK) {
-    submitted = 1;
     if (reply && ops[0].comm->debug && reply->info && reply->info[0])
       fprintf(stderr, "ccs INFO rank %d: %s\n", ops[0].comm->rank, reply->info);
     if (reply) ccs__reply__free_unpacked(reply, NULL);
-    /* device: the stream waits for the daemon's work before the copies out */
-    if (device >= 0 && (rc = ccs__gpu_end(&order, 1)) != CCS_OK) goto copy_failed;
-    for (size_t i = 0; i < n && rc == CCS_OK; i++) {
-      struct op *o = &ops[i];
-      if (o->stage_lo && o->recv_len) /* the results: only the receive range */
-        rc = stage_copy(o, o->recv,
-                        (char *)st->base + o->stage_off + (size_t)(o->recv - o->stage_lo),
-                        o->recv_len);
-    }
+    rc = copy_out(ops, n, st);
     if (rc == CCS_OK && device >= 0 && !ops[0].stream) rc = ccs__gpu_sync(NULL);
     if (rc != CCS_OK) goto copy_failed;
   } else {
@@ -281,7 +307,6 @@ copy_failed:
   for (size_t i = 0; i < n; i++)
     snprintf(ops[i].comm->last_error, sizeof(ops[i].comm->last_error), "%s", ccs__error());
 out:
-  if (order.pair) ccs__gpu_end(&order, submitted);
   free(msgs);
   free(ptrs);
   free(refs);

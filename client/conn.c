@@ -52,6 +52,8 @@ void ccs__conn_put(struct ccs__conn *c) {
   int last = --c->refs == 0;
   pthread_mutex_unlock(&c->mu);
   if (!last) return;
+  ccs__ring_free(c->ring); /* its guard thread watches c->fd: gone first */
+  c->ring = NULL;
   if (c->fd >= 0) close(c->fd);
   while (c->replies) {
     struct ccs__reply_slot *s = c->replies;
@@ -61,7 +63,6 @@ void ccs__conn_put(struct ccs__conn *c) {
   }
   ccs__frame_reader_close(&c->rd);
   ccs__host_streams_conn_gone(c);
-  ccs__ring_free(c->ring);
   pthread_mutex_destroy(&c->send_mu);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);

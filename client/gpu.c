@@ -1,16 +1,11 @@
 /* The client's CUDA domain: device allocations the daemon maps (VMM fds),
- * asynchronous copies for staging, and the event pairs that keep a
- * stream's order around a submission (internal.h).
- *
- * An event pair is registered with the daemon once per connection and
- * device, then reused (event_pairs.c): the daemon waits on `ready` and
- * records `done` before it replies, and this side issues its wait on
- * `done` right after the reply, so a pair is free again once ccs__gpu_end
- * returns. */
+ * asynchronous copies for staging, and the stream flags that keep a CUDA
+ * stream's order around a call without waiting for the daemon (a flag
+ * written and a flag waited for on the caller's stream; proto/ring.h).
+ * Whatever context the caller's thread had, it has again afterwards. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <link.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,13 +114,12 @@ void ccs__gpu_event_free(void *event) { cudaEventDestroy((cudaEvent_t)event); }
 
 ccs_result_t ccs__gpu_record(void **event, int device, void *stream) {
   cudaError_t e = cudaSuccess;
-  int was = 0;
-  cudaGetDevice(&was);
   if (!*event) {
+    void *was = ccs__cuda_context_save();
     e = cudaSetDevice(device);
     if (e == cudaSuccess)
       e = cudaEventCreateWithFlags((cudaEvent_t *)event, cudaEventDisableTiming);
-    cudaSetDevice(was);
+    ccs__cuda_context_restore(was);
   }
   if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)*event, (cudaStream_t)stream);
   return e == cudaSuccess ? CCS_OK : cuda_failed(e, "recording an event");
@@ -136,85 +130,30 @@ ccs_result_t ccs__gpu_sync(void *stream) {
   return e == cudaSuccess ? CCS_OK : cuda_failed(e, "waiting for the stream");
 }
 
-static void pair_free(struct ccs__gpu_pair *p) {
-  if (p->ready) cudaEventDestroy((cudaEvent_t)p->ready);
-  if (p->done) cudaEventDestroy((cudaEvent_t)p->done);
-  ccs__conn_put(p->conn);
-  free(p);
-}
-
-/* A new pair on `device`, registered on connection c. */
-static ccs_result_t pair_new(struct ccs__conn *c, int device, struct ccs__gpu_pair **ret) {
-  struct ccs__gpu_pair *p = calloc(1, sizeof(*p));
-  if (!p) {
-    ccs__set_error("out of memory");
-    return CCS_ERR_NO_MEMORY;
+/* The flags are one page: registered whole, for every device (portable). */
+ccs_result_t ccs__gpu_flags_register(void *page) {
+  char err[256];
+  ccs_result_t rc = ccs__gpu_usable();
+  if (rc != CCS_OK) return rc;
+  if (ccs__cuda_host_register(page, 4096, err, sizeof(err))) {
+    ccs__set_error("%s", err);
+    return CCS_ERR_CUDA;
   }
-  ccs__conn_ref(c);
-  p->conn = c;
-  p->device = device;
-  int was = 0;
-  cudaGetDevice(&was);
-  unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
-  cudaIpcEventHandle_t hr, hd;
-  cudaError_t e = cudaSetDevice(device);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags((cudaEvent_t *)&p->ready, flags);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags((cudaEvent_t *)&p->done, flags);
-  if (e == cudaSuccess) e = cudaIpcGetEventHandle(&hr, (cudaEvent_t)p->ready);
-  if (e == cudaSuccess) e = cudaIpcGetEventHandle(&hd, (cudaEvent_t)p->done);
-  cudaSetDevice(was);
-  ccs_result_t rc = e == cudaSuccess ? CCS_OK : cuda_failed(e, "interprocess events");
-  uint8_t uuid[CCS__UUID_BYTES];
-  if (rc == CCS_OK) rc = ccs__gpu_uuid(device, uuid);
-  if (rc != CCS_OK) {
-    pair_free(p);
-    return rc;
-  }
-  Ccs__Request req = CCS__REQUEST__INIT;
-  Ccs__EventRegister m = CCS__EVENT_REGISTER__INIT;
-  m.device = (ProtobufCBinaryData){sizeof(uuid), uuid};
-  m.ready = (ProtobufCBinaryData){sizeof(hr), (uint8_t *)&hr};
-  m.done = (ProtobufCBinaryData){sizeof(hd), (uint8_t *)&hd};
-  req.body_case = CCS__REQUEST__BODY_EVENT_REGISTER;
-  req.event_register = &m;
-  Ccs__Reply *reply;
-  if ((rc = ccs__conn_call(c, &req, -1, &reply)) != CCS_OK) {
-    pair_free(p);
-    return rc;
-  }
-  if (reply->body_case != CCS__REPLY__BODY_EVENT_REGISTER) {
-    ccs__reply__free_unpacked(reply, NULL);
-    pair_free(p);
-    ccs__set_error("daemon sent no events id");
-    return CCS_ERR_PROTOCOL;
-  }
-  p->events = reply->event_register->events;
-  ccs__reply__free_unpacked(reply, NULL);
-  *ret = p;
   return CCS_OK;
 }
 
-ccs_result_t ccs__gpu_begin(struct ccs__conn *c, int device, void *stream,
-                            struct ccs__gpu_order *o) {
-  memset(o, 0, sizeof(*o));
-  o->stream = stream;
-  if (!(o->pair = ccs__pairs_take(c, device))) {
-    ccs_result_t rc = pair_new(c, device, &o->pair);
-    if (rc != CCS_OK) return rc;
-  }
-  o->events = o->pair->events;
-  return CCS_OK;
+void ccs__gpu_flags_unregister(void *page) { ccs__cuda_host_unregister(page); }
+
+ccs_result_t ccs__gpu_flag_write(void *stream, _Atomic uint32_t *flag, uint32_t value) {
+  char err[256];
+  if (ccs__cuda_stream_write32(stream, flag, value, err, sizeof(err)) == 0) return CCS_OK;
+  ccs__set_error("%s", err);
+  return CCS_ERR_CUDA;
 }
 
-ccs_result_t ccs__gpu_ready(struct ccs__gpu_order *o) {
-  cudaError_t e = cudaEventRecord((cudaEvent_t)o->pair->ready, (cudaStream_t)o->stream);
-  return e == cudaSuccess ? CCS_OK : cuda_failed(e, "recording the stream's position");
-}
-
-ccs_result_t ccs__gpu_end(struct ccs__gpu_order *o, int submitted) {
-  cudaError_t e = cudaSuccess;
-  if (submitted) e = cudaStreamWaitEvent((cudaStream_t)o->stream, (cudaEvent_t)o->pair->done, 0);
-  if (!ccs__pairs_give(o->pair)) pair_free(o->pair);
-  o->pair = NULL;
-  return e == cudaSuccess ? CCS_OK : cuda_failed(e, "making the stream wait for the daemon");
+ccs_result_t ccs__gpu_flag_wait(void *stream, _Atomic uint32_t *flag, uint32_t value) {
+  char err[256];
+  if (ccs__cuda_stream_wait32(stream, flag, value, err, sizeof(err)) == 0) return CCS_OK;
+  ccs__set_error("%s", err);
+  return CCS_ERR_CUDA;
 }

@@ -25,10 +25,12 @@ ccs_result_t ccs__gpu_copy(void *dst, const void *src, size_t bytes, void *strea
 int ccs__gpu_event_done(void *event) { return 1; }
 void ccs__gpu_event_free(void *event) {}
 ccs_result_t ccs__gpu_record(void **event, int device, void *stream) { return absent(); }
-ccs_result_t ccs__gpu_begin(struct ccs__conn *c, int device, void *stream,
-                            struct ccs__gpu_order *o) {
+ccs_result_t ccs__gpu_flags_register(void *page) { return absent(); }
+void ccs__gpu_flags_unregister(void *page) {}
+ccs_result_t ccs__gpu_flag_write(void *stream, _Atomic uint32_t *flag, uint32_t value) {
   return absent();
 }
-ccs_result_t ccs__gpu_ready(struct ccs__gpu_order *o) { return absent(); }
-ccs_result_t ccs__gpu_end(struct ccs__gpu_order *o, int submitted) { return absent(); }
+ccs_result_t ccs__gpu_flag_wait(void *stream, _Atomic uint32_t *flag, uint32_t value) {
+  return absent();
+}
 ccs_result_t ccs__gpu_sync(void *stream) { return absent(); }

@@ -4,6 +4,7 @@
 #define CCS_CLIENT_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -75,6 +76,27 @@ ccs_result_t ccs__ring_post(struct ccs__conn *c, Ccs__Op *const *ops, size_t n,
 ccs_result_t ccs__ring_wait_idle(struct ccs__conn *c, const uint32_t *count);
 /* Answers still to come for comm's calls go to no comm (it is freed). */
 void ccs__ring_forget_comm(struct ccs__conn *c, const ccs_comm_t *comm);
+/* A call on device buffers in a CUDA stream's order, through the stream
+ * flags of its call slot (proto/ring.h). stream_flags: 0 when this
+ * connection can (the flags registered with CUDA, a guard thread watching
+ * the socket; tried once), -1 when not (the call then waits: the stream
+ * synchronised before, the answer after); flags_off: not any more (the
+ * device would not write or wait for a flag). claim takes a slot for a call
+ * of comm and names its flags: the caller queues on its stream the write
+ * of ready = gen and the wait for done to reach it, then posts (or
+ * unclaims: the call does not go out, its stream goes on). Nobody waits for
+ * the answer; a failure goes to comm (and lets the stream go). */
+struct ccs__ring_claim {
+  uint32_t slot, gen;
+  _Atomic uint32_t *ready, *done;
+};
+int ccs__ring_stream_flags(struct ccs__conn *c);
+int ccs__ring_guard_start(struct ccs__conn *c); /* (stream_flags starts it; tests alone) */
+void ccs__ring_stream_flags_off(struct ccs__conn *c);
+ccs_result_t ccs__ring_claim(struct ccs__conn *c, ccs_comm_t *comm, struct ccs__ring_claim *ret);
+ccs_result_t ccs__ring_post_claimed(struct ccs__conn *c, const struct ccs__ring_claim *k,
+                                    Ccs__Op *const *ops, size_t n);
+void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k);
 
 /* stream.c: host streams (ccs_stream_create). Their fields, but for the
  * registry's link, change under their connection's ring lock. */
@@ -147,31 +169,12 @@ int ccs__gpu_event_done(void *event);
 void ccs__gpu_event_free(void *event);
 ccs_result_t ccs__gpu_record(void **event, int device, void *stream);
 
-/* A pair of interprocess events registered with the daemon (gpu.c). */
-struct ccs__gpu_pair {
-  struct ccs__gpu_pair *next;
-  struct ccs__conn *conn;
-  int device;
-  uint64_t events;    /* the daemon's id for it */
-  void *ready, *done; /* cudaEvent_t */
-};
-/* event_pairs.c: a free pair of connection c and that GPU, or NULL; and
- * back (0: its connection broke, the caller frees it). */
-struct ccs__gpu_pair *ccs__pairs_take(struct ccs__conn *c, int device);
-int ccs__pairs_give(struct ccs__gpu_pair *pair);
-
-/* A submission's stream order: the events the daemon waits on and records. */
-struct ccs__gpu_order {
-  uint64_t events; /* the daemon's id for the pair */
-  void *stream;
-  struct ccs__gpu_pair *pair;
-};
-ccs_result_t ccs__gpu_begin(struct ccs__conn *c, int device, void *stream,
-                            struct ccs__gpu_order *o);
-ccs_result_t ccs__gpu_ready(struct ccs__gpu_order *o); /* after the copies in */
-/* After the reply: the stream waits for the daemon (when submitted), the
- * pair goes back; a NULL stream then waits for the GPU. */
-ccs_result_t ccs__gpu_end(struct ccs__gpu_order *o, int submitted);
+/* The stream flags' page, registered with CUDA for every device, and back. */
+ccs_result_t ccs__gpu_flags_register(void *page);
+void ccs__gpu_flags_unregister(void *page);
+/* Queued on stream: write value to a flag, or wait until it has reached value. */
+ccs_result_t ccs__gpu_flag_write(void *stream, _Atomic uint32_t *flag, uint32_t value);
+ccs_result_t ccs__gpu_flag_wait(void *stream, _Atomic uint32_t *flag, uint32_t value);
 ccs_result_t ccs__gpu_sync(void *stream);
 void ccs__mem_deregister(struct ccs__conn *c, uint64_t id);
 

@@ -8,9 +8,19 @@
  * Threads share the rings under one lock: whoever holds it publishes its
  * batch, or takes every completion that arrived into the table of calls
  * (a call is known by its slot there, which its request id carries), so
- * each waiter finds its own answer whoever took it. */
+ * each waiter finds its own answer whoever took it.
+ *
+ * A call on device buffers in a CUDA stream's order owns the stream flags
+ * of its slot while it is out (proto/ring.h): nobody waits for its answer,
+ * which goes to its comm. Every way it can end lets its stream go: the
+ * daemon's stream or host writes `done`; a failure answered here, or a
+ * call that never went out, is written here; and a guard thread, started
+ * with the first such call, writes every one still out when the daemon's
+ * end of the socket closes (a job blocked in cudaStreamSynchronize calls
+ * nothing of libccs that could notice). */
 #include <errno.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +44,7 @@ struct call {
   /* a host stream's call: nobody waits; its answer goes to them */
   struct ccs__host_stream *stream;
   ccs_comm_t *comm;
+  int device; /* a CUDA stream's call (its flags): nobody waits; its answer goes to comm */
 };
 
 struct ccs__ring {
@@ -45,6 +56,10 @@ struct ccs__ring {
   uint16_t free_slots[CCS__RING_ENTRIES];
   uint32_t nfree;
   uint64_t spin_ns;
+  int flags_state; /* the stream flags: 0 not tried, 1 registered with CUDA, -1 unusable */
+  int guard_stop;  /* an eventfd that ends the guard thread; -1: none runs */
+  pid_t guard_pid; /* the process that started it */
+  pthread_t guard;
 };
 
 static uint64_t now_ns(void) {
@@ -63,6 +78,12 @@ static void cpu_relax(void) {
 
 void ccs__ring_free(struct ccs__ring *r) {
   if (!r) return;
+  if (r->guard_stop >= 0 && r->guard_pid == getpid()) {
+    uint64_t one = 1;
+    if (write(r->guard_stop, &one, sizeof(one)) == sizeof(one)) pthread_join(r->guard, NULL);
+  }
+  if (r->guard_stop >= 0) close(r->guard_stop);
+  if (r->flags_state == 1) ccs__gpu_flags_unregister(&r->sh->flags);
   munmap(r->sh, CCS__RING_BYTES);
   close(r->bell);
   for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) free(r->calls[i].text);
@@ -81,6 +102,7 @@ void ccs__ring_open(struct ccs__conn *c) {
     return; /* the socket serves every call */
   }
   r->sh = map;
+  r->guard_stop = -1;
   r->bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   pthread_mutex_init(&r->mu, NULL);
   for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) r->free_slots[i] = (uint16_t)(CCS__RING_ENTRIES - 1 - i);
@@ -118,6 +140,7 @@ static void slot_free(struct ccs__ring *r, uint32_t slot) {
   call->busy = 0;
   call->stream = NULL;
   call->comm = NULL;
+  call->device = 0;
   r->free_slots[r->nfree++] = (uint16_t)slot;
 }
 
@@ -135,6 +158,29 @@ static void stream_call_done(struct ccs__ring *r, uint32_t slot) {
     call->comm->inflight--;
     if (call->status != CCS_OK) ccs__comm_failed(call->comm, call->status, text);
   }
+  slot_free(r, slot);
+}
+
+/* The CUDA stream of a device call in slot may go on: from the host,
+ * never lowering what the daemon wrote. */
+static void let_go(struct ccs__ring *r, uint32_t slot) {
+  _Atomic uint32_t *done = &r->sh->flags.done[slot];
+  uint32_t gen = (uint32_t)r->calls[slot].gen, cur = atomic_load(done);
+  while ((int32_t)(cur - gen) < 0 && !atomic_compare_exchange_weak(done, &cur, gen)) {
+  }
+}
+
+/* Under r->mu: a CUDA stream's call answered. */
+static void device_call_done(struct ccs__ring *r, uint32_t slot) {
+  struct call *call = &r->calls[slot];
+  if (call->comm) {
+    call->comm->inflight--;
+    if (call->status != CCS_OK) { /* nobody saw the call fail: every failure is the comm's */
+      ccs__comm_failed(call->comm, call->status, call->text ? call->text : ccs_strerror(call->status));
+      if (call->comm->async_error == CCS_OK) call->comm->async_error = call->status;
+    }
+  }
+  if (call->status != CCS_OK) let_go(r, slot); /* it may never have reached a GPU */
   slot_free(r, slot);
 }
 
@@ -156,6 +202,7 @@ static void take_completions(struct ccs__ring *r) {
     }
     call->done = 1;
     if (call->stream) stream_call_done(r, d.req_id % CCS__RING_ENTRIES);
+    else if (call->device) device_call_done(r, d.req_id % CCS__RING_ENTRIES);
   }
   atomic_store_explicit(&r->sh->done_head, r->done_head, memory_order_release);
 }
@@ -188,28 +235,28 @@ static ccs_result_t wait_done(struct ccs__conn *c, uint32_t seen) {
 }
 
 static void fill(struct ccs__ring_op *e, const Ccs__Op *op, uint64_t req_id, uint32_t index,
-                 uint32_t nops, uint32_t flags) {
+                 uint32_t nops, uint32_t flags, uint32_t slot, uint32_t gen) {
   *e = (struct ccs__ring_op){.req_id = req_id, .index = index, .nops = nops, .comm = op->comm,
                              .kind = op->kind, .dtype = op->dtype, .redop = op->redop,
-                             .root = op->root, .count = op->count, .flags = flags};
+                             .root = op->root, .count = op->count, .flags = flags,
+                             .order_slot = slot, .order_gen = gen};
   if (op->send) e->send = (struct ccs__ring_buf){op->send->buffer, op->send->offset, op->send->length};
   if (op->recv) e->recv = (struct ccs__ring_buf){op->recv->buffer, op->recv->offset, op->recv->length};
 }
 
-/* Publishes the ops as one call (a host stream's when s): its slot, or -1
- * when the connection broke meanwhile. */
-static int publish(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct ccs__host_stream *s,
-                   ccs_comm_t *comm) {
+/* Takes r->mu and returns holding it once there is a free call slot (when
+ * `slot`) and room for n entries: both free up as the daemon goes on (it
+ * takes entries without being asked). -1, unlocked, when the connection
+ * broke meanwhile. */
+static int wait_for(struct ccs__conn *c, int slot, size_t n) {
   struct ccs__ring *r = c->ring;
   struct ccs__ring_shared *sh = r->sh;
   pthread_mutex_lock(&r->mu);
-  /* a slot for the answer, and room for the ops: both free up as the
-   * daemon goes on (it takes entries without being asked) */
   uint64_t since = now_ns();
-  while (r->nfree == 0 ||
+  while ((slot && r->nfree == 0) ||
          CCS__RING_ENTRIES - (r->sub_tail - atomic_load_explicit(&sh->sub_head, memory_order_acquire)) < n) {
     take_completions(r);
-    int no_slot = r->nfree == 0;
+    int no_slot = slot && r->nfree == 0;
     uint32_t seen = r->done_head;
     pthread_mutex_unlock(&r->mu);
     ccs_result_t rc = CCS_OK;
@@ -219,6 +266,14 @@ static int publish(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct cc
     if (rc != CCS_OK) return -1;
     pthread_mutex_lock(&r->mu);
   }
+  return 0;
+}
+
+/* Under r->mu: a free slot becomes the call's (a host stream's when s, a
+ * CUDA stream's when device). */
+static uint32_t take_slot(struct ccs__conn *c, struct ccs__host_stream *s, ccs_comm_t *comm,
+                          int device) {
+  struct ccs__ring *r = c->ring;
   uint32_t slot = r->free_slots[--r->nfree];
   struct call *call = &r->calls[slot];
   call->gen++;
@@ -226,16 +281,26 @@ static int publish(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct cc
   call->done = 0;
   call->stream = s;
   call->comm = comm;
+  call->device = device;
   if (s) {
     s->inflight++;
     s->conn = c;
     s->comm = comm;
-    comm->inflight++;
   }
+  if (s || device) comm->inflight++;
+  return slot;
+}
+
+/* Under r->mu, which it lets go: the ops as call `slot`'s entries, and the
+ * doorbell if the daemon sleeps. */
+static void put(struct ccs__conn *c, uint32_t slot, Ccs__Op *const *ops, size_t n, uint32_t flags) {
+  struct ccs__ring *r = c->ring;
+  struct ccs__ring_shared *sh = r->sh;
+  struct call *call = &r->calls[slot];
   uint64_t req_id = call->gen * CCS__RING_ENTRIES + slot;
   for (size_t i = 0; i < n; i++)
     fill(&sh->sub[(r->sub_tail + i) % CCS__RING_ENTRIES], ops[i], req_id, (uint32_t)i,
-         (uint32_t)n, s ? CCS__RING_OP_ORDERED : 0);
+         (uint32_t)n, flags, slot, (uint32_t)call->gen);
   r->sub_tail += (uint32_t)n;
   atomic_store_explicit(&sh->sub_tail, r->sub_tail, memory_order_seq_cst);
   pthread_mutex_unlock(&r->mu);
@@ -243,6 +308,15 @@ static int publish(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct cc
     uint64_t one = 1;
     if (write(r->bell, &one, sizeof(one)) < 0) { /* a full counter: the bell rings already */ }
   }
+}
+
+/* Publishes the ops as one call (a host stream's when s): its slot, or -1
+ * when the connection broke meanwhile. */
+static int publish(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct ccs__host_stream *s,
+                   ccs_comm_t *comm) {
+  if (wait_for(c, 1, n)) return -1;
+  uint32_t slot = take_slot(c, s, comm, 0);
+  put(c, slot, ops, n, s ? CCS__RING_OP_ORDERED : 0);
   return (int)slot;
 }
 
@@ -302,4 +376,120 @@ ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) 
   }
   pthread_mutex_unlock(&r->mu);
   return answered ? rc : ccs__conn_broken_error(c);
+}
+
+/* --- calls in a CUDA stream's order ----------------------------------------- */
+
+/* Every device call still out: its stream goes on, its comm learns why. */
+static void let_all_go(struct ccs__ring *r, const char *why) {
+  pthread_mutex_lock(&r->mu);
+  for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) {
+    struct call *call = &r->calls[i];
+    if (!call->busy || call->done || !call->device) continue;
+    let_go(r, i);
+    if (call->comm) ccs__comm_failed(call->comm, CCS_ERR_DAEMON_UNAVAILABLE, why);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+struct guard_args {
+  struct ccs__ring *r;
+  int fd;
+};
+
+/* Sleeps until the daemon's end of the socket closes (or the ring is
+ * freed): asks for no events, so it never takes a reply from the threads
+ * that read them; a hang-up is reported anyway. */
+static void *guard(void *arg) {
+  struct ccs__ring *r = ((struct guard_args *)arg)->r;
+  struct pollfd p[2] = {{((struct guard_args *)arg)->fd, 0, 0}, {r->guard_stop, POLLIN, 0}};
+  free(arg);
+  for (;;) {
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return NULL;
+    }
+    if (p[1].revents) return NULL;
+    if (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+      let_all_go(r, "the connection to ccsd closed with calls of a CUDA stream out");
+      return NULL;
+    }
+  }
+}
+
+/* Under r->mu: 0 once the guard thread runs. */
+static int guard_start(struct ccs__conn *c) {
+  struct ccs__ring *r = c->ring;
+  if (r->guard_stop >= 0) return 0;
+  struct guard_args *g = malloc(sizeof(*g));
+  if (!g) return -1;
+  *g = (struct guard_args){r, c->fd};
+  r->guard_stop = eventfd(0, EFD_CLOEXEC);
+  r->guard_pid = getpid();
+  if (r->guard_stop >= 0 && pthread_create(&r->guard, NULL, guard, g) == 0) return 0;
+  free(g);
+  if (r->guard_stop >= 0) close(r->guard_stop);
+  r->guard_stop = -1;
+  return -1;
+}
+
+int ccs__ring_guard_start(struct ccs__conn *c) {
+  pthread_mutex_lock(&c->ring->mu);
+  int rc = guard_start(c);
+  pthread_mutex_unlock(&c->ring->mu);
+  return rc;
+}
+
+int ccs__ring_stream_flags(struct ccs__conn *c) {
+  struct ccs__ring *r = c->ring;
+  if (!r) return -1;
+  pthread_mutex_lock(&r->mu);
+  if (r->flags_state == 0) {
+    r->flags_state = ccs__gpu_flags_register(&r->sh->flags) == CCS_OK ? 1 : -1;
+    if (r->flags_state == 1 && guard_start(c)) { /* no guard: never */
+      ccs__gpu_flags_unregister(&r->sh->flags);
+      r->flags_state = -1;
+    }
+  }
+  int usable = r->flags_state == 1 ? 0 : -1;
+  pthread_mutex_unlock(&r->mu);
+  return usable;
+}
+
+void ccs__ring_stream_flags_off(struct ccs__conn *c) {
+  pthread_mutex_lock(&c->ring->mu);
+  c->ring->flags_state = -1;
+  pthread_mutex_unlock(&c->ring->mu);
+}
+
+ccs_result_t ccs__ring_claim(struct ccs__conn *c, ccs_comm_t *comm, struct ccs__ring_claim *ret) {
+  if (wait_for(c, 1, 0)) return ccs__conn_broken_error(c);
+  struct ccs__ring *r = c->ring;
+  uint32_t slot = take_slot(c, NULL, comm, 1);
+  *ret = (struct ccs__ring_claim){slot, (uint32_t)r->calls[slot].gen, &r->sh->flags.ready[slot],
+                                  &r->sh->flags.done[slot]};
+  pthread_mutex_unlock(&r->mu);
+  return CCS_OK;
+}
+
+ccs_result_t ccs__ring_post_claimed(struct ccs__conn *c, const struct ccs__ring_claim *k,
+                                    Ccs__Op *const *ops, size_t n) {
+  if (wait_for(c, 0, n)) {
+    ccs__ring_unclaim(c, k);
+    return ccs__conn_broken_error(c);
+  }
+  put(c, k->slot, ops, n, CCS__RING_OP_STREAM);
+  return CCS_OK;
+}
+
+void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k) {
+  struct ccs__ring *r = c->ring;
+  pthread_mutex_lock(&r->mu);
+  struct call *call = &r->calls[k->slot];
+  if (call->busy && (uint32_t)call->gen == k->gen && !call->done) {
+    let_go(r, k->slot);
+    if (call->comm) call->comm->inflight--;
+    slot_free(r, k->slot);
+  }
+  pthread_mutex_unlock(&r->mu);
 }

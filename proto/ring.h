@@ -17,7 +17,15 @@
  * which a client rings only then; a client spins for its completion, then
  * sleeps on the futex done_tail after counting itself in client_waiting,
  * which the daemon wakes only then. The socket stays for setup, fds, large
- * or rare requests, and as the liveness channel. */
+ * or rare requests, and as the liveness channel.
+ *
+ * A page of stream flags follows: a call on device buffers in a CUDA
+ * stream's order takes the flag pair of its call slot, its stream writes
+ * ready[slot] = gen where the op may begin, and waits for done[slot] to
+ * reach gen; the daemon's own stream waits for ready and writes done after
+ * the op (and the daemon writes done from the host when the op fails), so
+ * the call returns at once and neither side's host waits for a GPU
+ * (docs/gpus.md). gen counts the slot's uses; comparisons wrap. */
 #ifndef CCS_RING_H
 #define CCS_RING_H
 
@@ -43,13 +51,17 @@ struct ccs__ring_op {
   uint32_t kind, dtype, redop;
   int32_t root;
   uint64_t count;
-  uint32_t flags, reserved;
+  uint32_t flags;
+  uint32_t order_slot, order_gen; /* CCS__RING_OP_STREAM: the batch's flag pair and value */
+  uint32_t reserved;
   struct ccs__ring_buf send, recv;
 };
 /* flags: the op runs only after the comm's earlier ops have finished (a
  * host stream's: its call returned before they were done, and it may read
  * what they write) */
 #define CCS__RING_OP_ORDERED 1u
+/* device buffers in a CUDA stream's order: the stream flags of order_slot */
+#define CCS__RING_OP_STREAM 2u
 
 /* A batch is done: its text, when status is not CCS_OK, in text[slot]
  * where slot is the completion's index modulo the ring. */
@@ -71,6 +83,11 @@ struct ccs__ring_shared {
   _Alignas(CCS__CACHE_LINE) struct ccs__ring_op sub[CCS__RING_ENTRIES];
   struct ccs__ring_done done[CCS__RING_ENTRIES];
   char text[CCS__RING_ENTRIES][CCS__ERROR_TEXT_MAX];
+  /* a page of its own: both sides register it with CUDA for their GPUs */
+  _Alignas(4096) struct ccs__ring_flags {
+    _Atomic uint32_t ready[CCS__RING_ENTRIES]; /* the client's stream: the op may begin */
+    _Atomic uint32_t done[CCS__RING_ENTRIES];  /* the daemon (its stream, or its host): it ended */
+  } flags;
 };
 
 /* The memfd's size: whole pages. */

@@ -9,7 +9,7 @@
 #include "ccs.h"
 #include "ccs.pb-c.h"
 
-#define CCS__PROTOCOL_VERSION 3u /* 3: RingSetup */
+#define CCS__PROTOCOL_VERSION 4u /* 3: RingSetup; 4: stream flags instead of interprocess events */
 
 /* A frame is a 4-byte little-endian length and that many bytes of protobuf.
  * The cap is checked before anything is allocated for the payload: a
@@ -42,7 +42,6 @@ enum ccs__coll_kind {
 /* Where a registered buffer lives (MemRegister.domain). */
 enum ccs__mem_domain { CCS__MEM_HOST = 0, CCS__MEM_CUDA = 1, CCS__MEM_CUDA_IPC = 2 };
 #define CCS__UUID_BYTES 16u          /* a GPU's UUID */
-#define CCS__IPC_EVENT_BYTES 64u     /* a cudaIpcEventHandle_t */
 #define CCS__IPC_MEM_BYTES 64u       /* a cudaIpcMemHandle_t */
 
 const char *ccs__coll_name(uint32_t kind);

@@ -28,6 +28,11 @@ static struct {
   CUresult (*current)(CUcontext *);
   CUresult (*set_current)(CUcontext);
   CUresult (*uuid)(CUuuid *, CUdevice);
+  CUresult (*host_register)(void *, size_t, unsigned int);
+  CUresult (*host_unregister)(void *);
+  CUresult (*host_device_ptr)(CUdeviceptr *, void *, unsigned int);
+  CUresult (*write32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  CUresult (*wait32)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 } cu;
 
 /* Every device's UUID, read once: registrations and events name GPUs by
@@ -78,7 +83,12 @@ static void load(void) {
          entry("cuDevicePrimaryCtxGetState", (void **)&cu.primary_state) ||
          entry("cuCtxGetCurrent", (void **)&cu.current) ||
          entry("cuCtxSetCurrent", (void **)&cu.set_current) ||
-         entry("cuDeviceGetUuid", (void **)&cu.uuid));
+         entry("cuDeviceGetUuid", (void **)&cu.uuid) ||
+         entry("cuMemHostRegister", (void **)&cu.host_register) ||
+         entry("cuMemHostUnregister", (void **)&cu.host_unregister) ||
+         entry("cuMemHostGetDevicePointer", (void **)&cu.host_device_ptr) ||
+         entry("cuStreamWriteValue32", (void **)&cu.write32) ||
+         entry("cuStreamWaitValue32", (void **)&cu.wait32));
   if (unusable[0]) return;
   for (int d = 0; d < n && d < 64; d++) {
     CUdevice dev;
@@ -298,4 +308,37 @@ void *ccs__cuda_context_save(void) {
 
 void ccs__cuda_context_restore(void *saved) {
   if (!ccs__cuda_usable(NULL, 0)) cu.set_current((CUcontext)saved);
+}
+
+int ccs__cuda_host_register(void *ptr, size_t len, char *err, size_t errlen) {
+  if (ccs__cuda_usable(err, errlen)) return -1;
+  CUresult r = cu.host_register(ptr, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  return r == CUDA_SUCCESS ? 0 : failed(r, "cannot register the stream flags with CUDA", err, errlen);
+}
+
+void ccs__cuda_host_unregister(void *ptr) {
+  if (ptr && !ccs__cuda_usable(NULL, 0)) cu.host_unregister(ptr);
+}
+
+/* The device address of a registered host word, in the current context. */
+static int device_word(_Atomic uint32_t *word, CUdeviceptr *ret, char *err, size_t errlen) {
+  if (ccs__cuda_usable(err, errlen)) return -1;
+  CUresult r = cu.host_device_ptr(ret, (void *)word, 0);
+  return r == CUDA_SUCCESS ? 0 : failed(r, "the stream flags are not registered", err, errlen);
+}
+
+int ccs__cuda_stream_write32(void *stream, _Atomic uint32_t *word, uint32_t value, char *err,
+                             size_t errlen) {
+  CUdeviceptr at;
+  if (device_word(word, &at, err, errlen)) return -1;
+  CUresult r = cu.write32((CUstream)stream, at, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  return r == CUDA_SUCCESS ? 0 : failed(r, "cannot write a stream flag", err, errlen);
+}
+
+int ccs__cuda_stream_wait32(void *stream, _Atomic uint32_t *word, uint32_t value, char *err,
+                            size_t errlen) {
+  CUdeviceptr at;
+  if (device_word(word, &at, err, errlen)) return -1;
+  CUresult r = cu.wait32((CUstream)stream, at, value, CU_STREAM_WAIT_VALUE_GEQ);
+  return r == CUDA_SUCCESS ? 0 : failed(r, "cannot wait for a stream flag", err, errlen);
 }

@@ -9,6 +9,7 @@
 #ifndef CCS_CUDA_VMM_H
 #define CCS_CUDA_VMM_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +58,19 @@ int ccs__cuda_has_context(void);
  * found it. */
 void *ccs__cuda_context_save(void);
 void ccs__cuda_context_restore(void *saved);
+
+/* Host memory GPUs read and write (stream flags, proto/ring.h): pinned and
+ * mapped for every device of the process, and back. */
+int ccs__cuda_host_register(void *ptr, size_t len, char *err, size_t errlen);
+void ccs__cuda_host_unregister(void *ptr);
+/* Stream memory operations on a 32-bit word of registered host memory:
+ * the stream writes value there, or waits until the word has reached value
+ * ((int32_t)(word - value) >= 0). -1 with err when the device cannot (an
+ * old driver, a GPU without stream memory operations). */
+int ccs__cuda_stream_write32(void *stream, _Atomic uint32_t *word, uint32_t value, char *err,
+                             size_t errlen);
+int ccs__cuda_stream_wait32(void *stream, _Atomic uint32_t *word, uint32_t value, char *err,
+                            size_t errlen);
 
 /* The device ordinal of this process whose UUID is uuid (16 bytes), or -1
  * (read once per process). */

@@ -144,8 +144,7 @@ struct coll_buf {
 struct post;
 /* How a post is answered and let go; the layer above made the post. */
 struct post_ops {
-  /* The rank's answer, once. A GPU op answers the ranks that gave stream
-   * events when it is queued, and releases them when it is done. */
+  /* The rank's answer, once, when the op is over. */
   void (*reply)(struct post *p, ccs_result_t status, const char *error);
   void (*note)(struct post *p, const char *info); /* how it ran (CCS_DEBUG=INFO), before reply */
   void (*release)(struct post *p); /* its buffers are no longer touched: frees p */
@@ -164,7 +163,7 @@ struct post {
   uint64_t seq;
   uint64_t posted_ms;
   uint64_t posted_ns; /* uv_hrtime, for the latency histogram */
-  struct gpu_events *events; /* the client's stream order (device buffers) */
+  struct gpu_order order; /* its place in the client's CUDA stream (flags NULL: none) */
   int ordered; /* runs after the comm's earlier ops finish (a host stream's op) */
   int replied;
 };

@@ -211,9 +211,7 @@ static void describe(const struct xop *x, char *buf, size_t len) {
 }
 
 static void ccsd_xop_done(struct xop *x);
-static void ccsd_xop_enqueued(struct xop *x);
 static void on_run_done(struct run_op *r) { ccsd_xop_done(LIST_ENTRY(r, struct xop, run)); }
-static void on_run_enqueued(struct run_op *r) { ccsd_xop_enqueued(LIST_ENTRY(r, struct xop, run)); }
 
 /* What the run layer needs of x besides its plan: where it runs, whose
  * stream order it keeps, the memory its messages may touch, who is where,
@@ -221,14 +219,15 @@ static void on_run_enqueued(struct run_op *r) { ccsd_xop_enqueued(LIST_ENTRY(r, 
 static int hand_down(struct xop *x) {
   struct comm *c = x->comm;
   struct run_op *r = &x->run;
-  r->events = calloc((size_t)x->nposts, sizeof(*r->events));
+  r->orders = calloc((size_t)x->nposts, sizeof(*r->orders));
   r->regions = calloc(2 * (size_t)x->nposts + 1, sizeof(*r->regions));
-  if (!r->events || !r->regions) return -1;
-  r->nevents = x->nposts;
+  if (!r->orders || !r->regions) return -1;
+  r->norders = x->nposts;
+  r->stream_key = c->id;
   for (int i = 0; i < x->nposts; i++) {
     const struct post *p = x->posts[i];
     if (!p) continue;
-    r->events[i] = p->events;
+    r->orders[i] = p->order;
     const struct coll_buf *bufs[2] = {&p->send, &p->recv};
     for (int k = 0; k < 2; k++)
       if (bufs[k]->base) r->regions[r->nregions++] = (struct run_region){bufs[k]->base, bufs[k]->size};
@@ -240,7 +239,6 @@ static int hand_down(struct xop *x) {
   r->p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
   r->seq = x->seq;
   r->on_done = on_run_done;
-  r->on_enqueued = on_run_enqueued;
   return r->plan.net_items ? ccsd_peers_op_prepare(r) : 0;
 }
 
@@ -321,14 +319,6 @@ static void reply_post(struct xop *x, int i, ccs_result_t status, const char *er
   }
   p->replied = 1;
   p->ops->reply(p, status, error);
-}
-
-/* On a GPU: the ranks that gave stream events get their answer now (their
- * streams wait for the GPU); every post is released when the op is done. */
-static void ccsd_xop_enqueued(struct xop *x) {
-  char info[512] = "";
-  for (int i = 0; i < x->nposts; i++)
-    if (x->posts[i] && x->posts[i]->events) reply_post(x, i, CCS_OK, NULL, info, sizeof(info));
 }
 
 static void ccsd_xop_done(struct xop *x) {

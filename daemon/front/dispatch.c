@@ -104,58 +104,6 @@ static void on_mem_deregister(struct session *s, uint64_t id, const Ccs__MemDere
   ccsd_session_reply(s, id, CCS_OK, NULL);
 }
 
-static void on_event_register(struct session *s, uint64_t id, const Ccs__EventRegister *m) {
-  char err[256];
-  struct gpu_events *ev;
-  ccs_result_t rc = ccsd_gpu_check_events(m->device.len, m->ready.len, m->done.len, err,
-                                          sizeof(err));
-  if (rc != CCS_OK) {
-    ccsd_session_reply(s, id, rc, err);
-    return;
-  }
-  if (!s->d->coll.gpu) {
-    snprintf(err, sizeof(err), "this daemon runs host-only (%s): no stream order to keep",
-             s->d->gpu_absent);
-    ccsd_session_reply(s, id, CCS_ERR_UNSUPPORTED, err);
-    return;
-  }
-  rc = ccsd_gpu_events_open(s->d->coll.gpu, m->device.data, m->ready.data, m->done.data, &ev, err,
-                            sizeof(err));
-  if (rc != CCS_OK) {
-    ccsd_session_reply(s, id, rc, err);
-    return;
-  }
-  ev->id = ++s->d->next_id;
-  list_insert_tail(&s->events, &ev->link);
-  Ccs__Reply r = CCS__REPLY__INIT;
-  Ccs__EventRegisterReply e = CCS__EVENT_REGISTER_REPLY__INIT;
-  e.events = ev->id;
-  r.id = id;
-  r.body_case = CCS__REPLY__BODY_EVENT_REGISTER;
-  r.event_register = &e;
-  ccsd_session_send(s, &r);
-}
-
-struct gpu_events *ccsd_session_events(struct session *s, uint64_t events) {
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &s->events) {
-    struct gpu_events *ev = LIST_ENTRY(it, struct gpu_events, link);
-    if (ev->id == events) return ev;
-  }
-  return NULL;
-}
-
-static void on_event_deregister(struct session *s, uint64_t id, uint64_t events) {
-  struct gpu_events *ev = ccsd_session_events(s, events);
-  if (!ev) {
-    ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such events on this connection");
-    return;
-  }
-  list_remove(&ev->link);
-  ccsd_gpu_events_unref(ev);
-  ccsd_session_reply(s, id, CCS_OK, NULL);
-}
-
 static struct client_comm *find_comm(struct session *s, uint64_t id, uint64_t handle) {
   struct client_comm *cc = ccsd_client_comm_find(s, handle);
   if (!cc) ccsd_session_reply(s, id, CCS_ERR_INVALID_ARGUMENT, "no such communicator");
@@ -238,7 +186,7 @@ static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
     for (int k = 0; k < 2; k++)
       if (refs[k]) *bufs[k] = (struct op_buf){refs[k]->buffer, refs[k]->offset, refs[k]->length, 1};
   }
-  ccsd_submit(s, id, ops, m->n_ops, m->events, 0);
+  ccsd_submit(s, id, ops, m->n_ops, NULL, 0);
   free(ops);
 }
 
@@ -264,10 +212,6 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len) {
   case CCS__REQUEST__BODY_COMM_ABORT: on_comm_destroy(s, id, req->comm_abort->comm, 1); break;
   case CCS__REQUEST__BODY_COMM_QUERY: on_comm_query(s, id, req->comm_query->comm); break;
   case CCS__REQUEST__BODY_MEM_REGISTER: on_mem_register(s, id, req->mem_register); break;
-  case CCS__REQUEST__BODY_EVENT_REGISTER: on_event_register(s, id, req->event_register); break;
-  case CCS__REQUEST__BODY_EVENT_DEREGISTER:
-    on_event_deregister(s, id, req->event_deregister->events);
-    break;
   case CCS__REQUEST__BODY_MEM_DEREGISTER: on_mem_deregister(s, id, req->mem_deregister); break;
   case CCS__REQUEST__BODY_SUBMIT: on_submit(s, id, req->submit); break;
   case CCS__REQUEST__BODY_STATS: on_stats(s, id); break;

@@ -190,7 +190,6 @@ struct session {
   size_t out_bytes;
   struct list buffers;
   struct list ipc_blocks; /* legacy CUDA IPC blocks opened (ipc_blocks.h) */
-  struct list events; /* struct gpu_events */
   struct list comms;                    /* struct client_comm */
   struct client_comm *comms_by_handle;  /* the same (uthash) */
   struct list submissions;
@@ -333,9 +332,9 @@ struct op_args {
 };
 /* Checks the n ops of call `id` and posts them, all or none; the answer
  * goes back the way the call came (via_ring: the completion ring). */
+/* order: the call's place in the client's CUDA stream (ring.c), or NULL */
 void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size_t n,
-                 uint64_t events, int via_ring);
-struct gpu_events *ccsd_session_events(struct session *s, uint64_t events); /* dispatch.c */
+                 const struct gpu_order *order, int via_ring);
 
 /* ring.c: the fast path (proto/ring.h) */
 /* The rings and doorbell of a RingSetup (fds taken from the session). */

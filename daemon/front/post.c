@@ -1,6 +1,7 @@
 /* A client's post from its request to its release (coll.h post_ops): the
  * answer goes to the submission it came in (and the metrics); the release
- * lets go of its buffers, its stream events and its charge. */
+ * lets go of its buffers, its place in the client's stream (whatever
+ * became of the op, the client's stream may go on) and its charge. */
 #include <stdlib.h>
 
 #include "front/front.h"
@@ -9,7 +10,10 @@ void ccsd_client_post_free(struct client_post *cp) {
   ccsd_membuf_unref(cp->sendbuf);
   ccsd_membuf_unref(cp->recvbuf);
   ccsd_tenant_release(cp->tenant, TENANT_OPS, 1);
-  ccsd_gpu_events_unref(cp->post.events);
+  if (cp->post.order.flags) {
+    ccsd_gpu_order_done(&cp->post.order);
+    ccsd_gpu_flags_unref(cp->post.order.flags);
+  }
   free(cp);
 }
 

@@ -26,6 +26,7 @@ struct ring {
   struct list link;        /* in daemon->rings until its doorbell is closed */
   struct session *session; /* NULL once the connection closed */
   struct ccs__ring_shared *sh;
+  struct gpu_flags *flags; /* its stream flags; holds the mapping (gpu.h) */
   uv_poll_t bell;
   int bell_fd;
   uint32_t sub_head;  /* ours: submission entries taken */
@@ -50,7 +51,7 @@ static void on_bell(uv_poll_t *h, int status, int events) {
 static void on_bell_closed(uv_handle_t *h) {
   struct ring *r = h->data;
   list_remove(&r->link);
-  munmap(r->sh, CCS__RING_BYTES);
+  ccsd_gpu_flags_unref(r->flags); /* unmapped with the last op it orders */
   close(r->bell_fd);
   free(r);
 }
@@ -108,7 +109,11 @@ void ccsd_ring_setup(struct session *s, uint64_t id) {
   struct ring *r = rc == CCS_OK ? calloc(1, sizeof(*r)) : NULL;
   void *map = MAP_FAILED;
   if (r) map = mmap(NULL, CCS__RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-  if (rc == CCS_OK && (!r || map == MAP_FAILED)) {
+  if (map != MAP_FAILED) {
+    struct ccs__ring_shared *shared = map;
+    r->flags = ccsd_gpu_flags_new(map, CCS__RING_BYTES, shared->flags.ready, shared->flags.done);
+  }
+  if (rc == CCS_OK && (!r || map == MAP_FAILED || !r->flags)) {
     snprintf(err, sizeof(err), "cannot map the rings: %s", r ? strerror(errno) : "out of memory");
     rc = CCS_ERR_NO_MEMORY;
   }
@@ -125,7 +130,8 @@ void ccsd_ring_setup(struct session *s, uint64_t id) {
     rc = CCS_ERR_SYSTEM;
   }
   if (rc != CCS_OK) {
-    if (map != MAP_FAILED) munmap(map, CCS__RING_BYTES);
+    if (r && r->flags) ccsd_gpu_flags_unref(r->flags); /* unmaps */
+    else if (map != MAP_FAILED) munmap(map, CCS__RING_BYTES);
     if (bell >= 0) close(bell);
     free(r);
     ccsd_session_reply(s, id, rc, err);
@@ -187,17 +193,24 @@ static int take_batch(struct ring *r) {
   }
   r->sub_head += n;
   atomic_store_explicit(&sh->sub_head, r->sub_head, memory_order_release);
-  for (uint32_t i = 0; i < n; i++)
-    if (e[i].flags & ~CCS__RING_OP_ORDERED) {
-      char err[96];
+  char err[128] = "";
+  for (uint32_t i = 0; i < n && !err[0]; i++)
+    if (e[i].flags & ~(CCS__RING_OP_ORDERED | CCS__RING_OP_STREAM))
       snprintf(err, sizeof(err), "op %u of the call has unknown flags 0x%x", i, e[i].flags);
-      ccsd_ring_complete(r->session, e[0].req_id, CCS_ERR_INVALID_ARGUMENT, err);
-      return r->session && !r->session->closing ? 1 : -1;
-    }
+    else if ((e[i].flags ^ e[0].flags) & CCS__RING_OP_STREAM || e[i].order_slot != e[0].order_slot ||
+             e[i].order_gen != e[0].order_gen)
+      snprintf(err, sizeof(err), "op %u of the call is not in its stream order as op 0 is", i);
+  if (!err[0] && (e[0].flags & CCS__RING_OP_STREAM) && e[0].order_slot >= CCS__RING_ENTRIES)
+    snprintf(err, sizeof(err), "stream flags %u of a ring of %u", e[0].order_slot, CCS__RING_ENTRIES);
+  if (err[0]) {
+    ccsd_ring_complete(r->session, e[0].req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return r->session && !r->session->closing ? 1 : -1;
+  }
   struct op_args args[CCS__RING_BATCH_MAX];
   for (uint32_t i = 0; i < n; i++) to_args(&e[i], &args[i]);
   r->session->d->ring_calls++;
-  ccsd_submit(r->session, e[0].req_id, args, n, 0, 1);
+  struct gpu_order order = {r->flags, e[0].order_slot, e[0].order_gen};
+  ccsd_submit(r->session, e[0].req_id, args, n, e[0].flags & CCS__RING_OP_STREAM ? &order : NULL, 1);
   return r->session && !r->session->closing ? 1 : -1;
 }
 

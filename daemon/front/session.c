@@ -99,7 +99,6 @@ void ccsd_session_new(struct daemon *d, int fd) {
   list_init(&s->outq);
   list_init(&s->buffers);
   list_init(&s->ipc_blocks);
-  list_init(&s->events);
   list_init(&s->comms);
   list_init(&s->submissions);
   list_insert_tail(&d->sessions, &s->link);
@@ -147,10 +146,6 @@ void ccsd_session_close(struct session *s, const char *why) {
     ccsd_membuf_deregister(LIST_ENTRY(it, struct membuf, link));
   }
   ccsd_ipc_blocks_detach(&s->ipc_blocks); /* what ops in flight hold lives on */
-  LIST_FOREACH_SAFE(it, tmp, &s->events) {
-    list_remove(it);
-    ccsd_gpu_events_unref(LIST_ENTRY(it, struct gpu_events, link));
-  }
   LIST_FOREACH_SAFE(it, tmp, &s->outq) {
     list_remove(it);
     free(LIST_ENTRY(it, struct outbuf, link));

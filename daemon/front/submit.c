@@ -126,15 +126,16 @@ static void answer(struct session *s, uint64_t id, int via_ring, ccs_result_t rc
   else ccsd_session_reply(s, id, rc, err);
 }
 
+/* A CUDA stream's order holds for device buffers only: a host buffer in a
+ * stream-ordered call is refused (its stream would order nothing). */
+static int stream_order_fits(const struct client_post *cp) {
+  return (!cp->sendbuf || cp->sendbuf->device >= 0) && (!cp->recvbuf || cp->recvbuf->device >= 0);
+}
+
 void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size_t n,
-                 uint64_t events_id, int via_ring) {
+                 const struct gpu_order *order, int via_ring) {
   char err[CCS__ERROR_TEXT_MAX];
   ccs_result_t rc = CCS_OK;
-  struct gpu_events *events = events_id ? ccsd_session_events(s, events_id) : NULL;
-  if (events_id && !events) {
-    answer(s, id, via_ring, CCS_ERR_INVALID_ARGUMENT, "no such events on this connection");
-    return;
-  }
   struct client_post *stack[8], **posts = n <= 8 ? stack : calloc(n, sizeof(*posts));
   if (!posts) {
     answer(s, id, via_ring, CCS_ERR_NO_MEMORY, "out of memory");
@@ -144,6 +145,17 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
   for (i = 0; i < n; i++) {
     posts[i] = make_post(s, &ops[i], &rc, err, sizeof(err));
     if (!posts[i]) break;
+    if (order && !stream_order_fits(posts[i])) {
+      ccsd_client_post_free(posts[i]);
+      posts[i] = NULL;
+      rc = CCS_ERR_INVALID_ARGUMENT;
+      snprintf(err, sizeof(err), "a CUDA stream orders device buffers, and this op has host buffers");
+      break;
+    }
+    if (order) {
+      posts[i]->post.order = *order;
+      ccsd_gpu_flags_ref(order->flags);
+    }
   }
   struct submission *sub = i == n ? ccsd_submission_new(s, id, (int)n, via_ring) : NULL;
   if (!sub) { /* op i was refused, or no memory for the submission */
@@ -153,12 +165,12 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
     if (i == n) rc = CCS_ERR_NO_MEMORY;
     while (i-- > 0) ccsd_client_post_free(posts[i]);
     if (posts != stack) free(posts);
+    if (order) ccsd_gpu_order_done(order); /* the client's stream goes on: the call had no effect */
     answer(s, id, via_ring, rc, full);
     return;
   }
   for (i = 0; i < n; i++) {
     posts[i]->sub = sub;
-    if ((posts[i]->post.events = events) != NULL) events->refs++;
     ccsd_post_submit(&posts[i]->post);
   }
   if (posts != stack) free(posts);

@@ -1,5 +1,5 @@
-/* The fields of device registrations and events, checked before anything
- * is asked of the driver (gpu.h). */
+/* The fields of device registrations, checked before anything is asked
+ * of the driver (gpu.h). */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -24,20 +24,6 @@ ccs_result_t ccsd_gpu_check_register(uint32_t domain, uint64_t size, size_t uuid
   if (domain == CCS__MEM_CUDA_IPC && handle_len != CCS__IPC_MEM_BYTES) {
     snprintf(err, errlen, "a cudaIpcMemHandle_t is %u bytes, not %zu", CCS__IPC_MEM_BYTES,
              handle_len);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
-  return CCS_OK;
-}
-
-ccs_result_t ccsd_gpu_check_events(size_t uuid_len, size_t ready_len, size_t done_len, char *err,
-                                   size_t errlen) {
-  if (uuid_len != CCS__UUID_BYTES) {
-    snprintf(err, errlen, "a GPU is named by its %u-byte UUID, not %zu bytes", CCS__UUID_BYTES,
-             uuid_len);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
-  if (ready_len != CCS__IPC_EVENT_BYTES || done_len != CCS__IPC_EVENT_BYTES) {
-    snprintf(err, errlen, "an interprocess event handle is %u bytes", CCS__IPC_EVENT_BYTES);
     return CCS_ERR_INVALID_ARGUMENT;
   }
   return CCS_OK;

@@ -1,18 +1,22 @@
 /* The daemon's CUDA memory domain (gpu.h), built where the toolkit is.
  *
- * Per GPU: one stream and two threads. The submitter takes ops in the
- * order the loop matched them (one launch order per GPU, whatever the
- * tenant), makes the stream wait on the ranks' `ready` events, queues the
- * graph's kernels, records each rank's `done` event and a completion event
- * of its own, and tells the loop the op is queued. The completer waits for
- * completion events in order and tells the loop the op is over, which only
- * then lets go of the buffers. */
+ * Per GPU a submitter thread takes ops in the order the loop matched them
+ * and queues each on its comm's stream (gpu_streams.c): waits for its
+ * ranks' stream flags, the graph's kernels, the writes of their `done`
+ * flags, and a host function that hands the op back to the loop once the
+ * GPU is through with it (only then may the buffers go). One watchdog
+ * thread for all GPUs looks at the ops queued every WATCH_MS: it lets the
+ * streams of cancelled ops go (gpu_watch.c), notices errors on the
+ * streams, gives idle streams back, and does what must not block the
+ * loop: freeing device scratch, unregistering clients' pages of flags. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/log.h"
@@ -23,26 +27,41 @@
 #include "run/gpu.h"
 #include "wire.h"
 
+#define WATCH_MS 50
+#define STREAM_IDLE_MS 10000 /* a comm's stream idle this long is destroyed */
+
 struct device {
   struct gpu *g;
   int index;
-  cudaStream_t stream;
-  struct list queue;    /* xops to queue on the GPU (link) */
-  struct list inflight; /* queued, their completion awaited (link) */
+  struct gpu_streams streams;
+  struct list queue;  /* ops to queue on the GPU (link) */
+  struct list queued; /* on the GPU, not yet back (gpu_link) */
   pthread_cond_t cv;
-  pthread_t submitter, completer;
-  int threads;
-  int busy; /* the submitter holds an op off both lists */
+  pthread_t submitter;
+  int started;
   struct engine_pool *pool;
   char name[96];
+};
+
+/* Device memory the pool let go, freed on the watchdog: cudaFree waits for
+ * the device, which may be busy with other tenants' work. */
+struct dead_mem {
+  struct dead_mem *next;
+  int device;
+  void *mem;
 };
 
 struct gpu {
   int ndevices;
   struct device dev[CCSD_GPU_MAX_DEVICES];
   uint64_t reach[CCSD_GPU_MAX_DEVICES];
-  pthread_mutex_t mu;
-  struct list to_loop; /* xops with news for the loop (done_link) */
+  pthread_mutex_t mu, reg_mu;
+  pthread_cond_t watch_cv;
+  pthread_t watchdog;
+  int watching;
+  struct list to_loop;     /* ops back from the GPU (done_link) */
+  struct list dead_flags;  /* pages of flags to unregister and unmap (gpu_flags.link) */
+  struct dead_mem *dead_mem;
   uv_async_t async;
   int stop;
 };
@@ -74,10 +93,34 @@ static void check_sticky(const struct device *dv, cudaError_t e, const char *wha
   _exit(EXIT_FAILURE);
 }
 
-static void to_loop_locked(struct gpu *g, struct run_op *x, int flag) {
-  if (!ccsd_gpu_progress_mark(&x->gpu_state, flag)) return; /* listed already */
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Under g->mu: x is back from its GPU (or never went): to the loop. */
+static void back_to_loop_locked(struct gpu *g, struct run_op *x) {
+  if (x->gpu_stream) {
+    struct device *dv = x->gpu_stream->owner;
+    list_remove(&x->gpu_link);
+    if (--x->gpu_stream->inflight == 0) { /* an op waiting for a stream may take it */
+      x->gpu_stream->idle_since_ms = now_ms();
+      pthread_cond_broadcast(&dv->cv);
+    }
+    x->gpu_stream = NULL;
+  }
   list_insert_tail(&g->to_loop, &x->done_link);
   uv_async_send(&g->async);
+}
+
+/* A CUDA thread, once x's work is done on its stream: no CUDA call here. */
+static void CUDART_CB on_stream_done(void *arg) {
+  struct run_op *x = arg;
+  struct gpu *g = ((struct device *)x->gpu_stream->owner)->g;
+  pthread_mutex_lock(&g->mu);
+  back_to_loop_locked(g, x);
+  pthread_mutex_unlock(&g->mu);
 }
 
 static cudaError_t run_task(const struct engine_plan *pl, size_t task, cudaStream_t stream) {
@@ -97,53 +140,76 @@ static cudaError_t run_task(const struct engine_plan *pl, size_t task, cudaStrea
   return (cudaError_t)ccs__copy_device(in[0], out, nd->nout, n * pl->elem_size, stream);
 }
 
-/* Records ev once everything queued so far on dv's stream is done, on the
- * stream of ev's own GPU (an event is recorded on its device). */
-static cudaError_t record_done(struct device *dv, cudaEvent_t fin, struct gpu_events *ev) {
-  if (ev->device == dv->index) return cudaEventRecord(ev->done, dv->stream);
-  struct device *other = &dv->g->dev[ev->device];
-  cudaError_t e = cudaSetDevice(other->index);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(other->stream, fin, 0);
-  if (e == cudaSuccess) e = cudaEventRecord(ev->done, other->stream);
-  cudaSetDevice(dv->index);
-  return e;
+/* The last reference to a registered page of flags: to the watchdog. */
+static void retire_flags(struct gpu_flags *f) {
+  struct gpu *g = f->g;
+  pthread_mutex_lock(&g->mu);
+  list_insert_tail(&g->dead_flags, &f->link);
+  pthread_mutex_unlock(&g->mu);
 }
 
-/* Queues x on dv's stream; x->gpu_done is its completion event (NULL when
- * none could be made: nothing of x is queued then). */
-static void queue_op(struct device *dv, struct run_op *x) {
-  cudaError_t e = cudaSetDevice(dv->index);
-  const char *what = "selecting the device";
-  for (int i = 0; e == cudaSuccess && i < x->nevents; i++)
-    if (x->events[i]) {
-      what = "waiting for a rank's stream";
-      e = cudaStreamWaitEvent(dv->stream, x->events[i]->ready, 0);
+/* A client's page of flags, registered with CUDA at its first use; 0 when
+ * it is (or was). Under g->reg_mu (not g->mu: CUDA's own threads take that
+ * in on_stream_done, and registering may wait for them); rare, once per
+ * connection. */
+static int flags_ready(struct gpu *g, struct gpu_flags *f, char *err, size_t errlen) {
+  if (f->registered == 0) {
+    char why[200];
+    if (ccs__cuda_host_register(f->page, 4096, why, sizeof(why)) == 0) {
+      f->registered = 1;
+      f->g = g;
+      f->retire = retire_flags;
+    } else {
+      f->registered = -1;
+      LOG_WARN("a client's stream flags: %s", why);
     }
+  }
+  if (f->registered == 1) return 0;
+  snprintf(err, errlen, "this daemon cannot register the client's stream flags with CUDA");
+  return -1;
+}
+
+/* Queues x on stream st: its ranks' streams first, its kernels, their
+ * flags, and the host function that hands it back. Returns 1 when that
+ * function is queued (x comes back through it), 0 when x must go back now
+ * (nothing of it, or not all of it, could be queued: x->gpu_error says). */
+static int queue_op(struct device *dv, struct run_op *x, cudaStream_t st) {
+  char err[200] = "";
+  const char *what = "selecting the device";
+  cudaError_t e = cudaSetDevice(dv->index);
+  int ok = e == cudaSuccess;
+  for (int i = 0; ok && i < x->norders; i++) {
+    const struct gpu_order *o = &x->orders[i];
+    if (!o->flags) continue;
+    pthread_mutex_lock(&dv->g->reg_mu);
+    ok = !flags_ready(dv->g, o->flags, err, sizeof(err));
+    pthread_mutex_unlock(&dv->g->reg_mu);
+    if (ok) ok = !ccs__cuda_stream_wait32(st, &o->flags->ready[o->slot], o->gen, err, sizeof(err));
+  }
   engine_start(&x->plan);
-  while (e == cudaSuccess && engine_has_ready(&x->plan)) {
+  while (ok && engine_has_ready(&x->plan)) {
     size_t t = engine_claim(&x->plan);
     what = "launching a kernel";
-    e = run_task(&x->plan, t, dv->stream);
+    e = run_task(&x->plan, t, st);
     engine_finish(&x->plan, t);
+    ok = e == cudaSuccess;
   }
-  cudaEvent_t fin = NULL;
-  cudaError_t ef = cudaEventCreateWithFlags(&fin, cudaEventDisableTiming | cudaEventBlockingSync);
-  if (ef == cudaSuccess) ef = cudaEventRecord(fin, dv->stream);
-  for (int i = 0; e == cudaSuccess && ef == cudaSuccess && i < x->nevents; i++)
-    if (x->events[i]) {
-      what = "recording a rank's event";
-      e = record_done(dv, fin, x->events[i]);
-    }
-  if (ef != cudaSuccess && e == cudaSuccess) e = ef, what = "recording the op's completion";
-  check_sticky(dv, e, what);
-  if (e != cudaSuccess)
-    snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: %s: %s (CUDA error %d)", dv->index,
-             what, cudaGetErrorString(e), (int)e);
-  if (ef != cudaSuccess && fin) {
-    cudaEventDestroy(fin);
-    fin = NULL;
+  for (int i = 0; ok && i < x->norders; i++) {
+    const struct gpu_order *o = &x->orders[i];
+    if (o->flags) ok = !ccs__cuda_stream_write32(st, &o->flags->done[o->slot], o->gen, err, sizeof(err));
   }
-  x->gpu_done = fin;
+  if (ok) {
+    what = "queuing the op's end";
+    e = cudaLaunchHostFunc(st, on_stream_done, x);
+    ok = e == cudaSuccess;
+  }
+  if (ok) return 1;
+  if (e != cudaSuccess) {
+    check_sticky(dv, e, what);
+    snprintf(err, sizeof(err), "%s: %s (CUDA error %d)", what, cudaGetErrorString(e), (int)e);
+  }
+  snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: %s", dv->index, err);
+  return 0;
 }
 
 static void *submitter(void *arg) {
@@ -157,47 +223,131 @@ static void *submitter(void *arg) {
       continue;
     }
     struct run_op *x = LIST_ENTRY(dv->queue.next, struct run_op, link);
-    list_remove(&x->link);
-    dv->busy = 1;
-    pthread_mutex_unlock(&g->mu);
-    if (!atomic_load(&x->cancelled)) queue_op(dv, x);
-    pthread_mutex_lock(&g->mu);
-    dv->busy = 0;
-    if (!x->gpu_error[0] && !atomic_load(&x->cancelled)) to_loop_locked(g, x, CCSD_GPU_ANNOUNCED);
-    if (x->gpu_done) {
-      list_insert_tail(&dv->inflight, &x->link);
-      pthread_cond_broadcast(&dv->cv);
-    } else {
-      to_loop_locked(g, x, CCSD_GPU_COMPLETED);
+    if (atomic_load(&x->cancelled)) { /* its comm failed before it got here */
+      list_remove(&x->link);
+      back_to_loop_locked(g, x);
+      continue;
     }
+    struct gpu_stream *s = ccsd_gpu_stream_for(&dv->streams, x->stream_key);
+    if (!s) { /* every stream runs another comm's ops: the watchdog wakes this */
+      pthread_cond_wait(&dv->cv, &g->mu);
+      continue;
+    }
+    list_remove(&x->link);
+    s->inflight++;
+    x->gpu_stream = s;
+    list_insert_tail(&dv->queued, &x->gpu_link);
+    pthread_mutex_unlock(&g->mu);
+    cudaStream_t st = s->handle;
+    cudaError_t e = cudaSuccess;
+    if (!st && (e = cudaSetDevice(dv->index)) == cudaSuccess &&
+        (e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) == cudaSuccess)
+      s->handle = st; /* only this thread makes streams of this device */
+    int queued = 0;
+    if (e == cudaSuccess) queued = queue_op(dv, x, st);
+    else {
+      check_sticky(dv, e, "making a stream");
+      snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: making a stream: %s", dv->index,
+               cudaGetErrorString(e));
+    }
+    pthread_mutex_lock(&g->mu);
+    if (!queued) back_to_loop_locked(g, x);
   }
   pthread_mutex_unlock(&g->mu);
   return NULL;
 }
 
-static void *completer(void *arg) {
-  struct device *dv = arg;
-  struct gpu *g = dv->g;
-  cudaSetDevice(dv->index);
-  pthread_mutex_lock(&g->mu);
-  for (;;) {
-    if (list_empty(&dv->inflight)) {
-      if (g->stop && list_empty(&dv->queue) && !dv->busy) break;
-      pthread_cond_wait(&dv->cv, &g->mu);
-      continue;
+/* Under g->mu: what every GPU's ops on their streams need, once a tick. */
+static void watch_queued(struct gpu *g, uint64_t now) {
+  for (int d = 0; d < g->ndevices; d++) {
+    struct device *dv = &g->dev[d];
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, &dv->queued) {
+      struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
+      switch (ccsd_gpu_watch_step(&x->gpu_watch, atomic_load(&x->cancelled), now)) {
+      case CCSD_GPU_WATCH_RELEASE:
+        for (int i = 0; i < x->norders; i++) ccsd_gpu_order_unblock(&x->orders[i]);
+        break;
+      case CCSD_GPU_WATCH_STUCK:
+        LOG_WARN("GPU %d (%s): an op of a failed comm is still on the GPU %d s after its stream "
+                 "was let go", dv->index, dv->name, CCSD_GPU_STUCK_MS / 1000);
+        break;
+      default:
+        break;
+      }
     }
-    struct run_op *x = LIST_ENTRY(dv->inflight.next, struct run_op, link);
+  }
+}
+
+/* Not under g->mu: errors on the streams that have ops (a failed kernel
+ * leaves its stream unable to run anything more). */
+static void watch_streams(struct gpu *g) {
+  for (int d = 0; d < g->ndevices; d++) {
+    struct device *dv = &g->dev[d];
+    if (cudaSetDevice(dv->index) != cudaSuccess) continue;
+    for (int i = 0; i < CCSD_GPU_STREAMS; i++) {
+      pthread_mutex_lock(&g->mu);
+      cudaStream_t st = dv->streams.s[i].inflight ? dv->streams.s[i].handle : NULL;
+      pthread_mutex_unlock(&g->mu);
+      if (!st) continue;
+      cudaError_t e = cudaStreamQuery(st);
+      if (e != cudaSuccess && e != cudaErrorNotReady) check_sticky(dv, e, "running an op");
+    }
+  }
+}
+
+/* Not under g->mu: what the loop let go, and idle streams. */
+static void bury(struct gpu *g, uint64_t now) {
+  pthread_mutex_lock(&g->mu);
+  struct dead_mem *mem = g->dead_mem;
+  g->dead_mem = NULL;
+  struct list flags;
+  list_init(&flags);
+  list_take_all(&flags, &g->dead_flags);
+  void *idle[CCSD_GPU_MAX_DEVICES][16];
+  int nidle[CCSD_GPU_MAX_DEVICES];
+  for (int d = 0; d < g->ndevices; d++)
+    nidle[d] = ccsd_gpu_streams_retire(&g->dev[d].streams, now, STREAM_IDLE_MS, idle[d], 16);
+  pthread_mutex_unlock(&g->mu);
+  for (struct dead_mem *m = mem, *next; m; m = next) {
+    next = m->next;
+    cudaSetDevice(m->device);
+    cudaFree(m->mem);
+    free(m);
+  }
+  while (!list_empty(&flags)) {
+    struct gpu_flags *f = LIST_ENTRY(flags.next, struct gpu_flags, link);
+    list_remove(&f->link);
+    ccs__cuda_host_unregister(f->page);
+    munmap(f->map, f->len);
+    free(f);
+  }
+  for (int d = 0; d < g->ndevices; d++)
+    for (int i = 0; i < nidle[d]; i++) {
+      cudaSetDevice(d);
+      cudaStreamDestroy((cudaStream_t)idle[d][i]);
+    }
+  pthread_mutex_lock(&g->mu);
+  for (int d = 0; d < g->ndevices; d++) /* a freed place: an op waiting for one may go */
+    if (nidle[d]) pthread_cond_broadcast(&g->dev[d].cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void *watchdog(void *arg) {
+  struct gpu *g = arg;
+  pthread_mutex_lock(&g->mu);
+  while (!g->stop) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += WATCH_MS * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&g->watch_cv, &g->mu, &until);
+    uint64_t now = now_ms();
+    watch_queued(g, now);
     pthread_mutex_unlock(&g->mu);
-    cudaError_t e = cudaEventSynchronize((cudaEvent_t)x->gpu_done);
-    check_sticky(dv, e, "running an op");
-    if (e != cudaSuccess && !x->gpu_error[0])
-      snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: running the op: %s (CUDA error %d)",
-               dv->index, cudaGetErrorString(e), (int)e);
-    cudaEventDestroy((cudaEvent_t)x->gpu_done);
-    x->gpu_done = NULL;
+    watch_streams(g);
+    bury(g, now);
     pthread_mutex_lock(&g->mu);
-    list_remove(&x->link);
-    to_loop_locked(g, x, CCSD_GPU_COMPLETED);
   }
   pthread_mutex_unlock(&g->mu);
   return NULL;
@@ -212,11 +362,8 @@ static void drain(struct gpu *g) {
     }
     struct run_op *x = LIST_ENTRY(g->to_loop.next, struct run_op, done_link);
     list_remove(&x->done_link);
-    int act = ccsd_gpu_progress_take(&x->gpu_state);
     pthread_mutex_unlock(&g->mu);
-    /* the reply to ranks whose streams wait on `done`, then the rest */
-    if (act & CCSD_GPU_DO_ANNOUNCE) x->on_enqueued(x);
-    if (act & CCSD_GPU_DO_FINISH) x->on_done(x);
+    x->on_done(x);
   }
 }
 
@@ -232,8 +379,17 @@ static void *device_alloc(size_t bytes, void *ctx) {
 
 static void device_release(void *mem, void *ctx) {
   struct device *dv = ctx;
-  cudaSetDevice(dv->index);
-  cudaFree(mem);
+  struct dead_mem *m = malloc(sizeof(*m));
+  if (!m) { /* no room to defer it: freed here, waiting for the device */
+    cudaSetDevice(dv->index);
+    cudaFree(mem);
+    return;
+  }
+  *m = (struct dead_mem){NULL, dv->index, mem};
+  pthread_mutex_lock(&dv->g->mu);
+  m->next = dv->g->dead_mem;
+  dv->g->dead_mem = m;
+  pthread_mutex_unlock(&dv->g->mu);
 }
 
 struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device) { return g->dev[device].pool; }
@@ -271,7 +427,10 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
     return NULL;
   }
   pthread_mutex_init(&g->mu, NULL);
+  pthread_mutex_init(&g->reg_mu, NULL);
+  pthread_cond_init(&g->watch_cv, NULL);
   list_init(&g->to_loop);
+  list_init(&g->dead_flags);
   uv_async_init(loop, &g->async, on_async);
   g->async.data = g;
   for (int i = 0; i < n; i++) {
@@ -280,14 +439,14 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
     dv->g = g;
     dv->index = i;
     list_init(&dv->queue);
-    list_init(&dv->inflight);
+    list_init(&dv->queued);
     pthread_cond_init(&dv->cv, NULL);
+    for (int k = 0; k < CCSD_GPU_STREAMS; k++) dv->streams.s[k].owner = dv;
+    g->ndevices = i + 1;
     cudaError_t e = cudaSetDevice(i);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&p, i);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&dv->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
       snprintf(why, len, "GPU %d: %s", i, cudaGetErrorString(e));
-      g->ndevices = i + 1;
       ccsd_gpu_stop(g);
       return NULL;
     }
@@ -298,25 +457,47 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
         g->reach[i] |= (uint64_t)1 << j;
     }
     dv->pool = engine_pool_new_with((size_t)256 << 20, device_alloc, device_release, dv);
-    g->ndevices = i + 1;
     if (!dv->pool || pthread_create(&dv->submitter, NULL, submitter, dv)) break;
-    dv->threads = 1;
-    if (pthread_create(&dv->completer, NULL, completer, dv)) break;
-    dv->threads = 2;
+    dv->started = 1;
   }
-  if (g->ndevices < n || g->dev[n - 1].threads < 2) {
+  if (g->ndevices < n || !g->dev[n - 1].started || pthread_create(&g->watchdog, NULL, watchdog, g)) {
     snprintf(why, len, "cannot start the GPU threads");
     ccsd_gpu_stop(g);
     return NULL;
   }
+  g->watching = 1;
   enable_peer_access(g);
   return g;
 }
 
 static void on_closed(uv_handle_t *h) {
   struct gpu *g = h->data;
+  bury(g, UINT64_MAX); /* the pages of rings closed since */
   pthread_mutex_destroy(&g->mu);
+  pthread_mutex_destroy(&g->reg_mu);
+  pthread_cond_destroy(&g->watch_cv);
   free(g);
+}
+
+/* At the end: every op on a GPU is let go, and waited for (10 s at most:
+ * a kernel that never ends keeps its op, and the daemon exits anyway). */
+static void finish_all(struct gpu *g) {
+  for (int waited_ms = 0; waited_ms < 10000; waited_ms++) {
+    pthread_mutex_lock(&g->mu);
+    int left = 0;
+    for (int d = 0; d < g->ndevices; d++) {
+      struct list *it, *tmp;
+      LIST_FOREACH_SAFE(it, tmp, &g->dev[d].queued) {
+        struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
+        for (int i = 0; i < x->norders; i++) ccsd_gpu_order_unblock(&x->orders[i]);
+        left++;
+      }
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (!left) return;
+    usleep(1000);
+  }
+  LOG_WARN("ops still on a GPU as the daemon stops");
 }
 
 void ccsd_gpu_stop(struct gpu *g) {
@@ -324,19 +505,20 @@ void ccsd_gpu_stop(struct gpu *g) {
   pthread_mutex_lock(&g->mu);
   g->stop = 1;
   for (int i = 0; i < g->ndevices; i++) pthread_cond_broadcast(&g->dev[i].cv);
+  pthread_cond_broadcast(&g->watch_cv);
   pthread_mutex_unlock(&g->mu);
-  for (int i = 0; i < g->ndevices; i++) {
-    struct device *dv = &g->dev[i];
-    if (dv->threads > 0) pthread_join(dv->submitter, NULL);
-    if (dv->threads > 1) pthread_join(dv->completer, NULL);
-  }
+  for (int i = 0; i < g->ndevices; i++)
+    if (g->dev[i].started) pthread_join(g->dev[i].submitter, NULL);
+  if (g->watching) pthread_join(g->watchdog, NULL);
+  finish_all(g);
   drain(g); /* every op is over: the loop finishes them */
+  bury(g, UINT64_MAX);
   for (int i = 0; i < g->ndevices; i++) {
     struct device *dv = &g->dev[i];
     engine_pool_free(dv->pool);
-    if (dv->stream) cudaStreamDestroy(dv->stream);
     pthread_cond_destroy(&dv->cv);
   }
+  bury(g, UINT64_MAX); /* what the pools let go */
   uv_close((uv_handle_t *)&g->async, on_closed);
 }
 
@@ -399,42 +581,3 @@ ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8
 
 void ccsd_gpu_close_ipc(void *base) { ccs__cuda_ipc_close(base); }
 
-ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, const uint8_t *ready,
-                                  const uint8_t *done, struct gpu_events **ret, char *err,
-                                  size_t errlen) {
-  _Static_assert(sizeof(cudaIpcEventHandle_t) == CCS__IPC_EVENT_BYTES, "event handle size");
-  _Static_assert(sizeof(cudaIpcMemHandle_t) == CCS__IPC_MEM_BYTES, "memory handle size");
-  int dev = device_of(g, uuid, err, errlen);
-  if (dev < 0) return CCS_ERR_INVALID_ARGUMENT;
-  struct gpu_events *ev = calloc(1, sizeof(*ev));
-  if (!ev) {
-    snprintf(err, errlen, "out of memory");
-    return CCS_ERR_NO_MEMORY;
-  }
-  cudaIpcEventHandle_t hr, hd;
-  memcpy(&hr, ready, sizeof(hr));
-  memcpy(&hd, done, sizeof(hd));
-  cudaEvent_t r = NULL, dn = NULL;
-  cudaError_t e = cudaSetDevice(dev);
-  if (e == cudaSuccess) e = cudaIpcOpenEventHandle(&r, hr);
-  if (e == cudaSuccess) e = cudaIpcOpenEventHandle(&dn, hd);
-  if (e != cudaSuccess) {
-    if (r) cudaEventDestroy(r);
-    snprintf(err, errlen, "cannot open the client's events: %s", cudaGetErrorString(e));
-    free(ev);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
-  ev->device = dev;
-  ev->refs = 1;
-  ev->ready = r;
-  ev->done = dn;
-  *ret = ev;
-  return CCS_OK;
-}
-
-void ccsd_gpu_events_unref(struct gpu_events *ev) {
-  if (!ev || --ev->refs > 0) return;
-  cudaEventDestroy((cudaEvent_t)ev->ready);
-  cudaEventDestroy((cudaEvent_t)ev->done);
-  free(ev);
-}

@@ -28,14 +28,6 @@ ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8
 }
 void ccsd_gpu_close_ipc(void *base) {}
 
-ccs_result_t ccsd_gpu_events_open(struct gpu *g, const uint8_t *uuid, const uint8_t *ready,
-                                  const uint8_t *done, struct gpu_events **ret, char *err,
-                                  size_t errlen) {
-  snprintf(err, errlen, "this daemon was built without the CUDA toolkit");
-  return CCS_ERR_UNSUPPORTED;
-}
-
-void ccsd_gpu_events_unref(struct gpu_events *ev) {}
 struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device) { return NULL; }
 const uint64_t *ccsd_gpu_reach(const struct gpu *g) { return NULL; }
 void ccsd_gpu_submit(struct gpu *g, struct run_op *x) {}

@@ -6,7 +6,7 @@
 void ccsd_run_op_free(struct run_op *x) {
   engine_plan_free(&x->plan);
   free(x->regions);
-  free(x->events);
+  free(x->orders);
   free(x->net_tasks);
 }
 

@@ -3,8 +3,7 @@
  * the layer that launched it hears back. The layer above embeds it in its
  * own op, fills the first block and hands it down (executor.h, gpu.h);
  * from then on each block below belongs to the party it names, and the
- * launcher hears back only through on_done and on_enqueued, on the loop
- * thread. */
+ * launcher hears back only through on_done, on the loop thread. */
 #ifndef CCSD_RUN_OP_H
 #define CCSD_RUN_OP_H
 
@@ -21,7 +20,8 @@ struct net_comm;
 struct net_map;
 struct net_mem;
 struct net_task;
-struct gpu_events;
+struct gpu_order;
+struct gpu_stream;
 
 /* Memory an op's messages may read or write (registered with the
  * transport at its first message). */
@@ -35,8 +35,9 @@ struct run_op {
   uid_t uid;                  /* its tenant: the executor shares threads per tenant */
   int streaming;              /* outputs past the caches: non-temporal stores */
   int device;                 /* the GPU that runs it; -1: host memory */
-  struct gpu_events **events; /* per local post, the client's stream order (or NULL) */
-  int nevents;
+  uint64_t stream_key;        /* its comm: a GPU runs a comm's ops in order, on one stream */
+  struct gpu_order *orders;   /* the local posts' places in their clients' streams (gpu.h) */
+  int norders;
   struct net_comm *net;       /* its comm's connections, across daemons */
   const struct net_map *map;  /* who is where, for the texts of failures */
   const int *part_node;       /* each participant's node */
@@ -45,7 +46,6 @@ struct run_op {
   struct run_region *regions; /* the ranks' buffers and the launcher's scratch */
   int nregions;
   void (*on_done)(struct run_op *x);     /* every task finished (or skipped) */
-  void (*on_enqueued)(struct run_op *x); /* queued on its GPU's stream */
   _Atomic int cancelled;      /* anyone: skip the remaining work */
 
   /* The graph's bookkeeping, under the executor's lock: its threads and
@@ -65,8 +65,12 @@ struct run_op {
 
   /* the GPU threads' (under their lock) */
   char gpu_error[160];
-  void *gpu_done;             /* its completion event while on the GPU */
-  int gpu_state;              /* what they owe the loop (gpu.h) */
+  struct gpu_stream *gpu_stream; /* while queued there */
+  struct gpu_watch {             /* the watchdog's (gpu.h: ccsd_gpu_watch_step) */
+    uint64_t released_ms;        /* 0: not yet */
+    int warned;
+  } gpu_watch;
+  struct list gpu_link;          /* on its GPU's list of ops queued there */
 };
 
 /* Frees what the launcher and the layer gave x (its plan, regions,

@@ -214,7 +214,6 @@ static void submit(struct fuzz_input *in, struct client *c) {
     opp[i] = &ops[i];
   }
   s.ops = opp;
-  s.events = fuzz_u8(in) % 16 ? 0 : fuzz_u64(in);
   req.body_case = CCS__REQUEST__BODY_SUBMIT;
   req.submit = &s;
   send_request(c, &req, NULL, 0);
@@ -278,7 +277,9 @@ static void ring_submit(struct fuzz_input *in, struct client *c) {
     if (how % 32 == 1) e->index = fuzz_u8(in);
     if (how % 32 == 2) e->nops = fuzz_u32(in);
     if (how % 32 == 3) e->req_id = fuzz_u64(in);
-    e->flags = how % 32 == 6 ? fuzz_u32(in) : fuzz_u8(in) & CCS__RING_OP_ORDERED;
+    e->flags = how % 32 == 6 ? fuzz_u32(in) : fuzz_u8(in) & (CCS__RING_OP_ORDERED | CCS__RING_OP_STREAM);
+    e->order_slot = how % 32 == 7 ? fuzz_u32(in) : fuzz_u8(in);
+    e->order_gen = fuzz_u32(in);
   }
   c->sub_tail += how % 32 == 4 ? fuzz_u32(in) : n;
   atomic_store(&sh->sub_tail, c->sub_tail);
@@ -314,9 +315,8 @@ static void simple(struct fuzz_input *in, struct client *c, int what) {
   Ccs__CommQuery cq = CCS__COMM_QUERY__INIT;
   Ccs__MemDeregister md = CCS__MEM_DEREGISTER__INIT;
   Ccs__Stats st = CCS__STATS__INIT;
-  Ccs__EventRegister er = CCS__EVENT_REGISTER__INIT;
-  Ccs__EventDeregister ed = CCS__EVENT_DEREGISTER__INIT;
-  uint8_t raw[3][80];
+  Ccs__MemRegister mr = CCS__MEM_REGISTER__INIT;
+  uint8_t raw[2][80];
   switch (what) {
   case 0:
     h.protocol = fuzz_u8(in) % 16 ? CCS__PROTOCOL_VERSION : fuzz_u32(in);
@@ -340,16 +340,14 @@ static void simple(struct fuzz_input *in, struct client *c, int what) {
     req.body_case = CCS__REQUEST__BODY_MEM_DEREGISTER, req.mem_deregister = &md;
     break;
   case 6: req.body_case = CCS__REQUEST__BODY_STATS, req.stats = &st; break;
-  case 7:
-    for (int i = 0; i < 3; i++) fuzz_bytes(in, raw[i], sizeof(raw[i]));
-    er.device = (ProtobufCBinaryData){fuzz_u8(in) % 20, raw[0]};
-    er.ready = (ProtobufCBinaryData){fuzz_u8(in) % 80, raw[1]};
-    er.done = (ProtobufCBinaryData){fuzz_u8(in) % 80, raw[2]};
-    req.body_case = CCS__REQUEST__BODY_EVENT_REGISTER, req.event_register = &er;
-    break;
-  default:
-    ed.events = fuzz_u64(in);
-    req.body_case = CCS__REQUEST__BODY_EVENT_DEREGISTER, req.event_deregister = &ed;
+  default: /* device memory, by legacy handle: no fd travels */
+    for (int i = 0; i < 2; i++) fuzz_bytes(in, raw[i], sizeof(raw[i]));
+    mr.domain = fuzz_u8(in) % 8 ? CCS__MEM_CUDA_IPC : fuzz_u32(in);
+    mr.size = fuzz_u64(in);
+    mr.address = fuzz_u64(in);
+    mr.device = (ProtobufCBinaryData){fuzz_u8(in) % 20, raw[0]};
+    mr.ipc_handle = (ProtobufCBinaryData){fuzz_u8(in) % 80, raw[1]};
+    req.body_case = CCS__REQUEST__BODY_MEM_REGISTER, req.mem_register = &mr;
     break;
   }
   send_request(c, &req, NULL, 0);

@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
     op.count = kind == CCS__BARRIER ? 0 : 16;
     op.dtype = CCS_FLOAT32;
     op.send = op.recv = &ref;
-    emit_frame(frame_submit(5, ops, kind % 2 + 1, 0));
+    emit_frame(frame_submit(5, ops, kind % 2 + 1));
     Ccs__CommDestroy cd = CCS__COMM_DESTROY__INIT;
     cd.comm = 1;
     r.body_case = CCS__REQUEST__BODY_COMM_DESTROY;

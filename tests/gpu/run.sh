@@ -1,105 +1,177 @@
 #!/usr/bin/env bash
-# The GPU check, one script for a lent GPU machine (under 8 minutes):
-#   1. builds ccs with CUDA (or uses the build in $CCS_GPU_BUILD, made by
-#      scripts/gpu_bundle.sh where this machine cannot build);
-#   2. starts ccsd and runs every collective x dtype x op with P = 2, 3, 4
-#      ranks sharing GPU 0, on zero-copy (ccs_mem_alloc_device) and staged
-#      (cudaMalloc) buffers, on a stream and on the NULL stream, checked
-#      element by element against a host reference (test_collectives);
-#      once more with cudaMalloc buffers registered by legacy IPC handle;
-#   3. runs ccs-perf for all_reduce, all_gather and reduce_scatter at
-#      1 MiB .. 1 GiB on 4 ranks and prints busbw beside the GPU's own
-#      device-to-device copy bandwidth.
-# Writes gpu_run.log and gpu_summary.md under $OUT when it is set.
+# The GPU check, in stages sized for a lent GPU machine: each stage may be
+# run as a command of its own (its own timeout), writes its log and its
+# rows of OUT/gpu_summary.md as it goes, and says PASS or FAIL on its last
+# line. Together under 9 minutes of GPU time.
+#
+#   tests/gpu/run.sh [--dry-run] [smoke|matrix|perf ...]   (default: all three)
+#
+#   smoke   (30 s)   nvidia-smi facts and the compute mode (EXCLUSIVE_PROCESS
+#                    forbids ranks and the daemon sharing GPU 0), the daemon's
+#                    GPU line (not host-only), one 2-rank all_reduce on device
+#                    memory, checked
+#   matrix  (4 min)  every collective x dtype x op x size, in and out of place,
+#                    ccs_mem_alloc_device and cudaMalloc buffers, on a stream
+#                    (through the stream flags) and on the NULL stream, with
+#                    2 and 4 ranks on GPU 0, then cudaMalloc buffers by legacy
+#                    IPC handle, checked element by element (test_collectives)
+#   perf    (3 min)  ccs-perf --device 0 all_reduce, all_gather, reduce_scatter,
+#                    1 MiB .. 1 GiB on 4 ranks, beside the GPU's own
+#                    device-to-device copy bandwidth
+#
+# The binaries: $CCS_GPU_BUILD (a bundle made by scripts/gpu_bundle.sh on a
+# CPU machine, for a GPU machine that cannot build), else build-gpu/, built
+# here if missing. --dry-run runs the same stages on host memory with the
+# normal build (CI runs it: the script itself is tested where no GPU is).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+dry=0
+stages=()
+for a in "$@"; do
+  case $a in
+  --dry-run) dry=1 ;;
+  smoke | matrix | perf) stages+=("$a") ;;
+  *) echo "usage: tests/gpu/run.sh [--dry-run] [smoke|matrix|perf ...]" >&2; exit 2 ;;
+  esac
+done
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
-log="$out/gpu_run.log"
 summary="$out/gpu_summary.md"
-exec > >(tee -a "$log") 2>&1
-started=$SECONDS
-status=0
+# stages run one by one add to one summary; all of them start it afresh
+[ ${#stages[@]} -gt 0 ] || { stages=(smoke matrix perf); rm -f "$summary"; }
 
-gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
-echo "# GPU: ${gpu:-none found by nvidia-smi}; $(date -u +%Y-%m-%dT%H:%MZ)"
-
-build=${CCS_GPU_BUILD:-build-gpu}
-if [ -z "${CCS_GPU_BUILD:-}" ]; then
-  jobs=$(nproc)
-  if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCCS_WERROR=OFF >/dev/null &&
-         cmake --build "$build" -j "$jobs" --target ccsd ccs-perf test_collectives >/dev/null; }; then
-    echo "BUILD FAILED (scripts/gpu_bundle.sh makes a build to bring along)"
-    exit 1
+if [ "$dry" = 1 ]; then
+  build=${CCS_GPU_BUILD:-build}
+  memory=host
+else
+  build=${CCS_GPU_BUILD:-build-gpu}
+  memory=device
+  if [ ! -x "$build/daemon/ccsd" ] && [ -z "${CCS_GPU_BUILD:-}" ]; then
+    t0=$SECONDS
+    if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCCS_WERROR=OFF >/dev/null &&
+           cmake --build "$build" -j "$(nproc)" --target ccsd ccs-perf test_collectives >/dev/null; }; then
+      echo "BUILD FAILED (scripts/gpu_bundle.sh makes a build to bring along)"
+      exit 1
+    fi
+    echo "# built in $((SECONDS - t0)) s"
   fi
 fi
 build=$(cd "$build" && pwd)
 [ -d "$build/libs" ] && export LD_LIBRARY_PATH="$build/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-echo "# built in $((SECONDS - started)) s"
-
-{
-  echo "## ccs on ${gpu:-an unnamed GPU}, $(date -u +%Y-%m-%d)"
-  echo
-  echo "| check | ranks on GPU 0 | result | seconds |"
-  echo "|---|---|---|---|"
-} > "$summary"
-
 export CCSD_PATH="$build/daemon/ccsd"
-for p in 2 3 4; do
-  t0=$SECONDS
-  if CCS_TEST_MEMORY=device timeout 150 "$build/tests/test_collectives" "$p" > "$out/collectives_$p.log" 2>&1; then
-    result=passed
-  else
-    result="FAILED (collectives_$p.log)"
-    status=1
-    tail -20 "$out/collectives_$p.log"
-  fi
-  echo "collectives on GPU, $p ranks: $result"
-  echo "| every collective x dtype x op, zero-copy and staged | $p | $result | $((SECONDS - t0)) |" >> "$summary"
-done
-
-# cudaMalloc buffers registered by legacy IPC handle, with the switch on
-t0=$SECONDS
-if CCS_CUDA_LEGACY_IPC=true CCS_TEST_MEMORY=device-legacy timeout 150 "$build/tests/test_collectives" 3 \
-    > "$out/collectives_legacy.log" 2>&1; then
-  result=passed
-else
-  result="FAILED (collectives_legacy.log)"
-  status=1
-  tail -20 "$out/collectives_legacy.log"
+if [ ! -s "$summary" ]; then
+  {
+    echo "## ccs GPU check, $(date -u +%Y-%m-%dT%H:%MZ)$([ "$dry" = 1 ] && echo ' (dry run: host memory)')"
+    echo
+    echo "| stage | check | result | seconds |"
+    echo "|---|---|---|---|"
+  } > "$summary"
 fi
-echo "collectives on GPU, cudaMalloc buffers by legacy IPC: $result"
-echo "| the same, cudaMalloc buffers registered by legacy IPC handle | 3 | $result | $((SECONDS - t0)) |" >> "$summary"
 
-# the daemon for ccs-perf
-dir=$(mktemp -d)
-"$CCSD_PATH" --config /dev/null --socket="$dir/ccsd.sock" --log-level=info 2>"$out/ccsd.log" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 100); do [ -S "$dir/ccsd.sock" ] && break; sleep 0.1; done
-grep -m1 "device memory\|host-only" "$out/ccsd.log"
-export CCS_SOCKET="$dir/ccsd.sock"
+row() { echo "| $1 | $2 | $3 | $4 |" >> "$summary"; }
 
-{
-  echo
-  echo "| collective | ranks | size | busbw out of place (GB/s) | busbw in place (GB/s) | #wrong | GPU copy bw (GB/s) |"
-  echo "|---|---|---|---|---|---|---|"
-} >> "$summary"
-for coll in all_reduce all_gather reduce_scatter; do
-  t0=$SECONDS
-  if ! timeout 100 "$build/client/ccs-perf" "$coll" --np 4 --device 0 -b 1M -e 1G -f 4 -n 5 -w 2 -c 1 \
-      > "$out/perf_$coll.txt" 2>&1; then
+# start_daemon LOG: a daemon of its own for the stage, its socket in $sock
+daemon_pid=
+start_daemon() {
+  dir=$(mktemp -d)
+  sock="$dir/ccsd.sock"
+  "$CCSD_PATH" --config /dev/null --socket "$sock" --log-level info 2>"$1" &
+  daemon_pid=$!
+  export CCS_SOCKET=$sock
+  for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.1; done
+  return 1
+}
+stop_daemon() {
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  daemon_pid=
+  rm -rf "$dir"
+}
+trap stop_daemon EXIT
+
+# check NAME SECONDS COMMAND...: runs it under its deadline, logs, one row
+status=0
+check() {
+  local stage=$1 name=$2 limit=$3
+  shift 3
+  local t0=$SECONDS log="$out/${stage}_${name//[^A-Za-z0-9]/_}.log" result=passed
+  if ! timeout "$limit" "$@" > "$log" 2>&1; then
+    result="FAILED (${log##*/})"
     status=1
-    echo "ccs-perf $coll FAILED"
+    tail -20 "$log"
   fi
-  cat "$out/perf_$coll.txt"
-  copy=$(sed -n 's/.*copy bandwidth: \([0-9.]*\) GB.*/\1/p' "$out/perf_$coll.txt")
-  awk -v c="$coll" -v bw="${copy:-?}" '$1 ~ /^[0-9]+$/ && NF >= 13 {
-      printf "| %s | 4 | %s | %s | %s | %s | %s |\n", c, $1, $8, $12, $9 + ($13 == "N/A" ? 0 : $13), bw }' \
-    "$out/perf_$coll.txt" >> "$summary"
-  echo "# $coll: $((SECONDS - t0)) s"
+  echo "$stage: $name: $result ($((SECONDS - t0)) s)"
+  row "$stage" "$name" "$result" "$((SECONDS - t0))"
+}
+
+smoke() {
+  if [ "$dry" = 0 ]; then
+    local facts mode
+    facts=$(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader 2>&1 | head -1)
+    echo "# GPU: $facts"
+    row smoke "nvidia-smi" "$facts" 0
+    mode=${facts##*, }
+    if [ "$mode" = "Exclusive_Process" ] || [ "$mode" = "Prohibited" ]; then
+      echo "smoke: GPU 0 is in compute mode $mode: ranks and the daemon cannot share it"
+      row smoke "compute mode" "FAILED ($mode)" 0
+      return 1
+    fi
+  fi
+  start_daemon "$out/smoke_ccsd.log" || { row smoke "daemon starts" FAILED 0; return 1; }
+  local line
+  line=$(grep -m1 -E "GPUs?:|host-only" "$out/smoke_ccsd.log")
+  echo "# daemon: $line"
+  if { [ "$dry" = 0 ] && [[ $line == *host-only* ]]; } || { [ "$dry" = 1 ] && [[ $line != *host-only* ]]; }; then
+    row smoke "the daemon's GPUs" "FAILED ($line)" 0
+    status=1
+  else
+    row smoke "the daemon's GPUs" "${line#*: }" 0
+  fi
+  local dev=()
+  [ "$dry" = 0 ] && dev=(--device 0)
+  check smoke "all_reduce 2 ranks" 30 \
+    "$build/client/ccs-perf" all_reduce --np 2 "${dev[@]}" -b 1M -e 1M -n 2 -w 1 -c 1
+  stop_daemon
+}
+
+matrix() {
+  local legacy=(env CCS_CUDA_LEGACY_IPC=true CCS_TEST_MEMORY=device-legacy)
+  if [ "$dry" = 1 ]; then
+    check matrix "every collective, 2 ranks" 150 env -u CCS_TEST_MEMORY "$build/tests/test_collectives" 2
+    return
+  fi
+  check matrix "every collective, 2 ranks" 80 env CCS_TEST_MEMORY=device "$build/tests/test_collectives" 2
+  check matrix "every collective, 4 ranks" 100 env CCS_TEST_MEMORY=device "$build/tests/test_collectives" 4
+  check matrix "cudaMalloc by legacy IPC, 2 ranks" 60 "${legacy[@]}" "$build/tests/test_collectives" 2
+}
+
+perf() {
+  start_daemon "$out/perf_ccsd.log" || { row perf "daemon starts" FAILED 0; return 1; }
+  local dev=(--device 0) top=1G
+  [ "$dry" = 1 ] && dev=() top=4M
+  {
+    echo
+    echo "| collective | ranks | size | busbw out of place (GB/s) | busbw in place (GB/s) | #wrong | GPU copy bw (GB/s) |"
+    echo "|---|---|---|---|---|---|---|"
+  } > "$out/perf_table.md"
+  for coll in all_reduce all_gather reduce_scatter; do
+    check perf "$coll" 55 "$build/client/ccs-perf" "$coll" --np 4 "${dev[@]}" \
+      -b 1M -e "$top" -f 4 -n 5 -w 2 -c 1
+    local log="$out/perf_$coll.log" copy
+    cat "$log"
+    copy=$(sed -n 's/.*copy bandwidth: \([0-9.]*\) GB.*/\1/p' "$log")
+    awk -v c="$coll" -v bw="${copy:-?}" '$1 ~ /^[0-9]+$/ && NF >= 13 {
+        printf "| %s | 4 | %s | %s | %s | %s | %s |\n", c, $1, $8, $12, $9 + ($13 == "N/A" ? 0 : $13), bw }' \
+      "$log" >> "$out/perf_table.md"
+  done
+  stop_daemon
+}
+
+for s in "${stages[@]}"; do
+  t0=$SECONDS
+  "$s" || status=1
+  echo "# stage $s: $((SECONDS - t0)) s"
 done
-echo >> "$summary"
-echo "total $((SECONDS - started)) s, status $status" >> "$summary"
+[ -s "$out/perf_table.md" ] && [[ " ${stages[*]} " == *" perf "* ]] && cat "$out/perf_table.md" >> "$summary"
 cat "$summary"
+if [ "$status" = 0 ]; then echo PASS; else echo FAIL; fi
 exit $status

@@ -251,6 +251,28 @@ static void test_ops_through_the_ring(void **state) {
   expect_done(r, 200, CCS_ERR_PERMISSION, "op 1 of the group");
   for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)out)[i], 0xabababab);
   for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)t.theirs_map)[i], 0xcdcdcdcd);
+  /* calls in a CUDA stream's order: on host buffers, with flags the ring
+   * has not, or with ops of one batch that disagree on them, refused with
+   * no effect; where the flags exist the client's stream is let go */
+  struct ccs__ring_op flagged[2] = {all_reduce(comm, buf, 0, buf, 4096, 8),
+                                    all_reduce(comm, buf, 32, buf, 4128, 8)};
+  for (int k = 0; k < 2; k++)
+    flagged[k].flags = CCS__RING_OP_STREAM, flagged[k].order_slot = 5, flagged[k].order_gen = 9;
+  atomic_store(&r->sh->flags.done[5], 3);
+  raw_ring_submit(r, 210, flagged, 2);
+  expect_done(r, 210, CCS_ERR_INVALID_ARGUMENT, "orders device buffers");
+  assert_int_equal(atomic_load(&r->sh->flags.done[5]), 9);
+  flagged[1].order_gen = 10;
+  raw_ring_submit(r, 211, flagged, 2);
+  expect_done(r, 211, CCS_ERR_INVALID_ARGUMENT, "op 1 of the call is not in its stream order");
+  flagged[1].order_gen = 9;
+  flagged[0].order_slot = flagged[1].order_slot = CCS__RING_ENTRIES;
+  raw_ring_submit(r, 212, flagged, 2);
+  expect_done(r, 212, CCS_ERR_INVALID_ARGUMENT, "stream flags 256 of a ring of 256");
+  flagged[0].flags = 4;
+  raw_ring_submit(r, 213, flagged, 1);
+  expect_done(r, 213, CCS_ERR_INVALID_ARGUMENT, "unknown flags 0x4");
+  for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)out)[i], 0xabababab);
   /* a full batch, every op applied */
   struct ccs__ring_op many[CCS__RING_BATCH_MAX];
   for (uint32_t i = 0; i < CCS__RING_BATCH_MAX; i++) many[i] = all_reduce(comm, buf, 4 * i, buf, 4096 + 4 * i, 1);

@@ -62,12 +62,11 @@ struct frame frame_mem_register(uint64_t req_id) {
   return frame_of(&req);
 }
 
-struct frame frame_submit(uint64_t req_id, Ccs__Op **ops, size_t n_ops, uint64_t events) {
+struct frame frame_submit(uint64_t req_id, Ccs__Op **ops, size_t n_ops) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__Submit sub = CCS__SUBMIT__INIT;
   sub.n_ops = n_ops;
   sub.ops = ops;
-  sub.events = events;
   req.id = req_id;
   req.body_case = CCS__REQUEST__BODY_SUBMIT, req.submit = &sub;
   return frame_of(&req);

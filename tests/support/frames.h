@@ -30,7 +30,7 @@ struct frame frame_ring_setup(uint64_t req_id);
 /* The memory travels beside the frame, as its descriptor (frame_send). */
 struct frame frame_mem_register(uint64_t req_id);
 /* n_ops ops, waiting on registered events when `events` is not 0. */
-struct frame frame_submit(uint64_t req_id, Ccs__Op **ops, size_t n_ops, uint64_t events);
+struct frame frame_submit(uint64_t req_id, Ccs__Op **ops, size_t n_ops);
 
 /* len bytes (a frame, or anything) and nfds descriptors with them
  * (SCM_RIGHTS) in one sendmsg, never raising SIGPIPE; sendmsg's result. */

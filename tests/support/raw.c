@@ -146,7 +146,7 @@ void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *re
   op.count = count;
   op.dtype = CCS_FLOAT32;
   op.send = op.recv = ref;
-  raw_send_frame(fd, frame_submit(req_id, ops, 1, 0), -1);
+  raw_send_frame(fd, frame_submit(req_id, ops, 1), -1);
 }
 
 ccs_result_t raw_ring_setup(int fd, struct raw_ring *ret) {

@@ -27,7 +27,7 @@ static uint8_t *pack_submit(size_t nops, size_t *len) {
     ops[i].send = &ref;
     ptrs[i] = &ops[i];
   }
-  struct frame f = frame_submit(42, ptrs, nops, 0);
+  struct frame f = frame_submit(42, ptrs, nops);
   free(ops);
   free(ptrs);
   *len = f.len;

@@ -1,8 +1,8 @@
 /* Which memory domain an op runs in (daemon/coll/device.c) and the fields
- * of device registrations (run/gpu_check.c), what the GPU
- * threads owe the loop about an op in every order of events
- * (gpu_progress.c), and which CUDA errors end the daemon (sticky ones
- * poison every tenant's context). */
+ * of device registrations (run/gpu_check.c), a GPU's streams per comm
+ * (gpu_streams.c), the watchdog's steps (gpu_watch.c), the host's writes
+ * of stream flags (gpu_flags.c), and which CUDA errors end the daemon
+ * (sticky ones poison every tenant's context). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "coll/coll.h"
+#include "ring.h"
 
 enum { MAX = 70 };
 static struct member members[MAX];
@@ -94,35 +95,94 @@ static void test_peer_access(void **state) {
   assert_int_equal(domain(2, 0, &rc, err), -2);
 }
 
-/* The loop's view: each report listed once until taken; announce exactly
- * once and before finishing; an op that failed to queue is never announced. */
-static void test_progress(void **state) {
-  int st = 0;
-  /* queued, then done, before the loop looks: one listing, both acts */
-  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_ANNOUNCED), 1);
-  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_COMPLETED), 0);
-  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_ANNOUNCE | CCSD_GPU_DO_FINISH);
-
-  /* queued; the loop announces; done later: listed again, finish only */
-  st = 0;
-  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_ANNOUNCED), 1);
-  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_ANNOUNCE);
-  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_COMPLETED), 1);
-  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_FINISH);
-
-  /* could not be queued (error, cancelled): finish only */
-  st = 0;
-  assert_int_equal(ccsd_gpu_progress_mark(&st, CCSD_GPU_COMPLETED), 1);
-  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_FINISH);
-
-  /* taken before anything new: nothing to do twice */
-  st = 0;
-  ccsd_gpu_progress_mark(&st, CCSD_GPU_ANNOUNCED);
-  assert_int_equal(ccsd_gpu_progress_take(&st), CCSD_GPU_DO_ANNOUNCE);
-  assert_int_equal(ccsd_gpu_progress_take(&st), 0);
+/* A GPU's streams: a comm keeps its stream while it has ops on it (its ops
+ * run in order), others never share it then; idle streams are taken over,
+ * the one idle longest first, and given back after a while; with every
+ * stream busy with other comms an op waits (NULL). */
+static void test_streams(void **state) {
+  static struct gpu_streams t;
+  memset(&t, 0, sizeof(t));
+  struct gpu_stream *a = ccsd_gpu_stream_for(&t, 11);
+  assert_non_null(a);
+  a->handle = (void *)0x1000;
+  a->inflight = 2;
+  assert_ptr_equal(ccsd_gpu_stream_for(&t, 11), a); /* the same comm: its own */
+  struct gpu_stream *b = ccsd_gpu_stream_for(&t, 12);
+  assert_true(b && b != a);
+  b->inflight = 1;
+  /* fill every place with busy comms: the next comm waits */
+  for (uint64_t k = 13; k < 11 + CCSD_GPU_STREAMS; k++) {
+    struct gpu_stream *s = ccsd_gpu_stream_for(&t, k);
+    assert_non_null(s);
+    assert_ptr_not_equal(s, a);
+    s->inflight = 1;
+    s->idle_since_ms = 0;
+  }
+  assert_null(ccsd_gpu_stream_for(&t, 9999));
+  assert_ptr_equal(ccsd_gpu_stream_for(&t, 11), a); /* still its own */
+  /* two go idle: the one idle longest is taken over, with its stream */
+  a->inflight = 0, a->idle_since_ms = 500;
+  b->inflight = 0, b->idle_since_ms = 100;
+  struct gpu_stream *c = ccsd_gpu_stream_for(&t, 9999);
+  assert_ptr_equal(c, b);
+  assert_int_equal(c->key, 9999);
+  c->inflight = 1;
+  /* retiring: only idle ones, only after idle_ms; their handles come back */
+  void *handles[4];
+  assert_int_equal(ccsd_gpu_streams_retire(&t, 600, 1000, handles, 4), 0);
+  assert_int_equal(ccsd_gpu_streams_retire(&t, 1500, 1000, handles, 4), 1);
+  assert_ptr_equal(handles[0], (void *)0x1000);
+  assert_int_equal(a->used, 0);
+  assert_null(a->handle);
+  struct gpu_stream *d = ccsd_gpu_stream_for(&t, 11); /* free again: a fresh one */
+  assert_ptr_equal(d, a);
+  assert_null(d->handle);
 }
 
-/* Device registrations and events are checked before any driver call. */
+/* The watchdog lets a cancelled op's stream go on every tick (a client may
+ * write its flags back), and says once that it is stuck. */
+static void test_watch(void **state) {
+  struct gpu_watch w = {0};
+  assert_int_equal(ccsd_gpu_watch_step(&w, 0, 100), CCSD_GPU_WATCH_NOTHING);
+  assert_int_equal(ccsd_gpu_watch_step(&w, 1, 200), CCSD_GPU_WATCH_RELEASE);
+  assert_int_equal(ccsd_gpu_watch_step(&w, 1, 250), CCSD_GPU_WATCH_RELEASE);
+  assert_int_equal(ccsd_gpu_watch_step(&w, 1, 200 + CCSD_GPU_STUCK_MS), CCSD_GPU_WATCH_STUCK);
+  assert_int_equal(ccsd_gpu_watch_step(&w, 1, 300 + CCSD_GPU_STUCK_MS), CCSD_GPU_WATCH_RELEASE);
+  struct gpu_watch zero = {0}; /* a clock at 0 still counts as released */
+  assert_int_equal(ccsd_gpu_watch_step(&zero, 1, 0), CCSD_GPU_WATCH_RELEASE);
+  assert_int_equal(ccsd_gpu_watch_step(&zero, 1, CCSD_GPU_STUCK_MS + 1), CCSD_GPU_WATCH_STUCK);
+}
+
+/* Host writes of stream flags never lower one (the GPU may have written a
+ * later use's value); comparisons wrap. */
+static void test_flags(void **state) {
+  static _Atomic uint32_t ready[CCS__RING_ENTRIES], done[CCS__RING_ENTRIES];
+  struct gpu_flags f = {.ready = ready, .done = done};
+  struct gpu_order o = {&f, 7, 5};
+  atomic_store(&done[7], 3);
+  ccsd_gpu_order_done(&o);
+  assert_int_equal(atomic_load(&done[7]), 5);
+  atomic_store(&done[7], 6); /* the next use's, already: stays */
+  ccsd_gpu_order_done(&o);
+  assert_int_equal(atomic_load(&done[7]), 6);
+  ccsd_gpu_order_unblock(&o);
+  assert_int_equal(atomic_load(&ready[7]), 5);
+  for (unsigned i = 0; i < CCS__RING_ENTRIES; i++)
+    if (i != 7) assert_int_equal(atomic_load(&ready[i]) | atomic_load(&done[i]), 0);
+  /* across the wrap: 0xfffffffe, then 1 */
+  struct gpu_order w = {&f, 9, 1};
+  atomic_store(&done[9], 0xfffffffeu);
+  ccsd_gpu_order_done(&w);
+  assert_int_equal(atomic_load(&done[9]), 1);
+  assert_true(ccsd_gpu_flag_reached(1, 0xfffffffeu));
+  assert_false(ccsd_gpu_flag_reached(0xfffffffeu, 1));
+  assert_true(ccsd_gpu_flag_reached(5, 5));
+  struct gpu_order none = {NULL, 9, 2}; /* no stream order: nothing written */
+  ccsd_gpu_order_done(&none);
+  assert_int_equal(atomic_load(&done[9]), 1);
+}
+
+/* Device registrations are checked before any driver call. */
 static void test_registration_fields(void **state) {
   char err[256];
   assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA, 1 << 21, 16, 0, err, sizeof(err)), CCS_OK);
@@ -142,10 +202,6 @@ static void test_registration_fields(void **state) {
   assert_int_equal(ccsd_gpu_check_register(CCS__MEM_CUDA_IPC, 4096, 16, 63, err, sizeof(err)),
                    CCS_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(err, "64 bytes, not 63"));
-  assert_int_equal(ccsd_gpu_check_events(16, 64, 64, err, sizeof(err)), CCS_OK);
-  assert_int_equal(ccsd_gpu_check_events(0, 64, 64, err, sizeof(err)), CCS_ERR_INVALID_ARGUMENT);
-  assert_int_equal(ccsd_gpu_check_events(16, 64, 65, err, sizeof(err)), CCS_ERR_INVALID_ARGUMENT);
-  assert_int_equal(ccsd_gpu_check_events(16, 0, 64, err, sizeof(err)), CCS_ERR_INVALID_ARGUMENT);
 }
 
 static void test_sticky_errors(void **state) {
@@ -172,7 +228,9 @@ int main(void) {
       cmocka_unit_test(test_host_and_device),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_peer_access),
-      cmocka_unit_test(test_progress),
+      cmocka_unit_test(test_streams),
+      cmocka_unit_test(test_watch),
+      cmocka_unit_test(test_flags),
       cmocka_unit_test(test_registration_fields),
       cmocka_unit_test(test_sticky_errors),
   };
