@@ -65,6 +65,10 @@ static ccs_result_t check_domain(struct op *o, ccs_stream_t stream) {
     snprintf(why, sizeof(why), "%s: a stream was given; %s", name, ccs__error());
     return fail(o->comm, CCS_ERR_UNSUPPORTED, "%s", why);
   }
+  if (stream && ccs__gpu_capturing(stream))
+    return fail(o->comm, CCS_ERR_INVALID_USAGE,
+                "%s: the stream is being captured into a CUDA graph: ccs calls cannot be (each "
+                "is matched with the other ranks' as it is made)", name);
   int sd = o->send_len ? ccs__gpu_device_of(o->send) : -1;
   int rd = o->recv_len ? ccs__gpu_device_of(o->recv) : -1;
   o->device = sd >= 0 ? sd : rd;
@@ -205,8 +209,10 @@ static ccs_result_t submit(struct op *ops, size_t n) {
   }
   int async = hs && device < 0 && !debug && one_comm && !p2p && !staged_bytes && ccs__ring_takes(c, n);
   /* a CUDA stream's call returns once queued, through the stream flags */
-  int flagged = device >= 0 && ops[0].stream && !debug && one_comm && ccs__ring_takes(c, n) &&
-                ccs__ring_stream_flags(c) == 0;
+  /* (one op alone, no send or receive: a group's ops and a send's pairing
+   * run as several ops, each of which would let the stream go) */
+  int flagged = device >= 0 && ops[0].stream && !debug && n == 1 && !p2p && ccs__ring_takes(c, n) &&
+                ccs__ring_stream_flags(c, device) == 0;
   /* the order of a stream, and of a comm whose streams' calls run: what
    * does not follow them through the rings waits for them */
   if (hs && (!async || (hs->inflight && hs->comm != ops[0].comm))) ccs__host_stream_drain(hs);
@@ -260,10 +266,12 @@ static ccs_result_t submit(struct op *ops, size_t n) {
     }
     /* the daemon begins once the stream is here; the stream goes on once
      * the daemon is through: both queued before the call goes out */
-    if (ccs__gpu_flag_write(ops[0].stream, k.ready, k.gen) != CCS_OK ||
-        ccs__gpu_flag_wait(ops[0].stream, k.done, k.gen) != CCS_OK) {
-      /* this device queues no flag: the calls of this connection wait instead */
-      ccs__ring_unclaim(c, &k);
+    int wrote = ccs__gpu_flag_write(ops[0].stream, device, k.ready, k.gen) == CCS_OK;
+    if (!wrote || ccs__gpu_flag_wait(ops[0].stream, device, k.done, k.gen) != CCS_OK ||
+        ccs__gpu_flag_write(ops[0].stream, device, k.passed, k.gen) != CCS_OK) {
+      /* this device queues no flag: the calls of this connection wait instead
+       * (a slot whose ready is queued but no passed stays out: one lost) */
+      ccs__ring_unclaim(c, &k, wrote);
       ccs__ring_stream_flags_off(c);
       flagged = 0;
       if (ops[0].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[0].comm->inflight)) != CCS_OK)

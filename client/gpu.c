@@ -130,12 +130,27 @@ ccs_result_t ccs__gpu_sync(void *stream) {
   return e == cudaSuccess ? CCS_OK : cuda_failed(e, "waiting for the stream");
 }
 
+/* A context for the thread: its own where it has one (the caller's
+ * stream is of it), else the device's primary one; and back. */
+static void *enter(int device) {
+  void *was = ccs__cuda_context_save();
+  if (!was) cudaSetDevice(device);
+  return was;
+}
+
+static void leave(void *was) {
+  if (!was) ccs__cuda_context_restore(NULL);
+}
+
 /* The flags are one page: registered whole, for every device (portable). */
-ccs_result_t ccs__gpu_flags_register(void *page) {
+ccs_result_t ccs__gpu_flags_register(void *page, int device) {
   char err[256];
   ccs_result_t rc = ccs__gpu_usable();
   if (rc != CCS_OK) return rc;
-  if (ccs__cuda_host_register(page, 4096, err, sizeof(err))) {
+  void *was = enter(device);
+  int failed = ccs__cuda_host_register(page, 4096, err, sizeof(err));
+  leave(was);
+  if (failed) {
     ccs__set_error("%s", err);
     return CCS_ERR_CUDA;
   }
@@ -144,16 +159,31 @@ ccs_result_t ccs__gpu_flags_register(void *page) {
 
 void ccs__gpu_flags_unregister(void *page) { ccs__cuda_host_unregister(page); }
 
-ccs_result_t ccs__gpu_flag_write(void *stream, _Atomic uint32_t *flag, uint32_t value) {
+ccs_result_t ccs__gpu_flag_write(void *stream, int device, _Atomic uint32_t *flag, uint32_t value) {
   char err[256];
-  if (ccs__cuda_stream_write32(stream, flag, value, err, sizeof(err)) == 0) return CCS_OK;
+  void *was = enter(device);
+  int failed = ccs__cuda_stream_write32(stream, flag, value, err, sizeof(err));
+  leave(was);
+  if (!failed) return CCS_OK;
   ccs__set_error("%s", err);
   return CCS_ERR_CUDA;
 }
 
-ccs_result_t ccs__gpu_flag_wait(void *stream, _Atomic uint32_t *flag, uint32_t value) {
+ccs_result_t ccs__gpu_flag_wait(void *stream, int device, _Atomic uint32_t *flag, uint32_t value) {
   char err[256];
-  if (ccs__cuda_stream_wait32(stream, flag, value, err, sizeof(err)) == 0) return CCS_OK;
+  void *was = enter(device);
+  int failed = ccs__cuda_stream_wait32(stream, flag, value, err, sizeof(err));
+  leave(was);
+  if (!failed) return CCS_OK;
   ccs__set_error("%s", err);
   return CCS_ERR_CUDA;
+}
+
+int ccs__gpu_capturing(void *stream) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return st != cudaStreamCaptureStatusNone;
 }

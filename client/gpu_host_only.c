@@ -25,12 +25,13 @@ ccs_result_t ccs__gpu_copy(void *dst, const void *src, size_t bytes, void *strea
 int ccs__gpu_event_done(void *event) { return 1; }
 void ccs__gpu_event_free(void *event) {}
 ccs_result_t ccs__gpu_record(void **event, int device, void *stream) { return absent(); }
-ccs_result_t ccs__gpu_flags_register(void *page) { return absent(); }
+ccs_result_t ccs__gpu_flags_register(void *page, int device) { return absent(); }
 void ccs__gpu_flags_unregister(void *page) {}
-ccs_result_t ccs__gpu_flag_write(void *stream, _Atomic uint32_t *flag, uint32_t value) {
+ccs_result_t ccs__gpu_flag_write(void *stream, int device, _Atomic uint32_t *flag, uint32_t value) {
   return absent();
 }
-ccs_result_t ccs__gpu_flag_wait(void *stream, _Atomic uint32_t *flag, uint32_t value) {
+ccs_result_t ccs__gpu_flag_wait(void *stream, int device, _Atomic uint32_t *flag, uint32_t value) {
   return absent();
 }
+int ccs__gpu_capturing(void *stream) { return 0; }
 ccs_result_t ccs__gpu_sync(void *stream) { return absent(); }

@@ -83,20 +83,23 @@ void ccs__ring_forget_comm(struct ccs__conn *c, const ccs_comm_t *comm);
  * synchronised before, the answer after); flags_off: not any more (the
  * device would not write or wait for a flag). claim takes a slot for a call
  * of comm and names its flags: the caller queues on its stream the write
- * of ready = gen and the wait for done to reach it, then posts (or
- * unclaims: the call does not go out, its stream goes on). Nobody waits for
- * the answer; a failure goes to comm (and lets the stream go). */
+ * of ready = gen, the wait for done to reach it and the write of
+ * passed = gen, then posts (or unclaims: the call does not go out, its
+ * stream goes on). Nobody waits for the answer; a failure goes to comm (and
+ * lets the stream go); the slot serves again once the stream passed it. */
 struct ccs__ring_claim {
   uint32_t slot, gen;
-  _Atomic uint32_t *ready, *done;
+  _Atomic uint32_t *ready, *done, *passed;
 };
-int ccs__ring_stream_flags(struct ccs__conn *c);
+int ccs__ring_stream_flags(struct ccs__conn *c, int device);
 int ccs__ring_guard_start(struct ccs__conn *c); /* (stream_flags starts it; tests alone) */
 void ccs__ring_stream_flags_off(struct ccs__conn *c);
 ccs_result_t ccs__ring_claim(struct ccs__conn *c, ccs_comm_t *comm, struct ccs__ring_claim *ret);
 ccs_result_t ccs__ring_post_claimed(struct ccs__conn *c, const struct ccs__ring_claim *k,
                                     Ccs__Op *const *ops, size_t n);
-void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k);
+/* queued: the caller's stream may still write the call's flags (the slot
+ * serves again once it wrote passed) */
+void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k, int queued);
 
 /* stream.c: host streams (ccs_stream_create). Their fields, but for the
  * registry's link, change under their connection's ring lock. */
@@ -170,11 +173,14 @@ void ccs__gpu_event_free(void *event);
 ccs_result_t ccs__gpu_record(void **event, int device, void *stream);
 
 /* The stream flags' page, registered with CUDA for every device, and back. */
-ccs_result_t ccs__gpu_flags_register(void *page);
+ccs_result_t ccs__gpu_flags_register(void *page, int device);
 void ccs__gpu_flags_unregister(void *page);
 /* Queued on stream: write value to a flag, or wait until it has reached value. */
-ccs_result_t ccs__gpu_flag_write(void *stream, _Atomic uint32_t *flag, uint32_t value);
-ccs_result_t ccs__gpu_flag_wait(void *stream, _Atomic uint32_t *flag, uint32_t value);
+/* (device: the GPU whose context is made current where the thread has none) */
+ccs_result_t ccs__gpu_flag_write(void *stream, int device, _Atomic uint32_t *flag, uint32_t value);
+ccs_result_t ccs__gpu_flag_wait(void *stream, int device, _Atomic uint32_t *flag, uint32_t value);
+/* Whether stream is being captured into a CUDA graph (calls cannot be). */
+int ccs__gpu_capturing(void *stream);
 ccs_result_t ccs__gpu_sync(void *stream);
 void ccs__mem_deregister(struct ccs__conn *c, uint64_t id);
 

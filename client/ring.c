@@ -45,6 +45,7 @@ struct call {
   struct ccs__host_stream *stream;
   ccs_comm_t *comm;
   int device; /* a CUDA stream's call (its flags): nobody waits; its answer goes to comm */
+  int draining; /* answered, its stream not yet past it (flags.passed): not free yet */
 };
 
 struct ccs__ring {
@@ -57,6 +58,9 @@ struct ccs__ring {
   uint32_t nfree;
   uint64_t spin_ns;
   int flags_state; /* the stream flags: 0 not tried, 1 registered with CUDA, -1 unusable */
+  int daemon_flags; /* the daemon took them (RingSetup's reply) */
+  int dead;         /* the guard saw the daemon's end close: no call goes out any more */
+  uint32_t ndraining;
   int guard_stop;  /* an eventfd that ends the guard thread; -1: none runs */
   pid_t guard_pid; /* the process that started it */
   pthread_t guard;
@@ -76,6 +80,8 @@ static void cpu_relax(void) {
 #endif
 }
 
+static void let_all_go(struct ccs__ring *r, const char *why);
+
 void ccs__ring_free(struct ccs__ring *r) {
   if (!r) return;
   if (r->guard_stop >= 0 && r->guard_pid == getpid()) {
@@ -83,8 +89,16 @@ void ccs__ring_free(struct ccs__ring *r) {
     if (write(r->guard_stop, &one, sizeof(one)) == sizeof(one)) pthread_join(r->guard, NULL);
   }
   if (r->guard_stop >= 0) close(r->guard_stop);
-  if (r->flags_state == 1) ccs__gpu_flags_unregister(&r->sh->flags);
-  munmap(r->sh, CCS__RING_BYTES);
+  if (r->flags_state == 1) {
+    /* streams may still wait for (or write) these flags: they go on, and
+     * the flags' page stays mapped and registered for the process's life */
+    let_all_go(r, "the connection to ccsd closed with calls of a CUDA stream out");
+    char *page = (char *)&r->sh->flags, *end = (char *)r->sh + CCS__RING_BYTES;
+    munmap(r->sh, (size_t)(page - (char *)r->sh));
+    if (end > page + 4096) munmap(page + 4096, (size_t)(end - page - 4096));
+  } else {
+    munmap(r->sh, CCS__RING_BYTES);
+  }
   close(r->bell);
   for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) free(r->calls[i].text);
   pthread_mutex_destroy(&r->mu);
@@ -125,6 +139,7 @@ void ccs__ring_open(struct ccs__conn *c) {
     ccs__ring_free(r);
     return;
   }
+  r->daemon_flags = reply->body_case == CCS__REPLY__BODY_RING_SETUP && reply->ring_setup->stream_flags;
   ccs__reply__free_unpacked(reply, NULL);
   c->ring = r;
 }
@@ -170,6 +185,32 @@ static void let_go(struct ccs__ring *r, uint32_t slot) {
   }
 }
 
+/* Under r->mu: a device call's slot serves again once its stream wrote
+ * passed (until then it drains); reclaim frees those that got there. */
+static int passed(const struct ccs__ring *r, uint32_t slot) {
+  return (int32_t)(atomic_load(&r->sh->flags.passed[slot]) - (uint32_t)r->calls[slot].gen) >= 0;
+}
+
+static void device_slot_free(struct ccs__ring *r, uint32_t slot) {
+  if (passed(r, slot)) {
+    slot_free(r, slot);
+    return;
+  }
+  struct call *call = &r->calls[slot];
+  call->draining = 1;
+  call->comm = NULL;
+  r->ndraining++;
+}
+
+static void reclaim(struct ccs__ring *r) {
+  for (uint32_t i = 0; r->ndraining && i < CCS__RING_ENTRIES; i++)
+    if (r->calls[i].draining && passed(r, i)) {
+      r->calls[i].draining = 0;
+      r->ndraining--;
+      slot_free(r, i);
+    }
+}
+
 /* Under r->mu: a CUDA stream's call answered. */
 static void device_call_done(struct ccs__ring *r, uint32_t slot) {
   struct call *call = &r->calls[slot];
@@ -181,11 +222,12 @@ static void device_call_done(struct ccs__ring *r, uint32_t slot) {
     }
   }
   if (call->status != CCS_OK) let_go(r, slot); /* it may never have reached a GPU */
-  slot_free(r, slot);
+  device_slot_free(r, slot);
 }
 
 /* Under r->mu: every completion that arrived, into its call. */
 static void take_completions(struct ccs__ring *r) {
+  reclaim(r);
   uint32_t tail = atomic_load_explicit(&r->sh->done_tail, memory_order_acquire);
   for (; r->done_head != tail; r->done_head++) {
     uint32_t slot = r->done_head % CCS__RING_ENTRIES;
@@ -256,11 +298,11 @@ static int wait_for(struct ccs__conn *c, int slot, size_t n) {
   while ((slot && r->nfree == 0) ||
          CCS__RING_ENTRIES - (r->sub_tail - atomic_load_explicit(&sh->sub_head, memory_order_acquire)) < n) {
     take_completions(r);
-    int no_slot = slot && r->nfree == 0;
+    int no_slot = slot && r->nfree == 0 && r->ndraining == 0;
     uint32_t seen = r->done_head;
     pthread_mutex_unlock(&r->mu);
     ccs_result_t rc = CCS_OK;
-    if (no_slot) rc = wait_done(c, seen);
+    if (no_slot) rc = wait_done(c, seen); /* (slots draining come free without an answer) */
     else if (now_ns() - since < SLEEP_CHECK_NS) sched_yield();
     else rc = ccs__conn_check(c), since = now_ns();
     if (rc != CCS_OK) return -1;
@@ -383,6 +425,7 @@ ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) 
 /* Every device call still out: its stream goes on, its comm learns why. */
 static void let_all_go(struct ccs__ring *r, const char *why) {
   pthread_mutex_lock(&r->mu);
+  r->dead = 1;
   for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) {
     struct call *call = &r->calls[i];
     if (!call->busy || call->done || !call->device) continue;
@@ -440,12 +483,12 @@ int ccs__ring_guard_start(struct ccs__conn *c) {
   return rc;
 }
 
-int ccs__ring_stream_flags(struct ccs__conn *c) {
+int ccs__ring_stream_flags(struct ccs__conn *c, int device) {
   struct ccs__ring *r = c->ring;
   if (!r) return -1;
   pthread_mutex_lock(&r->mu);
   if (r->flags_state == 0) {
-    r->flags_state = ccs__gpu_flags_register(&r->sh->flags) == CCS_OK ? 1 : -1;
+    r->flags_state = r->daemon_flags && ccs__gpu_flags_register(&r->sh->flags, device) == CCS_OK ? 1 : -1;
     if (r->flags_state == 1 && guard_start(c)) { /* no guard: never */
       ccs__gpu_flags_unregister(&r->sh->flags);
       r->flags_state = -1;
@@ -465,9 +508,15 @@ void ccs__ring_stream_flags_off(struct ccs__conn *c) {
 ccs_result_t ccs__ring_claim(struct ccs__conn *c, ccs_comm_t *comm, struct ccs__ring_claim *ret) {
   if (wait_for(c, 1, 0)) return ccs__conn_broken_error(c);
   struct ccs__ring *r = c->ring;
+  if (r->dead) { /* nobody would ever write its done */
+    pthread_mutex_unlock(&r->mu);
+    ccs__set_error("the connection to ccsd closed");
+    return CCS_ERR_DAEMON_UNAVAILABLE;
+  }
   uint32_t slot = take_slot(c, NULL, comm, 1);
-  *ret = (struct ccs__ring_claim){slot, (uint32_t)r->calls[slot].gen, &r->sh->flags.ready[slot],
-                                  &r->sh->flags.done[slot]};
+  struct ccs__ring_flags *f = &r->sh->flags;
+  *ret = (struct ccs__ring_claim){slot, (uint32_t)r->calls[slot].gen, &f->ready[slot], &f->done[slot],
+                                  &f->passed[slot]};
   pthread_mutex_unlock(&r->mu);
   return CCS_OK;
 }
@@ -475,21 +524,28 @@ ccs_result_t ccs__ring_claim(struct ccs__conn *c, ccs_comm_t *comm, struct ccs__
 ccs_result_t ccs__ring_post_claimed(struct ccs__conn *c, const struct ccs__ring_claim *k,
                                     Ccs__Op *const *ops, size_t n) {
   if (wait_for(c, 0, n)) {
-    ccs__ring_unclaim(c, k);
+    ccs__ring_unclaim(c, k, 1);
     return ccs__conn_broken_error(c);
+  }
+  if (c->ring->dead) {
+    pthread_mutex_unlock(&c->ring->mu);
+    ccs__ring_unclaim(c, k, 1);
+    ccs__set_error("the connection to ccsd closed");
+    return CCS_ERR_DAEMON_UNAVAILABLE;
   }
   put(c, k->slot, ops, n, CCS__RING_OP_STREAM);
   return CCS_OK;
 }
 
-void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k) {
+void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k, int queued) {
   struct ccs__ring *r = c->ring;
   pthread_mutex_lock(&r->mu);
   struct call *call = &r->calls[k->slot];
-  if (call->busy && (uint32_t)call->gen == k->gen && !call->done) {
+  if (call->busy && (uint32_t)call->gen == k->gen && !call->done && !call->draining) {
     let_go(r, k->slot);
+    if (!queued) atomic_store(&r->sh->flags.passed[k->slot], k->gen); /* no stream write to wait for */
     if (call->comm) call->comm->inflight--;
-    slot_free(r, k->slot);
+    device_slot_free(r, k->slot);
   }
   pthread_mutex_unlock(&r->mu);
 }

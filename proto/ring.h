@@ -25,7 +25,10 @@
  * reach gen; the daemon's own stream waits for ready and writes done after
  * the op (and the daemon writes done from the host when the op fails), so
  * the call returns at once and neither side's host waits for a GPU
- * (docs/gpus.md). gen counts the slot's uses; comparisons wrap. */
+ * (docs/gpus.md). gen counts the slot's uses; comparisons wrap. The
+ * client's stream then writes passed[slot] = gen: a slot serves again only
+ * once its last call's stream got there (a late write of ready must not
+ * land on the next call's). */
 #ifndef CCS_RING_H
 #define CCS_RING_H
 
@@ -87,6 +90,8 @@ struct ccs__ring_shared {
   _Alignas(4096) struct ccs__ring_flags {
     _Atomic uint32_t ready[CCS__RING_ENTRIES]; /* the client's stream: the op may begin */
     _Atomic uint32_t done[CCS__RING_ENTRIES];  /* the daemon (its stream, or its host): it ended */
+    _Atomic uint32_t passed[CCS__RING_ENTRIES]; /* the client's stream: past the call (the daemon
+                                                  ignores it; the slot serves again only then) */
   } flags;
 };
 

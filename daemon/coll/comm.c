@@ -280,6 +280,14 @@ void ccsd_member_leave(struct member *m, const char *why, int graceful) {
   int others = c->state == COMM_JOINING || !c->spans ? c->nranks : c->nlocal;
   if (c->state != COMM_FAILED && c->departed < others && (!graceful || waited_on))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d (pid %d) %s", m->rank, (int)m->pid, why);
+  /* its ops still running wait for nothing of it any more (a GPU stream
+   * waiting for its flags is let go), also where no other rank is left to
+   * fail */
+  LIST_FOREACH_SAFE(it, tmp, &c->running) {
+    struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
+    for (int i = 0; i < x->nposts; i++)
+      if (x->posts[i] && x->posts[i]->member == m) atomic_store(&x->run.cancelled, 1);
+  }
   if (m->init) { /* its own init reply cannot be delivered any more */
     struct coll_waiter *w = m->init;
     m->init = NULL;

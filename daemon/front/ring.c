@@ -140,6 +140,10 @@ void ccsd_ring_setup(struct session *s, uint64_t id) {
   r->session = s;
   r->sh = map;
   r->bell_fd = bell;
+  /* the stream flags' page for the GPUs, once (not again per call) */
+  char why[200] = "this daemon has no GPU";
+  int flags = s->d->coll.gpu && ccsd_gpu_flags_register(s->d->coll.gpu, r->flags, why, sizeof(why)) == 0;
+  if (s->d->coll.gpu && !flags) LOG_WARN("client %llu: its stream flags: %s", (unsigned long long)s->id, why);
   uv_poll_init(s->d->loop, &r->bell, bell);
   r->bell.data = r;
   uv_poll_start(&r->bell, UV_READABLE, on_bell);
@@ -147,7 +151,13 @@ void ccsd_ring_setup(struct session *s, uint64_t id) {
   s->ring = r;
   s->d->nrings++;
   LOG_INFO(CCS_LOG_CLIENT, "client %llu: fast path set up", (unsigned long long)s->id);
-  ccsd_session_reply(s, id, CCS_OK, NULL);
+  Ccs__Reply reply = CCS__REPLY__INIT;
+  Ccs__RingSetupReply body = CCS__RING_SETUP_REPLY__INIT;
+  body.stream_flags = flags;
+  reply.id = id;
+  reply.body_case = CCS__REPLY__BODY_RING_SETUP;
+  reply.ring_setup = &body;
+  ccsd_session_send(s, &reply);
 }
 
 static void violation(struct ring *r, const char *what) {

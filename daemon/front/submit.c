@@ -145,11 +145,17 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
   for (i = 0; i < n; i++) {
     posts[i] = make_post(s, &ops[i], &rc, err, sizeof(err));
     if (!posts[i]) break;
-    if (order && !stream_order_fits(posts[i])) {
+    const char *unordered = !order ? NULL
+                            : !stream_order_fits(posts[i])
+                                ? "a CUDA stream orders device buffers, and this op has host buffers"
+                            : order->flags->registered != 1
+                                ? "this daemon did not take the stream flags of this connection"
+                                : NULL;
+    if (unordered) {
       ccsd_client_post_free(posts[i]);
       posts[i] = NULL;
       rc = CCS_ERR_INVALID_ARGUMENT;
-      snprintf(err, sizeof(err), "a CUDA stream orders device buffers, and this op has host buffers");
+      snprintf(err, sizeof(err), "%s", unordered);
       break;
     }
     if (order) {

@@ -55,22 +55,27 @@ void ccsd_gpu_close_ipc(void *base);
 
 /* A connection's stream flags (proto/ring.h: ccs__ring_flags), in the
  * mapping of its rings, which this holds: the session's rings and every
- * post ordered by them take a reference (loop thread). The GPU threads
- * register the page with CUDA at its first use; the last reference then
- * hands it to them (retire) to unregister and unmap. */
+ * post ordered by them take a reference (loop thread). The page is
+ * registered with CUDA when the rings are set up (ccsd_gpu_flags_register,
+ * where the daemon has GPUs; the client uses the flags only if it was);
+ * the last reference then hands it to the GPU side (retire) to unregister
+ * and unmap where nothing waits for the device. */
 struct gpu_flags {
   _Atomic uint32_t *ready, *done; /* [CCS__RING_ENTRIES], in one page */
   void *page;                     /* that page: what CUDA registers */
   void *map;                      /* the whole mapping, and its length */
   size_t len;
   int refs;
-  struct gpu *g;       /* once registered (GPU threads, under their lock) */
-  int registered;      /* 1: with CUDA; -1: it could not be */
+  struct gpu *g;       /* once registered */
+  int registered;      /* 1: with CUDA */
   void (*retire)(struct gpu_flags *f); /* set with registered: takes the last reference's page */
   struct list link;    /* the watchdog's, once let go */
 };
 struct gpu_flags *ccsd_gpu_flags_new(void *map, size_t len, _Atomic uint32_t *ready,
                                      _Atomic uint32_t *done);
+/* Loop thread, at RingSetup: 0 when the page is registered with CUDA for
+ * every GPU (else why, and the connection's calls wait instead). */
+int ccsd_gpu_flags_register(struct gpu *g, struct gpu_flags *f, char *why, size_t len);
 void ccsd_gpu_flags_ref(struct gpu_flags *f);
 void ccsd_gpu_flags_unref(struct gpu_flags *f);
 

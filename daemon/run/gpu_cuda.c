@@ -55,10 +55,13 @@ struct gpu {
   int ndevices;
   struct device dev[CCSD_GPU_MAX_DEVICES];
   uint64_t reach[CCSD_GPU_MAX_DEVICES];
-  pthread_mutex_t mu, reg_mu;
-  pthread_cond_t watch_cv;
+  pthread_mutex_t mu;
+  pthread_cond_t watch_cv, reap_cv;
   pthread_t watchdog;
-  int watching;
+  int watching, reaping;
+  pthread_t reaper;
+  int closed; /* the loop's handle is closing: nothing more is sent to it */
+  int stuck;  /* ops still on a GPU at the end: g and the pools are kept */
   struct list to_loop;     /* ops back from the GPU (done_link) */
   struct list dead_flags;  /* pages of flags to unregister and unmap (gpu_flags.link) */
   struct dead_mem *dead_mem;
@@ -111,7 +114,7 @@ static void back_to_loop_locked(struct gpu *g, struct run_op *x) {
     x->gpu_stream = NULL;
   }
   list_insert_tail(&g->to_loop, &x->done_link);
-  uv_async_send(&g->async);
+  if (!g->closed) uv_async_send(&g->async);
 }
 
 /* A CUDA thread, once x's work is done on its stream: no CUDA call here. */
@@ -145,46 +148,35 @@ static void retire_flags(struct gpu_flags *f) {
   struct gpu *g = f->g;
   pthread_mutex_lock(&g->mu);
   list_insert_tail(&g->dead_flags, &f->link);
+  pthread_cond_signal(&g->reap_cv);
   pthread_mutex_unlock(&g->mu);
 }
 
-/* A client's page of flags, registered with CUDA at its first use; 0 when
- * it is (or was). Under g->reg_mu (not g->mu: CUDA's own threads take that
- * in on_stream_done, and registering may wait for them); rare, once per
- * connection. */
-static int flags_ready(struct gpu *g, struct gpu_flags *f, char *err, size_t errlen) {
-  if (f->registered == 0) {
-    char why[200];
-    if (ccs__cuda_host_register(f->page, 4096, why, sizeof(why)) == 0) {
-      f->registered = 1;
-      f->g = g;
-      f->retire = retire_flags;
-    } else {
-      f->registered = -1;
-      LOG_WARN("a client's stream flags: %s", why);
-    }
-  }
-  if (f->registered == 1) return 0;
-  snprintf(err, errlen, "this daemon cannot register the client's stream flags with CUDA");
-  return -1;
+int ccsd_gpu_flags_register(struct gpu *g, struct gpu_flags *f, char *why, size_t len) {
+  if (ccs__cuda_host_register(f->page, 4096, why, len)) return -1;
+  f->registered = 1;
+  f->g = g;
+  f->retire = retire_flags;
+  return 0;
 }
 
 /* Queues x on stream st: its ranks' streams first, its kernels, their
- * flags, and the host function that hands it back. Returns 1 when that
- * function is queued (x comes back through it), 0 when x must go back now
- * (nothing of it, or not all of it, could be queued: x->gpu_error says). */
+ * flags, and the host function that hands it back. Once anything of x is
+ * on the stream, x comes back only when the stream is through with it: a
+ * failure part way cancels x (its flags are let go, so what was queued
+ * runs on) and still queues the host function, or, where even that
+ * fails, leaves x to the watchdog, which waits for the stream to drain
+ * (x->gpu_drain). Returns 0 when nothing was queued (x goes back now). */
 static int queue_op(struct device *dv, struct run_op *x, cudaStream_t st) {
   char err[200] = "";
   const char *what = "selecting the device";
   cudaError_t e = cudaSetDevice(dv->index);
-  int ok = e == cudaSuccess;
+  int ok = e == cudaSuccess, queued = 0;
   for (int i = 0; ok && i < x->norders; i++) {
     const struct gpu_order *o = &x->orders[i];
     if (!o->flags) continue;
-    pthread_mutex_lock(&dv->g->reg_mu);
-    ok = !flags_ready(dv->g, o->flags, err, sizeof(err));
-    pthread_mutex_unlock(&dv->g->reg_mu);
-    if (ok) ok = !ccs__cuda_stream_wait32(st, &o->flags->ready[o->slot], o->gen, err, sizeof(err));
+    ok = !ccs__cuda_stream_wait32(st, &o->flags->ready[o->slot], o->gen, err, sizeof(err));
+    queued |= ok;
   }
   engine_start(&x->plan);
   while (ok && engine_has_ready(&x->plan)) {
@@ -193,23 +185,59 @@ static int queue_op(struct device *dv, struct run_op *x, cudaStream_t st) {
     e = run_task(&x->plan, t, st);
     engine_finish(&x->plan, t);
     ok = e == cudaSuccess;
+    queued = 1; /* a failed launch may have queued part of the task */
   }
   for (int i = 0; ok && i < x->norders; i++) {
     const struct gpu_order *o = &x->orders[i];
     if (o->flags) ok = !ccs__cuda_stream_write32(st, &o->flags->done[o->slot], o->gen, err, sizeof(err));
   }
-  if (ok) {
-    what = "queuing the op's end";
-    e = cudaLaunchHostFunc(st, on_stream_done, x);
-    ok = e == cudaSuccess;
+  if (!ok) {
+    if (e != cudaSuccess) {
+      check_sticky(dv, e, what);
+      snprintf(err, sizeof(err), "%s: %s (CUDA error %d)", what, cudaGetErrorString(e), (int)e);
+    }
+    snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: %s", dv->index, err);
+    if (!queued) return 0;
+    atomic_store(&x->cancelled, 1); /* its streams let go: what is queued runs on */
+    for (int i = 0; i < x->norders; i++) ccsd_gpu_order_unblock(&x->orders[i]);
   }
-  if (ok) return 1;
+  e = cudaLaunchHostFunc(st, on_stream_done, x);
   if (e != cudaSuccess) {
-    check_sticky(dv, e, what);
-    snprintf(err, sizeof(err), "%s: %s (CUDA error %d)", what, cudaGetErrorString(e), (int)e);
+    check_sticky(dv, e, "queuing the op's end");
+    if (!x->gpu_error[0])
+      snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: queuing the op's end: %s", dv->index,
+               cudaGetErrorString(e));
+    atomic_store(&x->cancelled, 1);
+    for (int i = 0; i < x->norders; i++) ccsd_gpu_order_unblock(&x->orders[i]);
+    pthread_mutex_lock(&dv->g->mu);
+    x->gpu_drain = 1;
+    pthread_mutex_unlock(&dv->g->mu);
   }
-  snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: %s", dv->index, err);
-  return 0;
+  return 1;
+}
+
+/* Under g->mu: the first op of dv's queue that may go now, with its
+ * stream. A comm's ops keep their order: one of a comm whose earlier op
+ * waits for a stream waits too; other comms' ops pass it. */
+static struct run_op *next_op(struct device *dv, struct gpu_stream **ret_stream) {
+  enum { MOST_WAITING = 64 };
+  uint64_t waiting[MOST_WAITING];
+  int nwaiting = 0;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &dv->queue) {
+    struct run_op *x = LIST_ENTRY(it, struct run_op, link);
+    int behind = 0;
+    for (int i = 0; i < nwaiting && !behind; i++) behind = waiting[i] == x->stream_key;
+    if (behind) continue;
+    if (atomic_load(&x->cancelled)) { /* its comm failed before it got here */
+      *ret_stream = NULL;
+      return x;
+    }
+    if ((*ret_stream = ccsd_gpu_stream_for(&dv->streams, x->stream_key)) != NULL) return x;
+    if (nwaiting == MOST_WAITING) break;
+    waiting[nwaiting++] = x->stream_key;
+  }
+  return NULL;
 }
 
 static void *submitter(void *arg) {
@@ -217,35 +245,33 @@ static void *submitter(void *arg) {
   struct gpu *g = dv->g;
   pthread_mutex_lock(&g->mu);
   for (;;) {
-    if (list_empty(&dv->queue)) {
-      if (g->stop) break;
-      pthread_cond_wait(&dv->cv, &g->mu);
-      continue;
-    }
-    struct run_op *x = LIST_ENTRY(dv->queue.next, struct run_op, link);
-    if (atomic_load(&x->cancelled)) { /* its comm failed before it got here */
-      list_remove(&x->link);
-      back_to_loop_locked(g, x);
-      continue;
-    }
-    struct gpu_stream *s = ccsd_gpu_stream_for(&dv->streams, x->stream_key);
-    if (!s) { /* every stream runs another comm's ops: the watchdog wakes this */
+    struct gpu_stream *s = NULL;
+    struct run_op *x = next_op(dv, &s);
+    if (!x) { /* nothing, or every stream runs other comms' ops: a freed one wakes this */
+      if (g->stop && list_empty(&dv->queue)) break;
       pthread_cond_wait(&dv->cv, &g->mu);
       continue;
     }
     list_remove(&x->link);
+    if (!s) {
+      back_to_loop_locked(g, x);
+      continue;
+    }
     s->inflight++;
     x->gpu_stream = s;
     list_insert_tail(&dv->queued, &x->gpu_link);
-    pthread_mutex_unlock(&g->mu);
     cudaStream_t st = s->handle;
+    pthread_mutex_unlock(&g->mu);
     cudaError_t e = cudaSuccess;
-    if (!st && (e = cudaSetDevice(dv->index)) == cudaSuccess &&
-        (e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) == cudaSuccess)
-      s->handle = st; /* only this thread makes streams of this device */
+    if (!st && (e = cudaSetDevice(dv->index)) == cudaSuccess)
+      e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     int queued = 0;
-    if (e == cudaSuccess) queued = queue_op(dv, x, st);
-    else {
+    if (e == cudaSuccess) {
+      pthread_mutex_lock(&g->mu);
+      s->handle = st; /* only this thread makes streams of this device */
+      pthread_mutex_unlock(&g->mu);
+      queued = queue_op(dv, x, st);
+    } else {
       check_sticky(dv, e, "making a stream");
       snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: making a stream: %s", dv->index,
                cudaGetErrorString(e));
@@ -280,7 +306,8 @@ static void watch_queued(struct gpu *g, uint64_t now) {
 }
 
 /* Not under g->mu: errors on the streams that have ops (a failed kernel
- * leaves its stream unable to run anything more). */
+ * leaves its stream unable to run anything more), and ops whose stream
+ * must drain before they go back (x->gpu_drain). */
 static void watch_streams(struct gpu *g) {
   for (int d = 0; d < g->ndevices; d++) {
     struct device *dv = &g->dev[d];
@@ -293,21 +320,53 @@ static void watch_streams(struct gpu *g) {
       cudaError_t e = cudaStreamQuery(st);
       if (e != cudaSuccess && e != cudaErrorNotReady) check_sticky(dv, e, "running an op");
     }
+    /* only this thread takes ops without a host function off the list */
+    pthread_mutex_lock(&g->mu);
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, &dv->queued) {
+      struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
+      if (!x->gpu_drain) continue;
+      cudaStream_t st = x->gpu_stream->handle;
+      pthread_mutex_unlock(&g->mu);
+      cudaError_t e = cudaStreamQuery(st);
+      pthread_mutex_lock(&g->mu);
+      if (e != cudaErrorNotReady) back_to_loop_locked(g, x);
+    }
+    pthread_mutex_unlock(&g->mu);
   }
 }
 
-/* Not under g->mu: what the loop let go, and idle streams. */
-static void bury(struct gpu *g, uint64_t now) {
+/* Not under g->mu: streams idle long enough go (destroying one does not
+ * wait for the device). */
+static void retire_streams(struct gpu *g, uint64_t now) {
+  void *idle[CCSD_GPU_MAX_DEVICES][16];
+  int nidle[CCSD_GPU_MAX_DEVICES];
+  pthread_mutex_lock(&g->mu);
+  for (int d = 0; d < g->ndevices; d++)
+    nidle[d] = ccsd_gpu_streams_retire(&g->dev[d].streams, now, STREAM_IDLE_MS, idle[d], 16);
+  pthread_mutex_unlock(&g->mu);
+  for (int d = 0; d < g->ndevices; d++)
+    for (int i = 0; i < nidle[d]; i++) {
+      cudaSetDevice(d);
+      cudaStreamDestroy((cudaStream_t)idle[d][i]);
+    }
+  pthread_mutex_lock(&g->mu);
+  for (int d = 0; d < g->ndevices; d++) /* a freed place: an op waiting for one may go */
+    if (nidle[d]) pthread_cond_broadcast(&g->dev[d].cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* What the loop let go and that may wait for the whole device (cudaFree,
+ * unregistering host memory): the device goes idle only once every stream
+ * gets past its waits, which the watchdog may have to release, so these
+ * never run on the watchdog. Not under g->mu. */
+static void reap(struct gpu *g) {
   pthread_mutex_lock(&g->mu);
   struct dead_mem *mem = g->dead_mem;
   g->dead_mem = NULL;
   struct list flags;
   list_init(&flags);
   list_take_all(&flags, &g->dead_flags);
-  void *idle[CCSD_GPU_MAX_DEVICES][16];
-  int nidle[CCSD_GPU_MAX_DEVICES];
-  for (int d = 0; d < g->ndevices; d++)
-    nidle[d] = ccsd_gpu_streams_retire(&g->dev[d].streams, now, STREAM_IDLE_MS, idle[d], 16);
   pthread_mutex_unlock(&g->mu);
   for (struct dead_mem *m = mem, *next; m; m = next) {
     next = m->next;
@@ -322,15 +381,23 @@ static void bury(struct gpu *g, uint64_t now) {
     munmap(f->map, f->len);
     free(f);
   }
-  for (int d = 0; d < g->ndevices; d++)
-    for (int i = 0; i < nidle[d]; i++) {
-      cudaSetDevice(d);
-      cudaStreamDestroy((cudaStream_t)idle[d][i]);
-    }
+}
+
+static void *reaper(void *arg) {
+  struct gpu *g = arg;
   pthread_mutex_lock(&g->mu);
-  for (int d = 0; d < g->ndevices; d++) /* a freed place: an op waiting for one may go */
-    if (nidle[d]) pthread_cond_broadcast(&g->dev[d].cv);
+  for (;;) {
+    if (!g->dead_mem && list_empty(&g->dead_flags)) {
+      if (g->closed) break;
+      pthread_cond_wait(&g->reap_cv, &g->mu);
+      continue;
+    }
+    pthread_mutex_unlock(&g->mu);
+    reap(g);
+    pthread_mutex_lock(&g->mu);
+  }
   pthread_mutex_unlock(&g->mu);
+  return NULL;
 }
 
 static void *watchdog(void *arg) {
@@ -346,7 +413,7 @@ static void *watchdog(void *arg) {
     watch_queued(g, now);
     pthread_mutex_unlock(&g->mu);
     watch_streams(g);
-    bury(g, now);
+    retire_streams(g, now);
     pthread_mutex_lock(&g->mu);
   }
   pthread_mutex_unlock(&g->mu);
@@ -389,6 +456,7 @@ static void device_release(void *mem, void *ctx) {
   pthread_mutex_lock(&dv->g->mu);
   m->next = dv->g->dead_mem;
   dv->g->dead_mem = m;
+  pthread_cond_signal(&dv->g->reap_cv);
   pthread_mutex_unlock(&dv->g->mu);
 }
 
@@ -413,10 +481,6 @@ static void enable_peer_access(struct gpu *g) {
 }
 
 struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
-  /* every kernel loaded at start (CUDA 13 loads lazily by default: a
-   * kernel's first launch would load its module and may synchronise the
-   * device behind clients' work); an operator's own setting stands */
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   if (ccs__cuda_usable(why, len)) return NULL;
   int n = 0;
   cudaGetDeviceCount(&n);
@@ -427,8 +491,8 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
     return NULL;
   }
   pthread_mutex_init(&g->mu, NULL);
-  pthread_mutex_init(&g->reg_mu, NULL);
   pthread_cond_init(&g->watch_cv, NULL);
+  pthread_cond_init(&g->reap_cv, NULL);
   list_init(&g->to_loop);
   list_init(&g->dead_flags);
   uv_async_init(loop, &g->async, on_async);
@@ -460,28 +524,30 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
     if (!dv->pool || pthread_create(&dv->submitter, NULL, submitter, dv)) break;
     dv->started = 1;
   }
-  if (g->ndevices < n || !g->dev[n - 1].started || pthread_create(&g->watchdog, NULL, watchdog, g)) {
+  if (g->ndevices < n || !g->dev[n - 1].started ||
+      !(g->watching = !pthread_create(&g->watchdog, NULL, watchdog, g)) ||
+      !(g->reaping = !pthread_create(&g->reaper, NULL, reaper, g))) {
     snprintf(why, len, "cannot start the GPU threads");
     ccsd_gpu_stop(g);
     return NULL;
   }
-  g->watching = 1;
   enable_peer_access(g);
   return g;
 }
 
 static void on_closed(uv_handle_t *h) {
   struct gpu *g = h->data;
-  bury(g, UINT64_MAX); /* the pages of rings closed since */
+  if (g->stuck) return; /* a GPU may still call on_stream_done: g stays */
+  reap(g); /* the pages of rings closed since */
   pthread_mutex_destroy(&g->mu);
-  pthread_mutex_destroy(&g->reg_mu);
   pthread_cond_destroy(&g->watch_cv);
+  pthread_cond_destroy(&g->reap_cv);
   free(g);
 }
 
-/* At the end: every op on a GPU is let go, and waited for (10 s at most:
- * a kernel that never ends keeps its op, and the daemon exits anyway). */
-static void finish_all(struct gpu *g) {
+/* At the end: every op on a GPU is let go, and waited for; 0 when none is
+ * left (10 s at most: a kernel that never ends keeps its op). */
+static int finish_all(struct gpu *g) {
   for (int waited_ms = 0; waited_ms < 10000; waited_ms++) {
     pthread_mutex_lock(&g->mu);
     int left = 0;
@@ -494,10 +560,11 @@ static void finish_all(struct gpu *g) {
       }
     }
     pthread_mutex_unlock(&g->mu);
-    if (!left) return;
+    if (!left) return 0;
     usleep(1000);
   }
-  LOG_WARN("ops still on a GPU as the daemon stops");
+  LOG_WARN("ops still on a GPU as the daemon stops: their memory is left as it is");
+  return -1;
 }
 
 void ccsd_gpu_stop(struct gpu *g) {
@@ -510,15 +577,19 @@ void ccsd_gpu_stop(struct gpu *g) {
   for (int i = 0; i < g->ndevices; i++)
     if (g->dev[i].started) pthread_join(g->dev[i].submitter, NULL);
   if (g->watching) pthread_join(g->watchdog, NULL);
-  finish_all(g);
-  drain(g); /* every op is over: the loop finishes them */
-  bury(g, UINT64_MAX);
-  for (int i = 0; i < g->ndevices; i++) {
-    struct device *dv = &g->dev[i];
-    engine_pool_free(dv->pool);
-    pthread_cond_destroy(&dv->cv);
+  g->stuck = finish_all(g) != 0;
+  drain(g); /* the ops that are over: the loop finishes them */
+  if (!g->stuck) /* what is still on a GPU keeps its scratch */
+    for (int i = 0; i < g->ndevices; i++) engine_pool_free(g->dev[i].pool);
+  pthread_mutex_lock(&g->mu);
+  g->closed = 1;
+  pthread_cond_broadcast(&g->reap_cv);
+  pthread_mutex_unlock(&g->mu);
+  if (g->reaping) pthread_join(g->reaper, NULL); /* after what the pools let go */
+  if (!g->stuck) {
+    retire_streams(g, UINT64_MAX);
+    for (int i = 0; i < g->ndevices; i++) pthread_cond_destroy(&g->dev[i].cv);
   }
-  bury(g, UINT64_MAX); /* what the pools let go */
   uv_close((uv_handle_t *)&g->async, on_closed);
 }
 

@@ -32,3 +32,7 @@ struct engine_pool *ccsd_gpu_pool(struct gpu *g, int device) { return NULL; }
 const uint64_t *ccsd_gpu_reach(const struct gpu *g) { return NULL; }
 void ccsd_gpu_submit(struct gpu *g, struct run_op *x) {}
 int ccsd_gpu_error_is_sticky(int cuda_error) { return 0; }
+int ccsd_gpu_flags_register(struct gpu *g, struct gpu_flags *f, char *why, size_t len) {
+  snprintf(why, len, "built without the CUDA toolkit");
+  return -1;
+}

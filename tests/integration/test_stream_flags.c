@@ -4,11 +4,12 @@
  * every way a call can end must let the caller's stream go (its `done`
  * flag reaches the call's value), or a job blocked in cudaStreamSynchronize
  * would wait forever. Checked here: a call the daemon refuses (its answer
- * comes back, the flag is written, the comm carries the error, the slot is
- * free again), a call that never goes out (unclaimed), slots reused across
- * more calls than the ring holds, and a daemon killed with calls out (the
- * guard thread writes every flag and fails their comm). The test links the
- * library's sources to reach these internals. */
+ * comes back, the flag is written, the comm carries the error, the slot
+ * serves again once the stream wrote passed), a call that never goes out
+ * (unclaimed), slots reused across more calls than the ring holds, and a
+ * daemon killed with calls out (the guard thread writes every flag, fails
+ * their comm, and no call goes out after). The test links the library's
+ * sources to reach these internals. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -90,6 +91,25 @@ static void test_refused_and_unclaimed(void **state) {
   for (int i = 0; i < 4; i++) assert_true(buf[i] == (float)i); /* no effect */
   comm->async_error = CCS_OK;
 
+  /* its slot serves again only once its stream got past the call (wrote
+   * passed): a late write of ready must not land on the next call's */
+  struct ccs__ring_claim next[CCS__RING_ENTRIES];
+  for (unsigned i = 0; i < CCS__RING_ENTRIES - 1; i++) {
+    assert_int_equal(ccs__ring_claim(c, comm, &next[i]), CCS_OK);
+    assert_int_not_equal(next[i].slot, k.slot);
+  }
+  atomic_store(k.passed, k.gen); /* as the stream would */
+  assert_int_equal(ccs__ring_claim(c, comm, &next[CCS__RING_ENTRIES - 1]), CCS_OK);
+  assert_int_equal(next[CCS__RING_ENTRIES - 1].slot, k.slot);
+  assert_true((int32_t)(next[CCS__RING_ENTRIES - 1].gen - k.gen) > 0);
+  /* unclaimed with stream writes queued: out until passed; without: at once */
+  for (unsigned i = 0; i < CCS__RING_ENTRIES; i++) ccs__ring_unclaim(c, &next[i], i != 0);
+  assert_int_equal(done_of(&next[0]), next[0].gen);
+  assert_int_equal(ccs__ring_claim(c, comm, &k), CCS_OK);
+  assert_int_equal(k.slot, next[0].slot);
+  ccs__ring_unclaim(c, &k, 0);
+  for (unsigned i = 1; i < CCS__RING_ENTRIES; i++) atomic_store(next[i].passed, next[i].gen);
+
   /* a call that never goes out lets its stream go too, and frees its slot;
    * more calls than the ring has slots: each slot's value grows */
   uint32_t first_gen[CCS__RING_ENTRIES] = {0};
@@ -100,7 +120,7 @@ static void test_refused_and_unclaimed(void **state) {
     if (!first_gen[k.slot]) first_gen[k.slot] = k.gen;
     else assert_true((int32_t)(k.gen - first_gen[k.slot]) > 0);
     assert_int_not_equal(done_of(&k), k.gen);
-    ccs__ring_unclaim(c, &k);
+    ccs__ring_unclaim(c, &k, 0);
     assert_int_equal(done_of(&k), k.gen);
     assert_int_equal(comm->inflight, 0);
   }
@@ -130,6 +150,9 @@ static void test_daemon_killed_with_calls_out(void **state) {
   }
   assert_int_equal(released, 3);
   assert_int_equal(comm->async_error, CCS_ERR_DAEMON_UNAVAILABLE);
+  /* and no call goes out after: nobody would let its stream go */
+  struct ccs__ring_claim late;
+  assert_int_equal(ccs__ring_claim(c, comm, &late), CCS_ERR_DAEMON_UNAVAILABLE);
   ccs_comm_destroy(comm);
   assert_int_equal(test_daemon_start(&dmn, NULL), 0); /* for the teardown */
 }
