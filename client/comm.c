@@ -5,6 +5,7 @@
 #include <strings.h>
 
 #include "internal.h"
+#include "launcher.h"
 
 CCS__API ccs_result_t ccs_get_unique_id(ccs_unique_id_t *id) {
   if (!id) {
@@ -33,11 +34,12 @@ CCS__API ccs_result_t ccs_get_unique_id(ccs_unique_id_t *id) {
   return CCS_OK;
 }
 
-CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_unique_id_t id,
-                                         int rank) {
+/* Joins by id, or (name not NULL) by name with the daemons meeting at root. */
+static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const ccs_unique_id_t *id,
+                         const char *name, const char *root, int rank) {
   if (!comm || nranks < 1 || rank < 0 || rank >= nranks) {
-    ccs__set_error("ccs_comm_init_rank: need a comm pointer and 0 <= rank (%d) < nranks (%d)",
-                   rank, nranks);
+    ccs__set_error("%s: need a comm pointer and 0 <= rank (%d) < nranks (%d)", what, rank,
+                   nranks);
     return CCS_ERR_INVALID_ARGUMENT;
   }
   /* CCS_TIMEOUT: seconds an op of this comm may wait for its ranks */
@@ -63,8 +65,13 @@ CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_uniq
   }
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__CommInit m = CCS__COMM_INIT__INIT;
-  m.id.data = (uint8_t *)id.internal;
-  m.id.len = CCS_UNIQUE_ID_BYTES;
+  if (id) {
+    m.id.data = (uint8_t *)id->internal;
+    m.id.len = CCS_UNIQUE_ID_BYTES;
+  } else {
+    m.name = (char *)name;
+    m.root = (char *)root;
+  }
   m.nranks = (uint32_t)nranks;
   m.rank = (uint32_t)rank;
   m.op_timeout_ms = (uint32_t)(timeout_s * 1000);
@@ -94,6 +101,48 @@ CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_uniq
   ccs__reply__free_unpacked(reply, NULL);
   *comm = cm;
   return CCS_OK;
+}
+
+CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_unique_id_t id,
+                                         int rank) {
+  return init("ccs_comm_init_rank", comm, nranks, &id, NULL, NULL, rank);
+}
+
+#define NAME_MAX_BYTES 200
+
+static const char *env_of(const char *name, void *arg) {
+  (void)arg;
+  return getenv(name);
+}
+
+static ccs_result_t init_named(const char *what, ccs_comm_t **comm, const char *name, int nranks,
+                               int rank, const char *root) {
+  if (!name || !*name || strlen(name) > NAME_MAX_BYTES) {
+    ccs__set_error("%s: a name of 1 to %d bytes expected", what, NAME_MAX_BYTES);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  return init(what, comm, nranks, NULL, name, root, rank);
+}
+
+CCS__API ccs_result_t ccs_comm_init_named(ccs_comm_t **comm, const char *name, int nranks,
+                                          int rank) {
+  char err[512], root[64];
+  if (ccs__launch_root(env_of, NULL, root, sizeof(root), err, sizeof(err))) {
+    ccs__set_error("ccs_comm_init_named: %s", err);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  return init_named("ccs_comm_init_named", comm, name, nranks, rank, root);
+}
+
+CCS__API ccs_result_t ccs_comm_init_from_env(ccs_comm_t **comm) {
+  struct ccs__launch l;
+  char err[512];
+  int found = ccs__launch_read(env_of, NULL, &l, err, sizeof(err));
+  if (found) { /* none: a usage error (not started by a launcher); else its variables are wrong */
+    ccs__set_error("ccs_comm_init_from_env: %s", err);
+    return found > 0 ? CCS_ERR_INVALID_USAGE : CCS_ERR_INVALID_ARGUMENT;
+  }
+  return init_named("ccs_comm_init_from_env", comm, l.job, l.nranks, l.rank, l.root);
 }
 
 static ccs_result_t comm_leave(ccs_comm_t *comm, int abort) {

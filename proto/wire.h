@@ -50,6 +50,11 @@ int ccs__coll_has_root(uint32_t kind);
 
 /* Unique id: what the bytes of ccs_unique_id_t hold. */
 #define CCS__UNIQUE_ID_MAGIC 0x31534343u /* "CCS1" */
+/* The id of a comm found by name (CommInit.name): made by the ranks'
+ * daemons alike from the name and the uid, never handed to a client; it is
+ * not signed (only ranks of its owner's uid can name it) and does not
+ * expire. */
+#define CCS__NAMED_ID_MAGIC 0x4e534343u /* "CCSN" */
 #define CCS__SECRET_BYTES 32u
 struct ccs__unique_id {
   uint32_t magic;

@@ -10,7 +10,7 @@ shift || true
 packages=(build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
           libcmocka-dev libibverbs-dev libinih-dev libsystemd-dev libsodium-dev uthash-dev
           clang libclang-rt-14-dev
-          systemd python3 python3-prometheus-client)
+          systemd python3 python3-prometheus-client openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -82,6 +82,18 @@ const char *ccs_result_name(ccs_result_t r); /* "CCS_ERR_TIMEOUT" */
 
 ccs_result_t ccs_get_unique_id(ccs_unique_id_t *id);
 ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_unique_id_t id, int rank);
+/* The communicator called `name` (of the calling user: another user's of
+ * the same name is another comm), found through the daemons: no id to pass
+ * around. On one node nothing else is needed; across nodes the ranks'
+ * daemons meet at the daemon of CCS_ROOT (HOST:PORT). A name in use by a
+ * running comm (another job?) is CCS_ERR_INVALID_ARGUMENT naming it. */
+ccs_result_t ccs_comm_init_named(ccs_comm_t **comm, const char *name, int nranks, int rank);
+/* Rank, size and a name from the launcher that started the process: the
+ * first of CCS_RANK/CCS_NRANKS, Open MPI, PMI, PMIx, Slurm, torchrun; the
+ * name from CCS_JOB or the launcher's job id; across nodes the root from
+ * CCS_ROOT, Slurm's first node or torchrun's MASTER_ADDR (at CCS_ROOT_PORT,
+ * default 7000). CCS_ERR_INVALID_USAGE when no launcher says a rank. */
+ccs_result_t ccs_comm_init_from_env(ccs_comm_t **comm);
 ccs_result_t ccs_comm_destroy(ccs_comm_t *comm);
 ccs_result_t ccs_comm_abort(ccs_comm_t *comm);
 ccs_result_t ccs_comm_count(const ccs_comm_t *comm, int *count);

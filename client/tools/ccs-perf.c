@@ -4,10 +4,12 @@
  *            [-m AGG] [-c CHECK] [-o OP] [-d TYPE] [-r ROOT] [-a AVG] [-z 0|1] [-J FILE]
  *            [--np N] [--registered 0|1] [--device GPU]
  *
- * Ranks: --np N forks N local ranks; otherwise CCS_RANK and CCS_NRANKS say
- * who this process is and CCS_UNIQUE_ID_FILE names the file rank 0 writes
- * the unique id to (for ranks started by a launcher). Rank 0 prints the
- * table in nccl-tests' layout, with the same size, algbw and busbw rules. */
+ * Ranks: --np N forks N local ranks; otherwise the launcher that started
+ * the process says who it is (mpirun, srun, torchrun, or CCS_RANK and
+ * CCS_NRANKS: ccs_comm_init_from_env), or, with CCS_UNIQUE_ID_FILE, rank 0
+ * writes a unique id to that file for the others; with none of them, one
+ * rank. Rank 0 prints the table in nccl-tests' layout, with the same size,
+ * algbw and busbw rules. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -284,14 +286,16 @@ static int has_root(enum perf_coll c) {
   return c == PERF_BROADCAST || c == PERF_REDUCE || c == PERF_GATHER || c == PERF_SCATTER;
 }
 
-static int run_rank(const struct perf_opts *o, ccs_unique_id_t id, int rank, int n) {
-  struct bench b = {o, NULL, rank, n, NULL, NULL, NULL, NULL, 0, NULL};
+/* One rank: of the comm of id, or (id NULL, comm given) of that comm. */
+static int run_rank(const struct perf_opts *o, const ccs_unique_id_t *id, ccs_comm_t *comm,
+                    int rank, int n) {
+  struct bench b = {o, comm, rank, n, NULL, NULL, NULL, NULL, 0, NULL};
   char err[256];
   if (o->device >= 0 && perf_device_open(o->device, &b.stream, err, sizeof(err))) {
     fprintf(stderr, "ccs-perf: rank %d: %s\n", rank, err);
     return 1;
   }
-  ccs_result_t rc = ccs_comm_init_rank(&b.comm, n, id, rank);
+  ccs_result_t rc = id ? ccs_comm_init_rank(&b.comm, n, *id, rank) : CCS_OK;
   if (rc != CCS_OK) {
     fprintf(stderr, "ccs-perf: rank %d: init: %s: %s\n", rank, ccs_result_name(rc),
             ccs_comm_last_error(NULL));
@@ -473,9 +477,21 @@ int main(int argc, char **argv) {
         return 2;
       }
       if (id_from_file(f, rank, &id)) return 1;
-      return run_rank(&o, id, rank, nranks);
+      return run_rank(&o, &id, NULL, rank, nranks);
     }
-    o.nprocs = 1;
+    /* started by a launcher (mpirun, srun, torchrun): the comm by the job's name */
+    ccs_comm_t *comm;
+    ccs_result_t got = ccs_comm_init_from_env(&comm);
+    if (got == CCS_OK) {
+      ccs_comm_user_rank(comm, &rank);
+      ccs_comm_count(comm, &nranks);
+      return run_rank(&o, NULL, comm, rank, nranks);
+    }
+    if (got != CCS_ERR_INVALID_USAGE) {
+      fprintf(stderr, "ccs-perf: %s: %s\n", ccs_result_name(got), ccs_comm_last_error(NULL));
+      return 1;
+    }
+    o.nprocs = 1; /* no launcher: one rank */
   }
   ccs_result_t got = ccs_get_unique_id(&id);
   if (got != CCS_OK) {
@@ -486,7 +502,7 @@ int main(int argc, char **argv) {
   pid_t pids[256];
   for (int r = 0; r < o.nprocs; r++) {
     pids[r] = fork();
-    if (pids[r] == 0) _exit(run_rank(&o, id, r, o.nprocs));
+    if (pids[r] == 0) _exit(run_rank(&o, &id, NULL, r, o.nprocs));
   }
   int worst = 0;
   for (int r = 0; r < o.nprocs; r++) {

@@ -122,6 +122,8 @@ struct comm {
   size_t chunk_bytes;       /* the root's: chunks are messages */
   int lanes;                /* the root's: data connections per pair of daemons */
   struct p2p_count *p2p_counts; /* messages so far per (from, to) rank pair */
+  int named;                /* found by name (CCS__NAMED_ID_MAGIC): newcomers never fail it */
+  char label[64];           /* that name, for texts (where this daemon was told it) */
   struct list agreements;   /* agree.c: words heard on ops, not yet from every daemon */
   struct agree_recent *agree_recent; /* agree.c: what this daemon's ranks called lately */
   size_t np2p;
@@ -218,15 +220,19 @@ void ccsd_unique_id_sign(const struct coll *co, struct ccs__unique_id *id); /* t
 int ccsd_unique_id_valid(const struct coll *co, const struct ccs__unique_id *id);
 double ccsd_unique_id_age(const struct coll *co, const struct ccs__unique_id *id); /* -1: expired */
 void ccsd_comm_name(const struct ccs__unique_id *id, uint8_t name[CCS__NAME_BYTES]);
+/* The id of the comm of this name for owner, meeting at root (numeric
+ * ADDR:PORT, or this daemon's own address): the same on every daemon. */
+void ccsd_named_id(uid_t owner, const char *name, const char *root, struct ccs__unique_id *ret);
 
 /* comm.c */
 /* Rank `rank` of nranks joins the comm of id (checked by the caller: its
  * owner is the caller's uid, its root numeric) for a client of process
  * pid; its init is answered through w. CCS_OK and the member; otherwise
  * an error and err, and w is never called. */
-ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, int nranks, int rank,
-                            const char *algo, double op_timeout_s, int debug, pid_t pid,
-                            struct coll_waiter *w, struct member **ret, char *err, size_t errlen);
+ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, const char *label,
+                            int nranks, int rank, const char *algo, double op_timeout_s, int debug,
+                            pid_t pid, struct coll_waiter *w, struct member **ret, char *err,
+                            size_t errlen);
 struct comm *ccsd_comm_find(struct coll *co, const uint8_t *name);
 struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, int nranks,
                               const char *algo, int first_rank, ccs_result_t *rc, char *err,

@@ -143,6 +143,7 @@ struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, 
   c->table_key = table_key(co, c->name);
   memcpy(c->id_bytes, id, sizeof(*id));
   c->uid = id->owner_uid;
+  c->named = id->magic == CCS__NAMED_ID_MAGIC;
   c->nranks = nranks;
   c->op_timeout_s = co->cfg.op_timeout_s;
   c->rules = rules;
@@ -168,6 +169,10 @@ struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, 
 /* Checks that rank (of nranks, with CCS_ALGO algo, process pid) may join c;
  * fails c, for every rank, when it may not. */
 ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const char *algo, int pid) {
+  if (c->named) { /* a name can be taken by another job by mistake: only the newcomer fails */
+    if (c->nranks != nranks || c->members[rank] || strcmp(c->algo_text, algo)) return CCS_ERR_INVALID_ARGUMENT;
+    return CCS_OK;
+  }
   if (c->nranks != nranks)
     ccsd_comm_fail(c, CCS_ERR_MISMATCH,
                    "rank %d (pid %d) called ccs_comm_init_rank with nranks=%d, but the "
@@ -204,15 +209,41 @@ void ccsd_comm_ready(struct comm *c) {
   }
 }
 
-ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, int nranks, int rank,
-                            const char *algo, double op_timeout_s, int debug, pid_t pid,
-                            struct coll_waiter *w, struct member **ret, char *err, size_t errlen) {
+/* A newcomer to a comm found by name: why it cannot join, in err. */
+static void named_conflict(const struct comm *c, const char *label, int nranks, int rank,
+                           const char *algo, char *err, size_t errlen) {
+  const char *name = c->label[0] ? c->label : label;
+  if (c->state != COMM_JOINING)
+    snprintf(err, errlen, "the communicator named '%s' of this user is in use (%s): another job "
+             "with that name? (CCS_JOB names the job)", name,
+             c->state == COMM_READY ? "all of its ranks joined" : "failed, its ranks not all gone");
+  else if (c->nranks != nranks)
+    snprintf(err, errlen, "the communicator named '%s' of this user has %d ranks, this rank asks "
+             "for %d: another job with that name? (CCS_JOB names the job)", name, c->nranks, nranks);
+  else if (c->members[rank])
+    snprintf(err, errlen, "rank %d of the communicator named '%s' of this user joined already "
+             "(pid %d): another job with that name? (CCS_JOB names the job)", rank, name,
+             (int)c->members[rank]->pid);
+  else
+    snprintf(err, errlen, "the communicator named '%s' has CCS_ALGO='%.200s', this rank '%.200s'",
+             name, c->algo_text, algo);
+}
+
+ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, const char *label,
+                            int nranks, int rank, const char *algo, double op_timeout_s, int debug,
+                            pid_t pid, struct coll_waiter *w, struct member **ret, char *err,
+                            size_t errlen) {
   ccs_result_t rc;
   void *t = co->hooks.charge(co->hooks.arg, id->owner_uid, COLL_CHARGE_RANK, &rc, err, errlen);
   if (!t) return rc;
   uint8_t name[CCS__NAME_BYTES];
   ccsd_comm_name(id, name);
   struct comm *c = ccsd_comm_find(co, name);
+  if (c && c->named && (c->state != COMM_JOINING || ccsd_comm_check_join(c, rank, nranks, algo, (int)pid))) {
+    co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
+    named_conflict(c, label, nranks, rank, algo, err, errlen);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
   if (c && c->state != COMM_JOINING) {
     co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
     snprintf(err, errlen, "communicator is %s: %s",
@@ -227,6 +258,7 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, in
       return rc;
     }
     if (op_timeout_s > 0) c->op_timeout_s = op_timeout_s;
+    if (label) snprintf(c->label, sizeof(c->label), "%s", label);
     LOG_INFO(CCS_LOG_INIT, "comm %llu created by pid %d: %d ranks%s%s", (unsigned long long)c->id,
              (int)pid, nranks, c->root[0] ? ", root daemon " : "", c->root);
   }

@@ -194,10 +194,13 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
   ccsd_comm_name(&id, name);
   const char *algo = j->algo ? j->algo : "";
   ccs_result_t rc = CCS_OK;
-  if (id.magic != CCS__UNIQUE_ID_MAGIC || id.protocol != CCS__PROTOCOL_VERSION ||
-      strcmp(id.root, co->self) || !ccsd_unique_id_valid(co, &id))
+  int named = id.magic == CCS__NAMED_ID_MAGIC; /* unsigned: its owner's ranks alone name it */
+  if (named && (id.protocol != CCS__PROTOCOL_VERSION || strcmp(id.root, co->self)))
+    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "a communicator by name meeting at %.60s, not at this daemon (%s)", id.root, co->self);
+  else if (!named && (id.magic != CCS__UNIQUE_ID_MAGIC || id.protocol != CCS__PROTOCOL_VERSION ||
+                      strcmp(id.root, co->self) || !ccsd_unique_id_valid(co, &id)))
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id not issued by the daemon at %s (or from before it restarted)", co->self);
-  else if (ccsd_unique_id_age(co, &id) < 0)
+  else if (!named && ccsd_unique_id_age(co, &id) < 0)
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id expired (id_ttl %.0f s at the root daemon %s)", co->cfg.id_ttl_s, co->self);
   else if (j->uid != id.owner_uid) /* the joining daemon vouches for its client's uid */
     rc = CCS_ERR_PERMISSION, snprintf(err, sizeof(err), "this unique id belongs to another user's communicator");
@@ -215,6 +218,10 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
       ccsd_comm_ref(c);
     }
   }
+  if (rc == CCS_OK && c->named &&
+      (c->state != COMM_JOINING || ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, algo, j->pid)))
+    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "the communicator of that name of this user is %s (rank %u of %u asked, it has %d ranks): another job with that name? (CCS_JOB names the job)",
+                                            c->state == COMM_JOINING ? "forming, and does not take this rank" : "in use", j->rank, j->nranks, c->nranks);
   if (rc == CCS_OK && c->state != COMM_JOINING)
     rc = CCS_ERR_INVALID_USAGE, snprintf(err, sizeof(err), "communicator is %s", c->state == COMM_READY ? "complete" : c->error_text);
   if (rc != CCS_OK) {

@@ -52,3 +52,16 @@ void ccsd_comm_name(const struct ccs__unique_id *id, uint8_t name[CCS__NAME_BYTE
   crypto_generichash_update(&st, (const uint8_t *)&owner, sizeof(owner));
   crypto_generichash_final(&st, name, CCS__NAME_BYTES);
 }
+
+void ccsd_named_id(uid_t owner, const char *name, const char *root, struct ccs__unique_id *ret) {
+  memset(ret, 0, sizeof(*ret));
+  ret->magic = CCS__NAMED_ID_MAGIC;
+  ret->protocol = CCS__PROTOCOL_VERSION;
+  ret->owner_uid = (uint32_t)owner;
+  snprintf(ret->root, sizeof(ret->root), "%s", root);
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, NULL, 0, sizeof(ret->secret));
+  crypto_generichash_update(&st, (const uint8_t *)"ccs named comm", 14);
+  crypto_generichash_update(&st, (const uint8_t *)name, strlen(name));
+  crypto_generichash_final(&st, ret->secret, sizeof(ret->secret));
+}

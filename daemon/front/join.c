@@ -31,12 +31,21 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   struct daemon *d = s->d;
   struct ccs__unique_id uid;
   char err[CCS__ERROR_TEXT_MAX];
-  if (m->id.len != CCS_UNIQUE_ID_BYTES) {
+  int named = m->name && m->name[0];
+  if (named) { /* found by name: its id made here, as every rank's daemon makes it */
+    const char *root = m->root && m->root[0] ? m->root : d->coll.self;
+    if (strlen(m->name) > 200 || strlen(root) >= sizeof(uid.root)) {
+      ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
+                         "a communicator's name is 1 to 200 bytes, its root a numeric ADDRESS:PORT");
+      return;
+    }
+    ccsd_named_id(s->uid, m->name, root, &uid);
+  } else if (m->id.len != CCS_UNIQUE_ID_BYTES) {
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, "unique id must be 128 bytes");
     return;
   }
-  memcpy(&uid, m->id.data, sizeof(uid));
-  if (uid.magic != CCS__UNIQUE_ID_MAGIC) {
+  if (!named) memcpy(&uid, m->id.data, sizeof(uid));
+  if (!named && uid.magic != CCS__UNIQUE_ID_MAGIC) {
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
                        "not a ccs unique id (get one with ccs_get_unique_id)");
     return;
@@ -54,13 +63,14 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   uid.root[sizeof(uid.root) - 1] = 0;
   /* An id of another daemon is checked by that daemon when this one joins. */
   int ours = !strcmp(uid.root, d->coll.self);
-  if (!ours && !uid.root[0]) {
+  if (!ours && !uid.root[0] && !named) {
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
                        "unique id not issued by this daemon (or from before it restarted)");
     return;
   }
   if (!ours && !d->coll.peers) {
-    snprintf(err, sizeof(err), "unique id from the daemon at %.60s, and this daemon talks to no other (set listen)",
+    snprintf(err, sizeof(err), "%s the daemon at %.60s, and this daemon talks to no other (set listen)",
+             named ? "the communicator's ranks meet at (CCS_ROOT)" : "unique id from",
              uid.root[0] ? uid.root : "(no address)");
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
@@ -73,12 +83,12 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }
-  if (ours && !ccsd_unique_id_valid(&d->coll, &uid)) {
+  if (ours && !named && !ccsd_unique_id_valid(&d->coll, &uid)) {
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
                        "unique id not issued by this daemon (or from before it restarted)");
     return;
   }
-  if (ours && ccsd_unique_id_age(&d->coll, &uid) < 0) {
+  if (ours && !named && ccsd_unique_id_age(&d->coll, &uid) < 0) {
     snprintf(err, sizeof(err), "unique id expired: issued %.0f s ago, valid for %.0f s (id_ttl)",
              difftime(time(NULL), (time_t)uid.issued_s), d->cfg.id_ttl_s);
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
@@ -112,7 +122,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   list_insert_tail(&s->comms, &cc->link);
   HASH_ADD(hh, s->comms_by_handle, handle, sizeof(cc->handle), cc);
   double op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : 0;
-  ccs_result_t rc = ccsd_comm_join(&d->coll, &uid, (int)m->nranks, (int)m->rank, algo, op_timeout_s,
+  ccs_result_t rc = ccsd_comm_join(&d->coll, &uid, named ? m->name : NULL, (int)m->nranks, (int)m->rank, algo, op_timeout_s,
                                    m->debug, s->pid, &sub->waiter, &cc->member, err, sizeof(err));
   if (rc != CCS_OK) { /* the waiter is never called: the answer is given here */
     list_remove(&cc->link);
