@@ -65,6 +65,12 @@ int ccs__gpu_device_of(const void *ptr) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
 }
 
+int ccs__gpu_current_device(void) {
+  int device = -1;
+  if (!process_uses_cuda() || ccs__cuda_usable(NULL, 0) || !ccs__cuda_has_context()) return -1;
+  return cudaGetDevice(&device) == cudaSuccess ? device : -1;
+}
+
 ccs_result_t ccs__gpu_uuid(int device, uint8_t *uuid) {
   ccs_result_t rc = ccs__gpu_usable();
   if (rc != CCS_OK) return rc;

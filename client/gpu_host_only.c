@@ -9,6 +9,7 @@ static ccs_result_t absent(void) {
 
 ccs_result_t ccs__gpu_usable(void) { return absent(); }
 int ccs__gpu_device_of(const void *ptr) { return -1; }
+int ccs__gpu_current_device(void) { return -1; }
 ccs_result_t ccs__gpu_uuid(int device, uint8_t *uuid) { return absent(); }
 ccs_result_t ccs__gpu_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size,
                                  uint8_t *handle, int *ret_device) {

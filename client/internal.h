@@ -160,6 +160,7 @@ ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_
  * returning ccs_result_t leave a text in ccs__error() on failure. */
 ccs_result_t ccs__gpu_usable(void); /* CCS_ERR_UNSUPPORTED: no driver, no GPU */
 int ccs__gpu_device_of(const void *ptr); /* -1: not device memory (or no CUDA) */
+int ccs__gpu_current_device(void);       /* -1: none, or a process without a context */
 ccs_result_t ccs__gpu_uuid(int device, uint8_t *uuid);
 /* The legacy IPC handle of the device allocation holding ptr. */
 ccs_result_t ccs__gpu_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size,

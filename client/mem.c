@@ -161,6 +161,10 @@ out:
 
 CCS__API ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes) { return alloc(ptr, bytes, -1); }
 
+CCS__API int ccs_mem_device_of(const void *ptr) { return ccs__gpu_device_of(ptr); }
+
+CCS__API int ccs_current_device(void) { return ccs__gpu_current_device(); }
+
 CCS__API ccs_result_t ccs_mem_alloc_device(void **ptr, size_t bytes, int device) {
   if (device < 0) {
     ccs__set_error("ccs_mem_alloc_device: device %d", device);

@@ -111,6 +111,12 @@ ccs_result_t ccs_mem_alloc(void **ptr, size_t bytes);
  * memory on the caller's stream. CCS_ERR_UNSUPPORTED without a CUDA driver
  * or GPU here, or with a host-only daemon. */
 ccs_result_t ccs_mem_alloc_device(void **ptr, size_t bytes, int device);
+/* The GPU (an ordinal of this process) whose memory ptr points into, or
+ * -1 for host memory (always without CUDA); and the calling thread's
+ * current GPU, or -1 where there is none. Neither makes a CUDA context in
+ * a process that has none. */
+int ccs_mem_device_of(const void *ptr);
+int ccs_current_device(void);
 /* Frees what ccs_mem_alloc or ccs_mem_alloc_device returned. */
 ccs_result_t ccs_mem_free(void *ptr);
 /* Zero copy for device memory the job already has (cudaMalloc): the whole
