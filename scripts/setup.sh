@@ -10,7 +10,8 @@ shift || true
 packages=(build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
           libcmocka-dev libibverbs-dev libinih-dev libsystemd-dev libsodium-dev uthash-dev
           clang libclang-rt-14-dev
-          systemd python3 python3-prometheus-client openmpi-bin libopenmpi-dev)
+          systemd python3 python3-prometheus-client openmpi-bin libopenmpi-dev
+          python3-numpy python3-pytest python3-venv python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,12 +13,22 @@ else
 fi
 (cd build && ctest --output-on-failure -j "$jobs")
 
+# The Python package as a user installs it: pip into a fresh environment
+# (NumPy and pytest from Debian's packages), then its tests.
+rm -rf build/pyenv
+/usr/bin/python3 -m venv --system-site-packages build/pyenv
+build/pyenv/bin/pip install -q --no-build-isolation --no-deps ./python
+(cd build && CCS_LIBRARY="$PWD/client/libccs.so.0" CCSD_PATH="$PWD/daemon/ccsd" \
+   pyenv/bin/python -m pytest -q -p no:cacheprovider ../python/tests)
+
 scripts/setup.sh build-asan -DCCS_SANITIZE=ON
 # (the forced-algorithm runs of the integration suite, label algo, and the
 # namespace topologies, label netns, only above: the engine is under the
 # sanitizers through test_engine for every algorithm, the daemons' network
 # code through the loopback runs across daemons and test_nodes)
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs" -LE "algo|netns")
+# (Python loads libccs into an interpreter built without the sanitizers:
+# its tests run above only.)
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs" -LE "algo|netns|python")
 
 # ThreadSanitizer on the daemon (the multi-threaded party): the integration
 # and fault tests again, against a TSan-built ccsd that exits on any race.
