@@ -21,6 +21,9 @@ build/pyenv/bin/pip install -q --no-build-isolation --no-deps ./python
 (cd build && CCS_LIBRARY="$PWD/client/libccs.so.0" CCSD_PATH="$PWD/daemon/ccsd" \
    pyenv/bin/python -m pytest -q -p no:cacheprovider ../python/tests)
 
+# The Debian packages: built, installed with apt, served, removed.
+scripts/test_packages.sh
+
 scripts/setup.sh build-asan -DCCS_SANITIZE=ON
 # (the forced-algorithm runs of the integration suite, label algo, and the
 # namespace topologies, label netns, only above: the engine is under the
