@@ -51,7 +51,8 @@ void ccs__comm_failed(ccs_comm_t *comm, ccs_result_t rc, const char *text) {
    * abort or a lost daemon is fatal to it, as in NCCL. */
   int fatal = rc == CCS_ERR_PEER_LOST || rc == CCS_ERR_TIMEOUT || rc == CCS_ERR_ABORTED ||
               rc == CCS_ERR_DAEMON_UNAVAILABLE || rc == CCS_ERR_PROTOCOL ||
-              rc == CCS_ERR_TRANSPORT || rc == CCS_ERR_SYSTEM || rc == CCS_ERR_CUDA;
+              rc == CCS_ERR_TRANSPORT || rc == CCS_ERR_SYSTEM || rc == CCS_ERR_CUDA ||
+              rc == CCS_ERR_REVOKED;
   if (fatal && comm->async_error == CCS_OK) comm->async_error = rc;
 }
 

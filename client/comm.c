@@ -34,9 +34,18 @@ CCS__API ccs_result_t ccs_get_unique_id(ccs_unique_id_t *id) {
   return CCS_OK;
 }
 
-/* Joins by id, or (name not NULL) by name with the daemons meeting at root. */
-static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const ccs_unique_id_t *id,
-                         const char *name, const char *root, int rank) {
+/* How a comm is found: by id, by name (the daemons meeting at root), or
+ * derived from a parent this connection holds. */
+struct join {
+  const ccs_unique_id_t *id;
+  const char *name, *root;
+  const ccs_comm_t *parent;
+  const char *derive;
+  int root_rank;
+};
+
+static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const struct join *j,
+                         int rank) {
   if (!comm || nranks < 1 || rank < 0 || rank >= nranks) {
     ccs__set_error("%s: need a comm pointer and 0 <= rank (%d) < nranks (%d)", what, rank,
                    nranks);
@@ -58,19 +67,25 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
     ccs__set_error("out of memory");
     return CCS_ERR_NO_MEMORY;
   }
-  ccs_result_t rc = ccs__conn_get(&cm->conn);
+  ccs_result_t rc = CCS_OK;
+  if (j->parent) ccs__conn_ref(cm->conn = j->parent->conn); /* the parent's connection knows it */
+  else rc = ccs__conn_get(&cm->conn);
   if (rc != CCS_OK) {
     free(cm);
     return rc;
   }
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__CommInit m = CCS__COMM_INIT__INIT;
-  if (id) {
-    m.id.data = (uint8_t *)id->internal;
+  if (j->id) {
+    m.id.data = (uint8_t *)j->id->internal;
     m.id.len = CCS_UNIQUE_ID_BYTES;
+  } else if (j->parent) {
+    m.parent = j->parent->handle;
+    m.derive = (char *)j->derive;
+    m.root_rank = (uint32_t)j->root_rank;
   } else {
-    m.name = (char *)name;
-    m.root = (char *)root;
+    m.name = (char *)j->name;
+    m.root = (char *)j->root;
   }
   m.nranks = (uint32_t)nranks;
   m.rank = (uint32_t)rank;
@@ -105,7 +120,8 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
 
 CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_unique_id_t id,
                                          int rank) {
-  return init("ccs_comm_init_rank", comm, nranks, &id, NULL, NULL, rank);
+  struct join j = {.id = &id};
+  return init("ccs_comm_init_rank", comm, nranks, &j, rank);
 }
 
 #define NAME_MAX_BYTES 200
@@ -121,7 +137,8 @@ static ccs_result_t init_named(const char *what, ccs_comm_t **comm, const char *
     ccs__set_error("%s: a name of 1 to %d bytes expected", what, NAME_MAX_BYTES);
     return CCS_ERR_INVALID_ARGUMENT;
   }
-  return init(what, comm, nranks, NULL, name, root, rank);
+  struct join j = {.name = name, .root = root};
+  return init(what, comm, nranks, &j, rank);
 }
 
 CCS__API ccs_result_t ccs_comm_init_named(ccs_comm_t **comm, const char *name, int nranks,
@@ -213,4 +230,153 @@ CCS__API ccs_result_t ccs_comm_get_async_error(ccs_comm_t *comm, ccs_result_t *a
 
 CCS__API const char *ccs_comm_last_error(const ccs_comm_t *comm) {
   return comm ? comm->last_error : ccs__error();
+}
+
+/* --- comms from comms --- */
+
+/* The parent's next derived comm: its ranks derive in the same order. */
+static uint32_t next_epoch(ccs_comm_t *c) { return ++c->derived; }
+
+struct split_entry {
+  int32_t color, key;
+};
+
+CCS__API ccs_result_t ccs_comm_split(ccs_comm_t *comm, int color, int key, ccs_comm_t **newcomm,
+                                     const ccs_comm_config_t *config) {
+  (void)config;
+  if (!comm || !newcomm || (color < 0 && color != CCS_SPLIT_NOCOLOR)) {
+    ccs__set_error("ccs_comm_split: a comm, a place for the new one and a color >= 0 (or "
+                   "CCS_SPLIT_NOCOLOR) are needed");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  uint32_t epoch = next_epoch(comm);
+  int n = comm->nranks;
+  struct split_entry *all = malloc(sizeof(*all) * (size_t)n), mine = {color, key};
+  if (!all) {
+    ccs__set_error("out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  /* every rank's color and key, everywhere (the parent's collective) */
+  ccs_result_t rc = ccs_all_gather(&mine, all, 2, CCS_INT32, comm, NULL);
+  if (rc != CCS_OK) {
+    free(all);
+    return rc;
+  }
+  *newcomm = NULL;
+  if (color == CCS_SPLIT_NOCOLOR) {
+    free(all);
+    return CCS_OK;
+  }
+  /* ranks of this color ordered by key, then parent rank; the first's
+   * daemon is where the new comm's daemons meet */
+  int size = 0, rank = 0, first = -1;
+  for (int r = 0; r < n; r++) {
+    if (all[r].color != color) continue;
+    size++;
+    if (first < 0) first = r;
+    if (all[r].key < key || (all[r].key == key && r < comm->rank)) rank++;
+  }
+  free(all);
+  char tag[64];
+  snprintf(tag, sizeof(tag), "split/%u/%d", epoch, color);
+  struct join j = {.parent = comm, .derive = tag, .root_rank = first};
+  return init("ccs_comm_split", newcomm, size, &j, rank);
+}
+
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+CCS__API ccs_result_t ccs_comm_shrink(ccs_comm_t *comm, const int *exclude, int nexclude,
+                                      ccs_comm_t **newcomm, int flags) {
+  if (!comm || !newcomm || nexclude < 0 || (nexclude && !exclude) || (flags & ~CCS_SHRINK_ABORT)) {
+    ccs__set_error("ccs_comm_shrink: a comm, a place for the new one, the ranks to leave out and "
+                   "flags of CCS_SHRINK_ABORT are needed");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  int n = comm->nranks, *out = malloc(sizeof(int) * (size_t)(nexclude + 1));
+  if (!out) {
+    ccs__set_error("out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  memcpy(out, exclude, sizeof(int) * (size_t)nexclude);
+  qsort(out, (size_t)nexclude, sizeof(int), cmp_int);
+  int kept = 0;
+  for (int i = 0; i < nexclude; i++) {
+    if (out[i] < 0 || out[i] >= n) {
+      ccs__set_error("ccs_comm_shrink: rank %d is not one of the %d ranks", out[i], n);
+      free(out);
+      return CCS_ERR_INVALID_ARGUMENT;
+    }
+    if (i == 0 || out[i] != out[i - 1]) out[kept++] = out[i]; /* each once */
+  }
+  /* the new rank (the survivors in their order), the first survivor, and
+   * a tag naming exactly which ranks left: survivors that disagree on it
+   * make different comms, and say so at the init deadline */
+  int rank = comm->rank, first = -1;
+  char tag[220];
+  int at = snprintf(tag, sizeof(tag), "shrink/%u", next_epoch(comm));
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < kept; i++) {
+    if (out[i] == comm->rank) {
+      ccs__set_error("ccs_comm_shrink: this rank (%d) is one of those left out", comm->rank);
+      free(out);
+      return CCS_ERR_INVALID_ARGUMENT;
+    }
+    if (out[i] < comm->rank) rank--;
+    h = (h ^ (uint64_t)out[i]) * 1099511628211ull;
+  }
+  for (int r = 0, i = 0; r < n && first < 0; r++) {
+    while (i < kept && out[i] < r) i++;
+    if (i == kept || out[i] != r) first = r;
+  }
+  snprintf(tag + at, sizeof(tag) - (size_t)at, "/%d/%016llx", kept, (unsigned long long)h);
+  free(out);
+  if (flags & CCS_SHRINK_ABORT) ccs_comm_revoke(comm); /* its ops end first */
+  struct join j = {.parent = comm, .derive = tag, .root_rank = first};
+  return init("ccs_comm_shrink", newcomm, n - kept, &j, rank);
+}
+
+CCS__API ccs_result_t ccs_comm_revoke(ccs_comm_t *comm) {
+  if (!comm) {
+    ccs__set_error("ccs_comm_revoke: comm is NULL");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__CommRevoke m = CCS__COMM_REVOKE__INIT;
+  m.comm = comm->handle;
+  req.body_case = CCS__REQUEST__BODY_COMM_REVOKE;
+  req.comm_revoke = &m;
+  Ccs__Reply *reply;
+  ccs_result_t rc = ccs__conn_call(comm->conn, &req, -1, &reply);
+  if (rc == CCS_OK) ccs__reply__free_unpacked(reply, NULL);
+  return rc;
+}
+
+CCS__API ccs_result_t ccs_comm_grow(ccs_comm_t *comm, int nranks, ccs_unique_id_t id, int rank,
+                                    ccs_comm_t **newcomm) {
+  if (comm && nranks < comm->nranks) {
+    ccs__set_error("ccs_comm_grow: %d ranks, fewer than the comm's %d", nranks, comm->nranks);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  if (!comm && (rank < 0 || rank >= nranks)) {
+    ccs__set_error("ccs_comm_grow: a newcomer's rank (%d) lies in 0 .. %d", rank, nranks - 1);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  struct join j = {.id = &id};
+  return init("ccs_comm_grow", newcomm, nranks, &j, comm ? comm->rank : rank);
+}
+
+CCS__API ccs_result_t ccs_comm_finalize(ccs_comm_t *comm) {
+  if (!comm) {
+    ccs__set_error("ccs_comm_finalize: comm is NULL");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  ccs_result_t rc = comm->inflight ? ccs__ring_wait_idle(comm->conn, &comm->inflight) : CCS_OK;
+  if (rc == CCS_OK && comm->async_error != CCS_OK) {
+    ccs__set_error("%s", comm->last_error);
+    rc = comm->async_error;
+  }
+  return rc;
 }

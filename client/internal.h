@@ -193,6 +193,7 @@ struct ccs_comm {
   ccs_result_t async_error;
   char last_error[CCS__ERROR_TEXT_MAX];
   uint32_t inflight; /* host streams' calls not yet answered (under the ring's lock) */
+  uint32_t derived;  /* comms split or shrunk from it so far (their names count them) */
 };
 
 #endif

@@ -38,7 +38,8 @@ extern "C" {
   X(CCS_ERR_MISMATCH, 14, "arguments differ across ranks")                         \
   X(CCS_ERR_PERMISSION, 15, "permission denied")                                   \
   X(CCS_ERR_QUOTA, 16, "quota exceeded")                                           \
-  X(CCS_ERR_ABORTED, 17, "communicator aborted")
+  X(CCS_ERR_ABORTED, 17, "communicator aborted")                                  \
+  X(CCS_ERR_REVOKED, 18, "communicator revoked")
 
 typedef enum {
 #define CCS__RESULT_ENUM(name, value, text) name = value,
@@ -94,6 +95,34 @@ ccs_result_t ccs_comm_init_named(ccs_comm_t **comm, const char *name, int nranks
  * CCS_ROOT, Slurm's first node or torchrun's MASTER_ADDR (at CCS_ROOT_PORT,
  * default 7000). CCS_ERR_INVALID_USAGE when no launcher says a rank. */
 ccs_result_t ccs_comm_init_from_env(ccs_comm_t **comm);
+/* A comm's options (NCCL's ncclConfig_t); set size, fields come later. */
+typedef struct {
+  size_t size;
+} ccs_comm_config_t;
+#define CCS_COMM_CONFIG_INIT {sizeof(ccs_comm_config_t)}
+#define CCS_SPLIT_NOCOLOR (-1)
+#define CCS_SHRINK_ABORT 1
+/* Collective over comm: the ranks of each color make a new comm, ranked by
+ * key, then by their rank in comm; CCS_SPLIT_NOCOLOR gives NULL. Within a
+ * node and across daemons. config may be NULL. */
+ccs_result_t ccs_comm_split(ccs_comm_t *comm, int color, int key, ccs_comm_t **newcomm,
+                            const ccs_comm_config_t *config);
+/* The ranks not in exclude[0..n) make a new comm, in their order; works
+ * on a failed comm (its survivors go on without the lost ranks). Every
+ * survivor gives the same ranks. CCS_SHRINK_ABORT revokes comm first. */
+ccs_result_t ccs_comm_shrink(ccs_comm_t *comm, const int *exclude, int n, ccs_comm_t **newcomm,
+                             int flags);
+/* Not collective: every rank's pending and later ops of comm return
+ * CCS_ERR_REVOKED, promptly, on every daemon; the comm can still shrink. */
+ccs_result_t ccs_comm_revoke(ccs_comm_t *comm);
+/* A comm of nranks from comm's ranks (who keep their ranks; comm NULL and
+ * `rank`: a newcomer) under a new unique id that every rank, old and new,
+ * passes (one of them gets it: ccs_get_unique_id). comm is unaffected. */
+ccs_result_t ccs_comm_grow(ccs_comm_t *comm, int nranks, ccs_unique_id_t id, int rank,
+                           ccs_comm_t **newcomm);
+/* Waits for comm's calls still in flight (host and CUDA streams'): their
+ * first failure, or CCS_OK. */
+ccs_result_t ccs_comm_finalize(ccs_comm_t *comm);
 ccs_result_t ccs_comm_destroy(ccs_comm_t *comm);
 ccs_result_t ccs_comm_abort(ccs_comm_t *comm);
 ccs_result_t ccs_comm_count(const ccs_comm_t *comm, int *count);

@@ -42,7 +42,7 @@ static ncclResult_t result_of(ccs_result_t rc) {
   case CCS_ERR_CUDA: return ncclUnhandledCudaError;
   case CCS_ERR_NO_MEMORY: case CCS_ERR_SYSTEM: return ncclSystemError;
   case CCS_ERR_PEER_LOST: case CCS_ERR_TIMEOUT: case CCS_ERR_TRANSPORT: case CCS_ERR_ABORTED:
-  case CCS_ERR_DAEMON_UNAVAILABLE: return ncclRemoteError;
+  case CCS_ERR_DAEMON_UNAVAILABLE: case CCS_ERR_REVOKED: return ncclRemoteError;
   default: return ncclInternalError;
   }
 }
@@ -195,20 +195,46 @@ API ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 API ncclResult_t ncclCommRevoke(ncclComm_t comm, int flags) {
-  (void)comm, (void)flags;
-  return unsupported("ncclCommRevoke");
+  if (!comm || flags != NCCL_REVOKE_DEFAULT) return ncclInvalidArgument;
+  return done(ccs_comm_revoke(comm->c), comm->c);
+}
+
+/* The new comm of a split or shrink, wrapped (NULL: none for this rank). */
+static ncclResult_t wrapped(ccs_result_t rc, ccs_comm_t *c, ncclComm_t *newcomm) {
+  if (rc != CCS_OK) return done(rc, NULL);
+  if (!c) {
+    *newcomm = NCCL_COMM_NULL;
+    return ncclSuccess;
+  }
+  struct ncclComm *nc = calloc(1, sizeof(*nc));
+  if (!nc) {
+    ccs_comm_destroy(c);
+    return ncclSystemError;
+  }
+  nc->c = c;
+  nc->device = ccs_current_device();
+  *newcomm = nc;
+  return ncclSuccess;
 }
 
 API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                ncclConfig_t *config) {
-  (void)comm, (void)color, (void)key, (void)newcomm, (void)config;
-  return unsupported("ncclCommSplit");
+  (void)config;
+  if (!comm || !newcomm) return ncclInvalidArgument;
+  ccs_comm_t *c = NULL;
+  ccs_result_t rc = ccs_comm_split(comm->c, color == NCCL_SPLIT_NOCOLOR ? CCS_SPLIT_NOCOLOR : color,
+                                   key, &c, NULL);
+  return wrapped(rc, c, newcomm);
 }
 
 API ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int n, ncclComm_t *newcomm,
                                 ncclConfig_t *config, int flags) {
-  (void)comm, (void)exclude, (void)n, (void)newcomm, (void)config, (void)flags;
-  return unsupported("ncclCommShrink");
+  (void)config;
+  if (!comm || !newcomm) return ncclInvalidArgument;
+  ccs_comm_t *c = NULL;
+  ccs_result_t rc = ccs_comm_shrink(comm->c, exclude, n, &c,
+                                    flags & NCCL_SHRINK_ABORT ? CCS_SHRINK_ABORT : 0);
+  return wrapped(rc, c, newcomm);
 }
 
 API const char *ncclGetErrorString(ncclResult_t r) {

@@ -121,6 +121,18 @@ static void on_comm_destroy(struct session *s, uint64_t id, uint64_t handle, int
   ccsd_session_reply(s, id, CCS_OK, NULL);
 }
 
+/* Every rank's pending and later ops of the comm fail, on every daemon;
+ * the handles stay (to shrink the comm, or destroy it). */
+static void on_comm_revoke(struct session *s, uint64_t id, uint64_t handle) {
+  struct client_comm *cc = find_comm(s, id, handle);
+  if (!cc) return;
+  struct member *m = cc->member;
+  if (m->comm->state != COMM_FAILED)
+    ccsd_comm_fail(m->comm, CCS_ERR_REVOKED, "rank %d (pid %d) revoked the communicator", m->rank,
+                   (int)m->pid);
+  ccsd_session_reply(s, id, CCS_OK, NULL);
+}
+
 static void on_comm_query(struct session *s, uint64_t id, uint64_t handle) {
   struct client_comm *cc = find_comm(s, id, handle);
   if (!cc) return;
@@ -211,6 +223,7 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len) {
   case CCS__REQUEST__BODY_COMM_DESTROY: on_comm_destroy(s, id, req->comm_destroy->comm, 0); break;
   case CCS__REQUEST__BODY_COMM_ABORT: on_comm_destroy(s, id, req->comm_abort->comm, 1); break;
   case CCS__REQUEST__BODY_COMM_QUERY: on_comm_query(s, id, req->comm_query->comm); break;
+  case CCS__REQUEST__BODY_COMM_REVOKE: on_comm_revoke(s, id, req->comm_revoke->comm); break;
   case CCS__REQUEST__BODY_MEM_REGISTER: on_mem_register(s, id, req->mem_register); break;
   case CCS__REQUEST__BODY_MEM_DEREGISTER: on_mem_deregister(s, id, req->mem_deregister); break;
   case CCS__REQUEST__BODY_SUBMIT: on_submit(s, id, req->submit); break;

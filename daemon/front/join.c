@@ -32,7 +32,26 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   struct ccs__unique_id uid;
   char err[CCS__ERROR_TEXT_MAX];
   int named = m->name && m->name[0];
-  if (named) { /* found by name: its id made here, as every rank's daemon makes it */
+  char derived[400];
+  if (m->parent) { /* derived from a comm of this connection: named after it */
+    struct client_comm *pc = ccsd_client_comm_find(s, m->parent);
+    const struct comm *p = pc ? pc->member->comm : NULL;
+    const char *bad = !p ? "no such parent communicator on this connection"
+                      : !m->derive || !m->derive[0] || strlen(m->derive) > 200 ? "a derived communicator needs a tag of 1 to 200 bytes"
+                      : (int)m->root_rank >= p->nranks ? "the root rank is not one of the parent's"
+                      : p->spans && !p->node_of_rank ? "the parent never became ready across its daemons"
+                      : NULL;
+    if (bad) {
+      ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, bad);
+      return;
+    }
+    int at = snprintf(derived, sizeof(derived), "derived:");
+    for (unsigned i = 0; i < CCS__NAME_BYTES; i++) at += snprintf(derived + at, sizeof(derived) - (size_t)at, "%02x", p->name[i]);
+    snprintf(derived + at, sizeof(derived) - (size_t)at, "/%s", m->derive);
+    const char *root = p->spans ? p->node_addr[p->node_of_rank[m->root_rank]] : d->coll.self;
+    ccsd_named_id(s->uid, derived, root, &uid);
+    named = 1;
+  } else if (named) { /* found by name: its id made here, as every rank's daemon makes it */
     const char *root = m->root && m->root[0] ? m->root : d->coll.self;
     if (strlen(m->name) > 200 || strlen(root) >= sizeof(uid.root)) {
       ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
@@ -122,7 +141,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   list_insert_tail(&s->comms, &cc->link);
   HASH_ADD(hh, s->comms_by_handle, handle, sizeof(cc->handle), cc);
   double op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : 0;
-  ccs_result_t rc = ccsd_comm_join(&d->coll, &uid, named ? m->name : NULL, (int)m->nranks, (int)m->rank, algo, op_timeout_s,
+  ccs_result_t rc = ccsd_comm_join(&d->coll, &uid, m->parent ? m->derive : named ? m->name : NULL, (int)m->nranks, (int)m->rank, algo, op_timeout_s,
                                    m->debug, s->pid, &sub->waiter, &cc->member, err, sizeof(err));
   if (rc != CCS_OK) { /* the waiter is never called: the answer is given here */
     list_remove(&cc->link);

@@ -61,6 +61,9 @@ for _name, _args in {
     "ccs_scatter": [_c, _c, _sz, _i, _i, _c, _c],
     "ccs_send": [_c, _sz, _i, _i, _c, _c], "ccs_recv": [_c, _sz, _i, _i, _c, _c],
     "ccs_barrier": [_c], "ccs_group_start": [], "ccs_group_end": [],
+    "ccs_comm_split": [_c, _i, _i, ctypes.POINTER(_c), _c],
+    "ccs_comm_shrink": [_c, ctypes.POINTER(_i), _i, ctypes.POINTER(_c), _i],
+    "ccs_comm_revoke": [_c],
 }.items():
     _f = getattr(_lib, _name)
     _f.argtypes = _args
@@ -179,6 +182,24 @@ class Comm:
     def __del__(self):
         if getattr(self, "_h", None):
             _lib.ccs_comm_destroy(self._h)
+
+    def split(self, color, key=0):
+        """Collective: a new Comm of the ranks of this color, ranked by key
+        (None for color None)."""
+        h = ctypes.c_void_p()
+        _check(_lib.ccs_comm_split(self._h, -1 if color is None else color, key, ctypes.byref(h), None), self._h)
+        return Comm(_handle=h) if h.value else None
+
+    def shrink(self, exclude=(), abort=False):
+        """The other ranks' new Comm (also of a failed comm)."""
+        arr = (_i * max(len(exclude), 1))(*exclude)
+        h = ctypes.c_void_p()
+        _check(_lib.ccs_comm_shrink(self._h, arr, len(exclude), ctypes.byref(h), 1 if abort else 0), self._h)
+        return Comm(_handle=h)
+
+    def revoke(self):
+        """Every rank's pending and later ops fail with CCS_ERR_REVOKED."""
+        _check(_lib.ccs_comm_revoke(self._h), self._h)
 
     def async_error(self):
         """None, or the :class:`Error` that ended the communicator."""

@@ -214,3 +214,19 @@ def test_unique_ids_and_names(daemon):
     finally:
         for k in ("CCS_RANK", "CCS_NRANKS", "CCS_JOB"):
             del os.environ[k]
+
+
+def check_split(comm):
+    n, r = comm.nranks, comm.rank
+    sub = comm.split(r % 2, key=-r)  # reversed order within each color
+    members = sorted((k for k in range(n) if k % 2 == r % 2), reverse=True)
+    assert (sub.rank, sub.nranks) == (members.index(r), len(members))
+    x = np.array([r], np.int64)
+    sub.all_reduce(x)
+    assert x[0] == sum(members)
+    sub.destroy()
+    assert comm.split(None) is None
+
+
+def test_split(daemon):
+    run(3, check_split)

@@ -144,8 +144,9 @@ static int errors(ncclComm_t comm, int rank) {
   CHECK(strstr(ncclGetLastError(comm), "data type 99") != NULL, "its text");
   CHECK(ncclAllReduce(&x, &x, 1, ncclInt32, (ncclRedOp_t)40, comm, NULL) == ncclInvalidArgument, "bad op");
   CHECK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, NULL, NULL) == ncclInvalidArgument, "no comm");
-  CHECK(ncclCommSplit(comm, 0, rank, &none, NULL) == ncclInvalidUsage, "split");
-  CHECK(strstr(ncclGetLastError(comm), "ncclCommSplit: not supported by ccs") != NULL, "split's text");
+  CHECK(ncclCommWindowRegister(comm, &x, 4, NULL, 0) == ncclInvalidUsage, "windows");
+  CHECK(strstr(ncclGetLastError(comm), "not supported by ccs") != NULL, "its text");
+  (void)none;
   CHECK(ncclBroadcast(&x, &x, 1, ncclInt32, 99, comm, NULL) == ncclInvalidArgument, "bad root");
   CHECK(strstr(ncclGetLastError(comm), "out of range") != NULL, "bad root's text: %s", ncclGetLastError(comm));
   ncclResult_t async;
@@ -175,6 +176,24 @@ static int one_rank(int rank, int n, void *arg) {
   CHECK(ncclCommDeregister(comm, handle) == ncclSuccess, "deregister");
   CHECK(ncclMemFree(m) == ncclSuccess, "mem free");
   int bad = collectives(comm, rank, n) || errors(comm, rank);
+  /* split: even and odd ranks, in reverse order; the last rank none */
+  ncclComm_t half;
+  int color = rank == n - 1 && n > 2 ? NCCL_SPLIT_NOCOLOR : rank % 2;
+  CHECK(ncclCommSplit(comm, color, n - rank, &half, NULL) == ncclSuccess, "split");
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    CHECK(half == NCCL_COMM_NULL, "no color: no comm");
+  } else {
+    int size = 0, mine = 0;
+    for (int r = 0; r < n; r++)
+      if ((r != n - 1 || n <= 2) && r % 2 == color) size++, mine += r > rank;
+    int got_rank, got_size, v = rank, sum = 0;
+    CHECK(ncclCommCount(half, &got_size) == ncclSuccess && got_size == size, "split size");
+    CHECK(ncclCommUserRank(half, &got_rank) == ncclSuccess && got_rank == mine, "split rank");
+    CHECK(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, half, NULL) == ncclSuccess, "on the split comm");
+    for (int r = 0; r < n; r++) sum += (r != n - 1 || n <= 2) && r % 2 == color ? r : 0;
+    CHECK(v == sum, "split all_reduce: %d, want %d", v, sum);
+    CHECK(ncclCommDestroy(half) == ncclSuccess, "destroy the split comm");
+  }
   CHECK(ncclCommFinalize(comm) == ncclSuccess, "finalize");
   CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
   return bad;
