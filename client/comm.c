@@ -1,4 +1,5 @@
 /* Communicators on the client side: a handle on the daemon's comm. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,30 @@ struct join {
   const ccs_comm_t *parent;
   const char *derive;
   int root_rank;
+  const ccs_comm_config_t *config; /* NULL: the parent's options, else the defaults */
 };
+
+/* The priority a comm asks for: the config's, else the parent's, else
+ * CCS_PRIORITY's, else normal; -1 (the error set) when none of them is one. */
+static int priority_of(const char *what, const struct join *j) {
+  const ccs_comm_config_t *cfg = j->config;
+  int p = CCS_PRIORITY_DEFAULT;
+  if (cfg && cfg->size >= offsetof(ccs_comm_config_t, priority) + sizeof(cfg->priority))
+    p = cfg->priority;
+  if (p == CCS_PRIORITY_DEFAULT && j->parent) return j->parent->priority;
+  if (p != CCS_PRIORITY_DEFAULT) {
+    if (p >= CCS_PRIORITY_NORMAL && p <= CCS_PRIORITY_BULK) return p;
+    ccs__set_error("%s: priority %d is none of CCS_PRIORITY_NORMAL, _LATENCY, _BULK", what, p);
+    return -1;
+  }
+  static const char *const names[] = {"normal", "latency", "bulk"};
+  const char *env = getenv("CCS_PRIORITY");
+  if (!env || !*env) return CCS_PRIORITY_NORMAL;
+  for (int i = 0; i < 3; i++)
+    if (!strcasecmp(env, names[i])) return i;
+  ccs__set_error("CCS_PRIORITY=%s: latency, normal or bulk expected", env);
+  return -1;
+}
 
 static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const struct join *j,
                          int rank) {
@@ -62,11 +86,14 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
       return CCS_ERR_INVALID_ARGUMENT;
     }
   }
+  int priority = priority_of(what, j);
+  if (priority < 0) return CCS_ERR_INVALID_ARGUMENT;
   struct ccs_comm *cm = calloc(1, sizeof(*cm));
   if (!cm) {
     ccs__set_error("out of memory");
     return CCS_ERR_NO_MEMORY;
   }
+  cm->priority = priority;
   ccs_result_t rc = CCS_OK;
   if (j->parent) ccs__conn_ref(cm->conn = j->parent->conn); /* the parent's connection knows it */
   else rc = ccs__conn_get(&cm->conn);
@@ -90,6 +117,7 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
   m.nranks = (uint32_t)nranks;
   m.rank = (uint32_t)rank;
   m.op_timeout_ms = (uint32_t)(timeout_s * 1000);
+  m.priority = (uint32_t)priority;
   /* CCS_ALGO: algorithm rules for this comm's ops (the daemon checks them);
    * CCS_DEBUG=INFO: say on stderr which algorithm each op used and why */
   const char *algo = getenv("CCS_ALGO"), *debug = getenv("CCS_DEBUG");
@@ -122,6 +150,12 @@ CCS__API ccs_result_t ccs_comm_init_rank(ccs_comm_t **comm, int nranks, ccs_uniq
                                          int rank) {
   struct join j = {.id = &id};
   return init("ccs_comm_init_rank", comm, nranks, &j, rank);
+}
+
+CCS__API ccs_result_t ccs_comm_init_rank_config(ccs_comm_t **comm, int nranks, ccs_unique_id_t id,
+                                                int rank, const ccs_comm_config_t *config) {
+  struct join j = {.id = &id, .config = config};
+  return init("ccs_comm_init_rank_config", comm, nranks, &j, rank);
 }
 
 #define NAME_MAX_BYTES 200
@@ -243,7 +277,6 @@ struct split_entry {
 
 CCS__API ccs_result_t ccs_comm_split(ccs_comm_t *comm, int color, int key, ccs_comm_t **newcomm,
                                      const ccs_comm_config_t *config) {
-  (void)config;
   if (!comm || !newcomm || (color < 0 && color != CCS_SPLIT_NOCOLOR)) {
     ccs__set_error("ccs_comm_split: a comm, a place for the new one and a color >= 0 (or "
                    "CCS_SPLIT_NOCOLOR) are needed");
@@ -279,7 +312,7 @@ CCS__API ccs_result_t ccs_comm_split(ccs_comm_t *comm, int color, int key, ccs_c
   free(all);
   char tag[64];
   snprintf(tag, sizeof(tag), "split/%u/%d", epoch, color);
-  struct join j = {.parent = comm, .derive = tag, .root_rank = first};
+  struct join j = {.parent = comm, .derive = tag, .root_rank = first, .config = config};
   return init("ccs_comm_split", newcomm, size, &j, rank);
 }
 
@@ -364,7 +397,9 @@ CCS__API ccs_result_t ccs_comm_grow(ccs_comm_t *comm, int nranks, ccs_unique_id_
     ccs__set_error("ccs_comm_grow: a newcomer's rank (%d) lies in 0 .. %d", rank, nranks - 1);
     return CCS_ERR_INVALID_ARGUMENT;
   }
-  struct join j = {.id = &id};
+  ccs_comm_config_t same = CCS_COMM_CONFIG_INIT; /* old ranks keep the comm's options */
+  if (comm) same.priority = comm->priority;
+  struct join j = {.id = &id, .config = &same};
   return init("ccs_comm_grow", newcomm, nranks, &j, comm ? comm->rank : rank);
 }
 

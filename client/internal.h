@@ -190,6 +190,7 @@ struct ccs_comm {
   uint64_t handle;
   int nranks, rank;
   int debug; /* CCS_DEBUG=INFO */
+  int priority; /* ccs_priority_t, resolved: comms made from it keep it */
   ccs_result_t async_error;
   char last_error[CCS__ERROR_TEXT_MAX];
   uint32_t inflight; /* host streams' calls not yet answered (under the ring's lock) */

@@ -95,11 +95,25 @@ ccs_result_t ccs_comm_init_named(ccs_comm_t **comm, const char *name, int nranks
  * CCS_ROOT, Slurm's first node or torchrun's MASTER_ADDR (at CCS_ROOT_PORT,
  * default 7000). CCS_ERR_INVALID_USAGE when no launcher says a rank. */
 ccs_result_t ccs_comm_init_from_env(ccs_comm_t **comm);
-/* A comm's options (NCCL's ncclConfig_t); set size, fields come later. */
+/* How the daemon schedules a comm's work beside its user's other comms
+ * (the daemon shares its threads, links and GPUs between users by the
+ * weights its operator set; within a user by these): a latency comm's
+ * ops go ahead of the user's bulk work, which still keeps a share. */
+typedef enum {
+  CCS_PRIORITY_DEFAULT = -1, /* CCS_PRIORITY (latency, normal, bulk), else normal */
+  CCS_PRIORITY_NORMAL = 0,
+  CCS_PRIORITY_LATENCY = 1,
+  CCS_PRIORITY_BULK = 2,
+} ccs_priority_t;
+/* A comm's options (NCCL's ncclConfig_t): start from CCS_COMM_CONFIG_INIT. */
 typedef struct {
   size_t size;
+  int priority; /* ccs_priority_t */
 } ccs_comm_config_t;
-#define CCS_COMM_CONFIG_INIT {sizeof(ccs_comm_config_t)}
+#define CCS_COMM_CONFIG_INIT {sizeof(ccs_comm_config_t), CCS_PRIORITY_DEFAULT}
+/* ccs_comm_init_rank with options (config NULL: the defaults). */
+ccs_result_t ccs_comm_init_rank_config(ccs_comm_t **comm, int nranks, ccs_unique_id_t id, int rank,
+                                       const ccs_comm_config_t *config);
 #define CCS_SPLIT_NOCOLOR (-1)
 #define CCS_SHRINK_ABORT 1
 /* Collective over comm: the ranks of each color make a new comm, ranked by

@@ -8,8 +8,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-int ccs__log_level = CCS_LOG_WARN;
-int ccs__log_subsys = CCS_LOG_ALL;
+_Atomic int ccs__log_level = CCS_LOG_WARN;
+_Atomic int ccs__log_subsys = CCS_LOG_ALL;
 static int under_journald;
 
 void ccs__log_init(int level, int subsys) {

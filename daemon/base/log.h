@@ -17,8 +17,8 @@ enum ccs__log_subsys {
   CCS_LOG_ALL = (1 << 5) - 1
 };
 
-extern int ccs__log_level;
-extern int ccs__log_subsys;
+extern _Atomic int ccs__log_level; /* a reload sets them while threads log */
+extern _Atomic int ccs__log_subsys;
 void ccs__log_init(int level, int subsys);
 /* "INIT,COLL" or "ALL" -> a mask; -1 when a name is unknown */
 int ccs__log_parse_subsys(const char *names);

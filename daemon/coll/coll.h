@@ -19,11 +19,13 @@
 #include <uthash.h>
 #include <uv.h>
 
+#include "base/fair.h"
 #include "base/list.h"
 #include "plan/tuner.h"
 #include "run/gpu.h"
 #include "run/net.h"
 #include "run/op.h"
+#include "run/share.h"
 #include "wire.h"
 
 #define CCSD_MAX_RANKS 4096
@@ -53,6 +55,7 @@ struct coll {
   struct gpu *gpu;            /* NULL: host-only */
   struct peers *peers;        /* NULL: this node only */
   struct engine_pool *pool;   /* ops' scratch, kept between ops */
+  struct run_shares *shares;  /* tenants' weights and accounts (run/share.h) */
   struct list comms;
   struct comm *comms_by_name; /* the same (uthash, keyed by table_key) */
   uint8_t id_key[32];         /* signs the unique ids this daemon issues */
@@ -92,6 +95,8 @@ struct comm {
   uint64_t table_key;
   uint8_t id_bytes[CCS_UNIQUE_ID_BYTES]; /* the unique id, for the root daemon */
   uid_t uid;
+  struct run_share *share;          /* its tenant's weight and accounts (run/share.h) */
+  int prio, prio_set;               /* its class here (base/fair.h), as its first local rank asked */
   void *quota;                      /* its charge (COLL_CHARGE_COMM) */
   double op_timeout_s;
   int nranks, joined, departed;
@@ -231,8 +236,8 @@ void ccsd_named_id(uid_t owner, const char *name, const char *root, struct ccs__
  * an error and err, and w is never called. */
 ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, const char *label,
                             int nranks, int rank, const char *algo, double op_timeout_s, int debug,
-                            pid_t pid, struct coll_waiter *w, struct member **ret, char *err,
-                            size_t errlen);
+                            int prio, pid_t pid, struct coll_waiter *w, struct member **ret,
+                            char *err, size_t errlen);
 struct comm *ccsd_comm_find(struct coll *co, const uint8_t *name);
 struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, int nranks,
                               const char *algo, int first_rank, ccs_result_t *rc, char *err,

@@ -143,6 +143,8 @@ struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, 
   c->table_key = table_key(co, c->name);
   memcpy(c->id_bytes, id, sizeof(*id));
   c->uid = id->owner_uid;
+  c->share = ccsd_run_share_of(co->shares, c->uid);
+  c->prio = FAIR_NORMAL;
   c->named = id->magic == CCS__NAMED_ID_MAGIC;
   c->nranks = nranks;
   c->op_timeout_s = co->cfg.op_timeout_s;
@@ -231,8 +233,8 @@ static void named_conflict(const struct comm *c, const char *label, int nranks, 
 
 ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, const char *label,
                             int nranks, int rank, const char *algo, double op_timeout_s, int debug,
-                            pid_t pid, struct coll_waiter *w, struct member **ret, char *err,
-                            size_t errlen) {
+                            int prio, pid_t pid, struct coll_waiter *w, struct member **ret,
+                            char *err, size_t errlen) {
   ccs_result_t rc;
   void *t = co->hooks.charge(co->hooks.arg, id->owner_uid, COLL_CHARGE_RANK, &rc, err, errlen);
   if (!t) return rc;
@@ -274,6 +276,7 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
     snprintf(err, errlen, "out of memory");
     return CCS_ERR_NO_MEMORY;
   }
+  if (!c->prio_set) c->prio = prio, c->prio_set = 1;
   mb->comm = c;
   mb->quota = t;
   mb->rank = rank;

@@ -255,7 +255,8 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   if (x && x->posts) {
     memcpy(x->posts, posts, sizeof(*x->posts) * (size_t)nposts);
     x->comm = c;
-    x->run.uid = c->uid;
+    x->run.share = c->share;
+    x->run.prio = c->prio;
     x->nposts = nposts;
     x->kind = first_post(x) ? first_post(x)->kind : CCS__BARRIER;
     x->seq = seq;

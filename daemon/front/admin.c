@@ -1,5 +1,5 @@
 /* ccsctl's commands, rendered here as text or JSON: status, stuck, comms,
- * abort, config, metrics. A tenant sees and aborts only its own comms (any
+ * abort, config (and config reload: reload.c), tenants (shares.c), metrics. A tenant sees and aborts only its own comms (any
  * other is "no comm of yours", whether or not it exists); operators (root,
  * admin_gids) see and abort all. Who is which was settled at connect. */
 #include <stdio.h>
@@ -165,7 +165,7 @@ static void render_status(struct textbuf *t, struct daemon *d, int all, uid_t ui
 }
 
 static void render_config(struct textbuf *t, struct daemon *d, int json) {
-  char text[8192];
+  char text[16384];
   ccsd_config_format(&d->cfg, text, sizeof(text));
   if (!json) {
     textbuf_printf(t, "%s", text);
@@ -234,8 +234,19 @@ void ccsd_admin(struct session *s, uint64_t req_id, const Ccs__Admin *m) {
     if (json) textbuf_printf(&t, "]\n");
   } else if (!strcmp(cmd, "abort")) {
     rc = abort_comm(s, arg, all, &t);
+  } else if (!strcmp(cmd, "config") && arg && !strcmp(arg, "reload")) {
+    if (!all) {
+      textbuf_printf(&t, "config reload is for operators (root, admin_gids)");
+      rc = CCS_ERR_PERMISSION;
+    } else {
+      ccsd_reload_start(d, s->id, req_id); /* answered once the sources are read */
+      free(t.buf);
+      return;
+    }
   } else if (!strcmp(cmd, "config")) {
     render_config(&t, d, json);
+  } else if (!strcmp(cmd, "tenants")) {
+    ccsd_shares_render(&t, d, all, s->uid, json, arg && !strcmp(arg, "raw"));
   } else if (!strcmp(cmd, "metrics")) {
     size_t len;
     char *text = ccsd_metrics_render(d, all ? METRICS_PER_TENANT : METRICS_TENANT, s->uid, &len);
@@ -243,21 +254,25 @@ void ccsd_admin(struct session *s, uint64_t req_id, const Ccs__Admin *m) {
     else rc = CCS_ERR_NO_MEMORY;
     free(text);
   } else {
-    textbuf_printf(&t, "unknown command '%s' (status, stuck, comms, abort, config, metrics)", cmd);
+    textbuf_printf(&t, "unknown command '%s' (status, stuck, comms, abort, config, config reload, "
+                       "tenants, metrics)", cmd);
     rc = CCS_ERR_INVALID_ARGUMENT;
   }
-  if (t.failed) rc = CCS_ERR_NO_MEMORY;
+  ccsd_admin_reply(s, req_id, t.failed ? CCS_ERR_NO_MEMORY : rc, t.buf ? t.buf : "");
+  free(t.buf);
+}
+
+void ccsd_admin_reply(struct session *s, uint64_t req_id, ccs_result_t rc, const char *text) {
   Ccs__Reply r = CCS__REPLY__INIT;
   Ccs__AdminReply a = CCS__ADMIN_REPLY__INIT;
   r.id = req_id;
   r.status = rc;
   if (rc == CCS_OK) {
-    a.text = t.buf ? t.buf : "";
+    a.text = (char *)text;
     r.body_case = CCS__REPLY__BODY_ADMIN;
     r.admin = &a;
   } else {
-    r.error = t.buf ? t.buf : (char *)ccs_strerror(rc);
+    r.error = (char *)(*text ? text : ccs_strerror(rc));
   }
   ccsd_session_send(s, &r);
-  free(t.buf);
 }

@@ -21,7 +21,7 @@
 #include "transport.h"
 
 enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_SUBSYS, K_ADDRESS,
-                K_RULES, K_BOOL, K_TRANSPORT };
+                K_RULES, K_BOOL, K_TRANSPORT, K_WEIGHTS, K_FRACTION };
 
 struct key {
   const char *name;
@@ -71,6 +71,8 @@ static const struct key keys[] = {
     {"peer_unexpected_bytes", K_BYTES, AT(peer_unexpected_bytes), 1 << 20, 1.8e19, "bytes a connection from another daemon may hold before their receive is posted; beyond, it is closed"},
     {"peer_unexpected_total", K_BYTES, AT(peer_unexpected_total), 1 << 20, 1.8e19, "the same, over all connections"},
     {"transport", K_TRANSPORT, AT(transport), 0, 0, "how data moves between daemons (tcp)"},
+    {"tenant_weights", K_WEIGHTS, AT(tenant_weights), 0.01, 1000, "each user's weight in the shares of executor time, links and GPUs: USER:WEIGHT,... (names or uids; everyone else 1); reloadable"},
+    {"tenant_max_share", K_FRACTION, AT(tenant_max_share), 0.01, 1, "the most of the executor's and each link's capacity one tenant may take, even when the others are idle; reloadable"},
     {"poll_spin_us", K_COUNT, AT(poll_spin_us), 0, 1e6, "microseconds the loop keeps polling the clients' rings after their last op, before it sleeps (0: never spins)"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -109,6 +111,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->peer_connections = 2;
   cfg->peer_timeout_s = 5;
   cfg->poll_spin_us = 50;
+  cfg->tenant_max_share = 1;
 }
 
 /* What "0" means for the keys where it means "as the machine has". */
@@ -172,6 +175,60 @@ static int set_ids(void *field, int *count, const char *v, const struct key *k) 
   return 0;
 }
 
+/* USER:WEIGHT,... : names looked up once here, never on the loop. */
+static int set_weights(struct ccsd_config *cfg, const char *v, const struct key *k, char *err,
+                       size_t errlen) {
+  uint32_t uids[CCSD_MAX_WEIGHTS];
+  double weights[CCSD_MAX_WEIGHTS];
+  int n = 0;
+  char copy[sizeof(cfg->tenant_weights)];
+  if (strlen(v) >= sizeof(copy)) {
+    snprintf(err, errlen, "tenant_weights is longer than %zu characters", sizeof(copy) - 1);
+    return -1;
+  }
+  snprintf(copy, sizeof(copy), "%s", v);
+  for (char *save, *tok = strtok_r(copy, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+    char *colon = strrchr(tok, ':');
+    double w, id;
+    if (!colon || colon == tok || parse_double(colon + 1, k->min, k->max, &w)) {
+      snprintf(err, errlen, "bad entry '%s' in tenant_weights: USER:WEIGHT with a weight from %g "
+                            "to %g expected", tok, k->min, k->max);
+      return -1;
+    }
+    *colon = 0;
+    if (isdigit((unsigned char)tok[0])) {
+      if (parse_double(tok, 0, 4294967294.0, &id) || id != floor(id)) {
+        snprintf(err, errlen, "bad uid '%s' in tenant_weights", tok);
+        return -1;
+      }
+    } else {
+      struct passwd pwd, *pw = NULL;
+      char buf[4096]; /* a reload reads this on a worker thread: the reentrant lookup */
+      if (getpwnam_r(tok, &pwd, buf, sizeof(buf), &pw) || !pw) {
+        snprintf(err, errlen, "no user '%s' (tenant_weights)", tok);
+        return -1;
+      }
+      id = pw->pw_uid;
+    }
+    for (int i = 0; i < n; i++)
+      if (uids[i] == (uint32_t)id) {
+        snprintf(err, errlen, "user '%s' (uid %u) is given twice in tenant_weights", tok, uids[i]);
+        return -1;
+      }
+    if (n == CCSD_MAX_WEIGHTS) {
+      snprintf(err, errlen, "more than %d users in tenant_weights", CCSD_MAX_WEIGHTS);
+      return -1;
+    }
+    uids[n] = (uint32_t)id;
+    weights[n++] = w;
+  }
+  memcpy(cfg->weight_uids, uids, sizeof(uids[0]) * (size_t)n);
+  memcpy(cfg->weights, weights, sizeof(weights[0]) * (size_t)n);
+  cfg->nweights = n;
+  snprintf(cfg->tenant_weights, sizeof(cfg->tenant_weights), "%s", v);
+  return 0;
+}
+
 int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value, char *err,
                     size_t errlen) {
   const struct key *k = NULL;
@@ -205,9 +262,12 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
     }
     break;
   case K_SECONDS:
+  case K_FRACTION:
     bad = parse_double(value, k->min, k->max, &x);
     if (!bad) *(double *)field = x;
     break;
+  case K_WEIGHTS:
+    return set_weights(cfg, value, k, err, errlen);
   case K_IDS:
     bad = set_ids(field, ids_count(cfg, k), value, k);
     break;
@@ -319,15 +379,69 @@ int ccsd_config_load_env(struct ccsd_config *cfg, char *err, size_t errlen) {
   return 0;
 }
 
+/* --KEY=VALUE or --KEY VALUE ('-' or '_' in KEY), up to --tune-table;
+ * --config and --check-config are main's. */
+static int load_args(struct ccsd_config *cfg, int argc, char **argv, char *err, size_t errlen) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--config")) {
+      i++;
+      continue;
+    }
+    if (!strncmp(a, "--config=", 9) || !strcmp(a, "--check-config")) continue;
+    if (!strcmp(a, "--tune-table")) break;
+    char key[64];
+    const char *value = NULL, *eq = strchr(a, '=');
+    size_t klen = eq ? (size_t)(eq - a) : strlen(a);
+    if (strncmp(a, "--", 2) || klen - 2 >= sizeof(key)) {
+      snprintf(err, errlen, "unexpected argument '%s' (see --help)", a);
+      return -1;
+    }
+    memcpy(key, a + 2, klen - 2);
+    key[klen - 2] = 0;
+    for (char *c = key; *c; c++) *c = *c == '-' ? '_' : *c;
+    /* the old spellings of two keys */
+    if (!strcmp(key, "chunk")) snprintf(key, sizeof(key), "chunk_bytes");
+    if (!strcmp(key, "allow_uid") || !strcmp(key, "allow_gid")) strcat(key, "s");
+    if (eq) value = eq + 1;
+    else if (i + 1 < argc) value = argv[++i];
+    if (!value) {
+      snprintf(err, errlen, "--%s needs a value", key);
+      return -1;
+    }
+    char why[900];
+    if (ccsd_config_set(cfg, key, value, why, sizeof(why))) {
+      snprintf(err, errlen, "command line: %s", why);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int ccsd_config_load(struct ccsd_config *cfg, int argc, char **argv, char *err, size_t errlen) {
+  const char *path = CCSD_DEFAULT_CONFIG;
+  int explicit_path = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--config") && i + 1 < argc) path = argv[++i], explicit_path = 1;
+    else if (!strncmp(argv[i], "--config=", 9)) path = argv[i] + 9, explicit_path = 1;
+  }
+  ccsd_config_defaults(cfg);
+  if (ccsd_config_load_file(cfg, path, explicit_path, err, errlen) ||
+      ccsd_config_load_env(cfg, err, errlen) || load_args(cfg, argc, argv, err, errlen))
+    return -1;
+  ccsd_config_resolve(cfg);
+  return 0;
+}
+
 /* "key = value" lines, as the file takes them back. */
 void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
   size_t n = 0;
   for (size_t i = 0; i < NKEYS && n < len; i++) {
     const struct key *k = &keys[i];
     const void *f = (const char *)cfg + k->offset;
-    char v[512] = "";
+    char v[1100] = "";
     switch (k->type) {
-    case K_PATH: case K_ADDRESS: case K_RULES: case K_TRANSPORT:
+    case K_PATH: case K_ADDRESS: case K_RULES: case K_TRANSPORT: case K_WEIGHTS:
       snprintf(v, sizeof(v), "%s", (const char *)f);
       break;
     case K_MODE: snprintf(v, sizeof(v), "%04o", *(const unsigned *)f); break;
@@ -335,7 +449,7 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
       if (k->size == sizeof(int)) snprintf(v, sizeof(v), "%d", *(const int *)f);
       else snprintf(v, sizeof(v), "%llu", (unsigned long long)*(const uint64_t *)f);
       break;
-    case K_SECONDS: snprintf(v, sizeof(v), "%g", *(const double *)f); break;
+    case K_SECONDS: case K_FRACTION: snprintf(v, sizeof(v), "%g", *(const double *)f); break;
     case K_IDS: {
       int count = *ids_count((struct ccsd_config *)cfg, k);
       size_t m = 0;
@@ -364,7 +478,7 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
 void ccsd_config_example(FILE *out) {
   struct ccsd_config def;
   ccsd_config_defaults(&def);
-  char values[8192];
+  char values[16384];
   ccsd_config_format(&def, values, sizeof(values));
   fprintf(out, "# ccsd configuration (%s). Every key with its default.\n"
                "# CCS_<KEY> in the environment and --key=value on the command line override it.\n"
@@ -385,7 +499,7 @@ int ccsd_config_is_key(const char *name) {
 void ccsd_config_table(FILE *out) {
   struct ccsd_config def;
   ccsd_config_defaults(&def);
-  char values[8192];
+  char values[16384];
   ccsd_config_format(&def, values, sizeof(values));
   fprintf(out, "| key | default | meaning |\n|---|---|---|\n");
   char *save, *line = strtok_r(values, "\n", &save);

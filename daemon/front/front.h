@@ -46,6 +46,7 @@ enum tenant_counter {
 #define CCSD_DEFAULT_CONFIG "/etc/ccs/ccsd.conf"
 #define CCSD_DEFAULT_CLUSTER_KEY "/etc/ccs/cluster.key"
 
+#define CCSD_MAX_WEIGHTS 256 /* RUN_SHARE_RULES_MAX */
 struct ccsd_config {
   char socket_path[108];
   unsigned socket_mode;
@@ -81,6 +82,11 @@ struct ccsd_config {
   int poll_spin_us;            /* the loop spins on the rings this long after their last work */
   int peer_max_connections;
   uint64_t peer_unexpected_bytes, peer_unexpected_total; /* held before their receive */
+  char tenant_weights[1024];   /* as written ("alice:3,bob:1,1001:2"), and read: */
+  uint32_t weight_uids[CCSD_MAX_WEIGHTS];
+  double weights[CCSD_MAX_WEIGHTS];
+  int nweights;
+  double tenant_max_share;     /* of the executor's and each link's capacity, per tenant */
 };
 
 /* One per uid with anything charged to it. */
@@ -120,7 +126,7 @@ struct daemon {
   struct accept_reserve accept_reserve; /* a spare descriptor for EMFILE */
   uv_timer_t listen_rest;               /* the listener rests when none can be freed */
   uint64_t fd_exhausted_logged_ms;
-  uv_signal_t sig_term, sig_int;
+  uv_signal_t sig_term, sig_int, sig_hup;
   struct list sessions;
   struct list tenants;
   struct tenant *tenants_by_uid; /* the same (uthash): uids come from peers too */
@@ -145,6 +151,11 @@ struct daemon {
   int stopping;
   char gpu_absent[200];      /* why coll.gpu is NULL (host-only) */
   struct coll coll;          /* comms; its executor, GPUs, network side and scratch */
+  struct run_shares shares;  /* tenants' weights and accounts (run/share.h; shares.c) */
+  uv_timer_t share_timer;    /* samples their current shares */
+  struct share_sample *samples;
+  int argc;                  /* the command line, read again by a reload (NULL: none) */
+  char **argv;
 };
 
 struct membuf {
@@ -254,6 +265,20 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *key, const char *value,
 int ccsd_config_load_file(struct ccsd_config *cfg, const char *path, int must_exist, char *err,
                           size_t errlen);
 int ccsd_config_load_env(struct ccsd_config *cfg, char *err, size_t errlen);
+/* Every source in order: defaults, the file (--config), CCS_* variables,
+ * the command line's --KEY=VALUE; resolved. */
+int ccsd_config_load(struct ccsd_config *cfg, int argc, char **argv, char *err, size_t errlen);
+
+/* reload.c: the sources read again off the loop, what may change applied;
+ * the answer to the admin request req_id of session session_id (0: none). */
+void ccsd_reload_start(struct daemon *d, uint64_t session_id, uint64_t req_id);
+
+/* shares.c */
+void ccsd_shares_configure(struct daemon *d); /* the config's weights to the run layer */
+void ccsd_shares_start(struct daemon *d);
+void ccsd_shares_stop(struct daemon *d);
+void ccsd_shares_current(struct daemon *d, uid_t uid, double *exec_share, double *net_share);
+void ccsd_shares_render(struct textbuf *t, struct daemon *d, int all, uid_t uid, int json, int raw);
 void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len);
 void ccsd_config_example(FILE *out);
 void ccsd_config_table(FILE *out); /* Markdown, for the documentation */
@@ -269,11 +294,15 @@ void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, int nranks,
 enum metrics_view { METRICS_TENANT, METRICS_PER_TENANT, METRICS_SUMMED };
 char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, size_t *ret_len);
 void ccsd_metrics_free(struct daemon *d);
+/* uid's calls completed well, and their bytes times the bus factor */
+void ccsd_metrics_tenant_totals(const struct daemon *d, uid_t uid, uint64_t *ops, double *bus_bytes);
+void ccsd_shares_metrics(struct textbuf *o, struct daemon *d, enum metrics_view view, uid_t uid);
 int ccsd_metrics_http_start(struct daemon *d);
 void ccsd_metrics_http_stop(struct daemon *d);
 
 /* admin.c: ccsctl's commands */
 void ccsd_admin(struct session *s, uint64_t req_id, const Ccs__Admin *m);
+void ccsd_admin_reply(struct session *s, uint64_t req_id, ccs_result_t rc, const char *text);
 
 /* notify.c: systemd, when built with it */
 int ccsd_systemd_listen_fd(void);

@@ -119,6 +119,14 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
                        "this unique id belongs to another user's communicator");
     return;
   }
+  if (m->priority > CCS_PRIORITY_BULK) {
+    snprintf(err, sizeof(err), "priority %u is none of normal (0), latency (1), bulk (2)", m->priority);
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
+  static const int class_of[] = {[CCS_PRIORITY_NORMAL] = FAIR_NORMAL,
+                                 [CCS_PRIORITY_LATENCY] = FAIR_LATENCY,
+                                 [CCS_PRIORITY_BULK] = FAIR_BULK};
   const char *algo = m->algo ? m->algo : "";
   struct algo_rules rules;
   if (strlen(algo) >= sizeof(((struct comm *)0)->algo_text) ||
@@ -142,7 +150,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   HASH_ADD(hh, s->comms_by_handle, handle, sizeof(cc->handle), cc);
   double op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : 0;
   ccs_result_t rc = ccsd_comm_join(&d->coll, &uid, m->parent ? m->derive : named ? m->name : NULL, (int)m->nranks, (int)m->rank, algo, op_timeout_s,
-                                   m->debug, s->pid, &sub->waiter, &cc->member, err, sizeof(err));
+                                   m->debug, class_of[m->priority], s->pid, &sub->waiter, &cc->member, err, sizeof(err));
   if (rc != CCS_OK) { /* the waiter is never called: the answer is given here */
     list_remove(&cc->link);
     HASH_DELETE(hh, s->comms_by_handle, cc);

@@ -71,6 +71,9 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   randombytes_buf(co->id_key, sizeof(co->id_key));
   randombytes_buf(co->table_key, sizeof(co->table_key));
   d->coll.pool = engine_pool_new(d->cfg.scratch_keep); /* scratch kept between ops */
+  ccsd_run_shares_init(&d->shares);
+  d->coll.shares = &d->shares;
+  ccsd_shares_start(d);
   d->coll.exec = ccsd_executor_new(loop, d->cfg.threads);
   if (!d->coll.exec) {
     LOG_ERROR("cannot start %d executor threads", d->cfg.threads);
@@ -118,6 +121,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
 void ccsd_daemon_close(struct daemon *d) {
   d->stopping = 1;
   uv_close((uv_handle_t *)&d->housekeeping, NULL);
+  ccsd_shares_stop(d);
   ccsd_metrics_http_stop(d);
   ccsd_server_stop(d);
   ccsd_peers_stop(d->coll.peers);
@@ -125,6 +129,7 @@ void ccsd_daemon_close(struct daemon *d) {
   ccsd_executor_stop(d->coll.exec);
   uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
   engine_pool_free(d->coll.pool);
+  ccsd_run_shares_close(&d->shares);
   uv_loop_close(d->loop);
   ccsd_metrics_free(d);
 }

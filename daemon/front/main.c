@@ -1,5 +1,6 @@
 /* ccsd: the per-node collectives daemon. Runs in the foreground, logs to
- * stderr, stops cleanly on SIGTERM/SIGINT. */
+ * stderr, stops cleanly on SIGTERM/SIGINT, reloads its configuration on
+ * SIGHUP (reload.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -29,6 +30,11 @@ static void on_signal(uv_signal_t *h, int signum) {
   d->stopping = 1;
   ccsd_server_stop(d);
   uv_stop(d->loop);
+}
+
+static void on_hangup(uv_signal_t *h, int signum) {
+  (void)signum;
+  ccsd_reload_start(h->data, 0, 0);
 }
 
 /* ccsd --dump-schedule ring all_reduce 5: every participant's steps, and
@@ -122,81 +128,44 @@ static int generate_key(const char *path) {
   return 0;
 }
 
-/* Sources in order, later ones winning: file, environment, command line. */
+/* The commands that do one thing and exit, then the configuration's
+ * sources (config.c: ccsd_config_load, which a reload runs again). */
 static int configure(int argc, char **argv, struct ccsd_config *cfg, int *check_only) {
-  const char *path = CCSD_DEFAULT_CONFIG;
-  int explicit_path = 0;
-  char err[1024];
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--config") && i + 1 < argc) path = argv[++i], explicit_path = 1;
-    else if (!strncmp(argv[i], "--config=", 9)) path = argv[i] + 9, explicit_path = 1;
-  }
-  ccsd_config_defaults(cfg);
-  if (ccsd_config_load_file(cfg, path, explicit_path, err, sizeof(err)) ||
-      ccsd_config_load_env(cfg, err, sizeof(err))) {
-    fprintf(stderr, "ccsd: %s\n", err);
-    return -1;
-  }
+  int tune = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--config")) {
       i++;
-      continue;
-    }
-    if (!strncmp(a, "--config=", 9)) continue;
-    if (!strcmp(a, "--check-config")) {
+    } else if (!strcmp(a, "--check-config")) {
       *check_only = 1;
-      continue;
-    }
-    if (!strcmp(a, "--version")) {
+    } else if (!strcmp(a, "--version")) {
       printf("ccsd %d.%d.%d (protocol %u)\n", CCS_VERSION_MAJOR, CCS_VERSION_MINOR,
              CCS_VERSION_PATCH, CCS__PROTOCOL_VERSION);
       exit(0);
-    }
-    if (!strcmp(a, "--dump-schedule")) { /* ALGO COLLECTIVE N [ROOT] */
+    } else if (!strcmp(a, "--dump-schedule")) { /* ALGO COLLECTIVE N [ROOT] */
       exit(dump_schedule(argc - i - 1, argv + i + 1));
-    }
-    if (!strcmp(a, "--tune-table")) { /* N: the model's choices over sizes */
-      exit(tune_table(i + 1 < argc ? atoi(argv[i + 1]) : 4, cfg));
-    }
-    if (!strcmp(a, "--generate-key")) exit(generate_key(i + 1 < argc ? argv[i + 1] : NULL));
-    if (!strcmp(a, "--print-config-table")) { /* docs/operations.md */
+    } else if (!strcmp(a, "--tune-table")) { /* N: the model's choices over sizes */
+      tune = i + 1 < argc ? atoi(argv[i + 1]) : 4;
+      break; /* the keys before it count */
+    } else if (!strcmp(a, "--generate-key")) {
+      exit(generate_key(i + 1 < argc ? argv[i + 1] : NULL));
+    } else if (!strcmp(a, "--print-config-table")) { /* docs/operations.md */
       ccsd_config_table(stdout);
       exit(0);
-    }
-    if (!strcmp(a, "--print-example-config")) {
+    } else if (!strcmp(a, "--print-example-config")) {
       ccsd_config_example(stdout);
       exit(0);
-    }
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       exit(0);
     }
-    char key[64];
-    const char *value = NULL, *eq = strchr(a, '=');
-    size_t klen = eq ? (size_t)(eq - a) : strlen(a);
-    if (strncmp(a, "--", 2) || klen - 2 >= sizeof(key)) {
-      fprintf(stderr, "ccsd: unexpected argument '%s' (see --help)\n", a);
-      return -1;
-    }
-    memcpy(key, a + 2, klen - 2);
-    key[klen - 2] = 0;
-    for (char *c = key; *c; c++) *c = *c == '-' ? '_' : *c;
-    /* the old spellings of two keys */
-    if (!strcmp(key, "chunk")) snprintf(key, sizeof(key), "chunk_bytes");
-    if (!strcmp(key, "allow_uid") || !strcmp(key, "allow_gid")) strcat(key, "s");
-    if (eq) value = eq + 1;
-    else if (i + 1 < argc) value = argv[++i];
-    if (!value) {
-      fprintf(stderr, "ccsd: --%s needs a value\n", key);
-      return -1;
-    }
-    if (ccsd_config_set(cfg, key, value, err, sizeof(err))) {
-      fprintf(stderr, "ccsd: command line: %s\n", err);
-      return -1;
-    }
   }
-  ccsd_config_resolve(cfg);
+  char err[1024];
+  if (ccsd_config_load(cfg, argc, argv, err, sizeof(err))) {
+    fprintf(stderr, "ccsd: %s\n", err);
+    return -1;
+  }
+  if (tune) exit(tune_table(tune, cfg));
   return 0;
 }
 
@@ -211,7 +180,7 @@ int main(int argc, char **argv) {
   if (configure(argc, argv, &d.cfg, &check_only)) return 2;
   ccs__log_init(d.cfg.log_level, d.cfg.log_subsys);
   if (check_only) {
-    char text[8192];
+    char text[16384];
     ccsd_config_format(&d.cfg, text, sizeof(text));
     fputs(text, stdout);
     return 0;
@@ -219,15 +188,21 @@ int main(int argc, char **argv) {
 
   signal(SIGPIPE, SIG_IGN);
   if (ccsd_daemon_init(&d, uv_default_loop())) return 1;
+  d.argc = argc; /* what a reload reads again */
+  d.argv = argv;
   /* before the socket exists: whoever sees it may stop the daemon at once */
   uv_signal_init(d.loop, &d.sig_term);
   uv_signal_init(d.loop, &d.sig_int);
   d.sig_term.data = d.sig_int.data = &d;
   uv_signal_start(&d.sig_term, on_signal, SIGTERM);
   uv_signal_start(&d.sig_int, on_signal, SIGINT);
+  uv_signal_init(d.loop, &d.sig_hup);
+  d.sig_hup.data = &d;
+  uv_signal_start(&d.sig_hup, on_hangup, SIGHUP);
   if (ccsd_server_start(&d)) {
     uv_close((uv_handle_t *)&d.sig_term, NULL);
     uv_close((uv_handle_t *)&d.sig_int, NULL);
+    uv_close((uv_handle_t *)&d.sig_hup, NULL);
     ccsd_daemon_close(&d);
     return 1;
   }
@@ -240,6 +215,7 @@ int main(int argc, char **argv) {
   ccsd_systemd_stopping(&d);
   uv_close((uv_handle_t *)&d.sig_term, NULL);
   uv_close((uv_handle_t *)&d.sig_int, NULL);
+  uv_close((uv_handle_t *)&d.sig_hup, NULL);
   signal(SIGTERM, SIG_IGN); /* stopping already: a second one must not cut it short */
   signal(SIGINT, SIG_IGN);
   ccsd_daemon_close(&d);

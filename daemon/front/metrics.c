@@ -57,6 +57,17 @@ void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, int nranks,
   h->sum += seconds;
 }
 
+void ccsd_metrics_tenant_totals(const struct daemon *d, uid_t uid, uint64_t *ops, double *bus_bytes) {
+  *ops = 0;
+  *bus_bytes = 0;
+  for (size_t i = 0; i < d->metrics.ncounters; i++) {
+    const struct op_counter *c = &d->metrics.counters[i];
+    if (c->uid != uid || c->status != CCS_OK) continue;
+    *ops += c->ops;
+    *bus_bytes += c->bus_bytes;
+  }
+}
+
 void ccsd_metrics_free(struct daemon *d) {
   free(d->metrics.counters);
   memset(&d->metrics, 0, sizeof(d->metrics));
@@ -182,6 +193,7 @@ char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, s
         (unsigned long long)d->ring_calls,
         (double)(ccsd_now_ms(d) - d->started_ms) / 1000.0);
   }
+  ccsd_shares_metrics(&o, d, view, uid);
   if (o.failed) {
     free(o.buf);
     return NULL;

@@ -1,13 +1,18 @@
 /* Executor threads (executor.h): run the tasks of ops' graphs as they
  * become ready, and hand finished ops back to the loop thread.
  *
- * Each tenant (uid) has a queue of ops in arrival order, and the tenants
- * take turns task by task: a tenant flooding the daemon with large ops
- * gets its share of the threads, not all of them, and another tenant's
- * small op starts after at most one task per busy tenant. Within a
- * tenant, every thread takes the next ready task of the first op that has
- * one, so a large op is spread over all threads, and a task whose inputs
- * are not ready yet lets the next op of the comm go ahead.
+ * Tenants share the threads by weighted fair queueing of task time
+ * (base/fair.h): each tenant's ops wait in its flow, by the class of their
+ * comm, and a free thread takes the next ready task of the tenant (and
+ * class) that is furthest behind its share. A task's time is charged to
+ * its tenant when the task is claimed (the op's own estimate, from its
+ * earlier tasks) and corrected when it ends, so threads that claim at
+ * once spread over tenants. A tenant capped below the whole
+ * (tenant_max_share) waits once it had its fraction of the threads' time,
+ * even when they would idle. Within a tenant's class, a thread takes the
+ * next ready task of the first op that has one, so a large op is spread
+ * over all threads, and a task whose inputs are not ready yet lets the
+ * next op go ahead.
  *
  * SEND and RECV tasks never pass through these threads: the network thread
  * takes them itself, at once when its own completion made them ready, or
@@ -17,23 +22,27 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/fair.h"
 #include "base/log.h"
 #include "run/engine_run.h"
 #include "run/executor.h"
+#include "run/share.h"
 
-struct tenant_queue {
-  struct list link; /* in executor->turns */
-  uid_t uid;
-  struct list ops;
-};
+/* Task time a tenant that comes back may be ahead of the others, and the
+ * estimate of an op's first task. */
+#define QUANTUM_NS 1000000.0
+#define FIRST_ESTIMATE_NS 50000.0
+/* ops whose tenant's flow found no memory: run as cancelled */
+#define FALLBACK_KEY UINT64_MAX
 
 struct executor {
   void (*handover)(void *arg, struct run_op *x); /* the network side's */
   void *handover_arg;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  struct list turns; /* tenant queues with work, the next turn first */
-  struct tenant_queue fallback; /* for ops whose tenant's queue found no memory */
+  struct fair fair;          /* tenants' flows; their items: ops with tasks to claim */
+  struct fair_flow *fallback;
+  size_t queued;             /* ops in the flows */
   struct list done;
   uv_async_t async;
   pthread_t *threads;
@@ -52,26 +61,43 @@ static uint64_t now_ns(void) {
 
 double ccsd_executor_busy_seconds(struct executor *e) { return (double)atomic_load(&e->busy_ns) / 1e9; }
 
-/* The next task under e->mu: the first claimable op of the first tenant
- * that has one; that tenant's turn then passes to the back. */
-static struct run_op *claim(struct executor *e, size_t *ret_task) {
-  struct list *q, *qtmp;
-  LIST_FOREACH_SAFE(q, qtmp, &e->turns) {
-    struct tenant_queue *tq = LIST_ENTRY(q, struct tenant_queue, link);
-    struct list *it, *tmp;
-    LIST_FOREACH_SAFE(it, tmp, &tq->ops) {
-      struct run_op *x = LIST_ENTRY(it, struct run_op, link);
-      if (!engine_has_ready(&x->plan)) continue;
-      *ret_task = engine_claim(&x->plan);
-      e->running++;
-      if (x->plan.ready_head == x->plan.compute_tasks) list_remove(&x->link); /* all claimed */
-      list_remove(&tq->link);
-      if (!list_empty(&tq->ops)) list_insert_tail(&e->turns, &tq->link);
-      else if (tq != &e->fallback) free(tq);
-      return x;
-    }
+struct claim {
+  struct run_op *x;
+};
+
+/* fair_pick's question: has this tenant's class an op with a ready task? */
+static int claimable(void *ctx, struct fair_flow *fl, int cls) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &fl->items[cls]) {
+    struct run_op *x = LIST_ENTRY(it, struct run_op, link);
+    if (!engine_has_ready(&x->plan)) continue;
+    ((struct claim *)ctx)->x = x;
+    return 1;
   }
-  return NULL;
+  return 0;
+}
+
+/* The next task under e->mu, charged to its tenant at its op's estimate;
+ * NULL: none may go now (*retry_ns: when a capped tenant may again). */
+static struct run_op *claim(struct executor *e, size_t *ret_task, uint64_t *retry_ns) {
+  struct claim c = {NULL};
+  int cls;
+  uint64_t now = now_ns();
+  struct fair_flow *fl = fair_pick(&e->fair, now, claimable, &c, &cls, retry_ns);
+  if (!fl) return NULL;
+  struct run_op *x = c.x;
+  *ret_task = engine_claim(&x->plan);
+  e->running++;
+  if (x->plan.ready_head == x->plan.compute_tasks) { /* all claimed */
+    list_remove(&x->link);
+    e->queued--;
+  }
+  fair_charge(&e->fair, fl, cls, x->exec_estimate_ns);
+  if (!x->exec_started) {
+    x->exec_started = 1;
+    ccsd_run_share_waited(x->share, now - x->submitted_ns);
+  }
+  return x;
 }
 
 /* Under e->mu: tasks for the network thread became ready while it is not
@@ -91,6 +117,8 @@ static int finish_locked(struct executor *e, struct run_op *x, size_t task, int 
   engine_finish(&x->plan, task);
   if (x->plan.ready_tail != compute_before && !x->on_net) pthread_cond_broadcast(&e->cv);
   if (engine_done(&x->plan)) {
+    if (x->exec_flow) fair_unref(&e->fair, x->exec_flow);
+    x->exec_flow = NULL;
     list_insert_tail(&e->done, &x->done_link);
     uv_async_send(&e->async);
     return 0;
@@ -112,15 +140,34 @@ size_t ccsd_executor_net_step(struct executor *e, struct run_op *x, size_t task,
   return n;
 }
 
+/* Under e->mu: x's task took ns; the estimate charged at its claim is
+ * corrected, and the op's next estimate follows its tasks. */
+static void account(struct executor *e, struct run_op *x, uint64_t ns) {
+  atomic_fetch_add_explicit(&x->share->exec_ns, ns, memory_order_relaxed);
+  if (!x->exec_flow) return;
+  fair_charge(&e->fair, x->exec_flow, x->prio, (double)ns - x->exec_estimate_ns);
+  x->exec_estimate_ns = (3 * x->exec_estimate_ns + (double)ns) / 4;
+}
+
+static void wait_until(struct executor *e, uint64_t when_ns) {
+  if (!when_ns) {
+    pthread_cond_wait(&e->cv, &e->mu);
+    return;
+  }
+  struct timespec ts = {(time_t)(when_ns / 1000000000u), (long)(when_ns % 1000000000u)};
+  pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+}
+
 static void *worker(void *arg) {
   struct executor *e = arg;
   pthread_mutex_lock(&e->mu);
   for (;;) {
     size_t task;
-    struct run_op *x = claim(e, &task);
+    uint64_t retry = 0;
+    struct run_op *x = claim(e, &task, &retry);
     if (!x) {
       if (e->stop) break;
-      pthread_cond_wait(&e->cv, &e->mu);
+      wait_until(e, retry);
       continue;
     }
     pthread_mutex_unlock(&e->mu);
@@ -128,9 +175,11 @@ static void *worker(void *arg) {
     uint64_t t0 = now_ns();
     if (!atomic_load_explicit(&x->cancelled, memory_order_relaxed))
       engine_run_task(&x->plan, task, x->streaming);
-    atomic_fetch_add(&e->busy_ns, now_ns() - t0);
+    uint64_t took = now_ns() - t0;
+    atomic_fetch_add(&e->busy_ns, took);
     pthread_mutex_lock(&e->mu);
     e->running--;
+    account(e, x, took);
     if (finish_locked(e, x, task, 0)) { /* x lives on: its network tasks wait */
       pthread_mutex_unlock(&e->mu);
       e->handover(e->handover_arg, x);
@@ -148,7 +197,7 @@ int ccsd_executor_healthy(struct executor *e, uint64_t *seen) {
     return 1;
   }
   pthread_mutex_lock(&e->mu);
-  int idle = list_empty(&e->turns) && e->running == 0;
+  int idle = e->queued == 0 && e->running == 0;
   pthread_mutex_unlock(&e->mu);
   return idle;
 }
@@ -179,13 +228,17 @@ struct executor *ccsd_executor_new(uv_loop_t *loop, int threads) {
   struct executor *e = calloc(1, sizeof(*e));
   if (!e) return NULL;
   pthread_mutex_init(&e->mu, NULL);
-  pthread_cond_init(&e->cv, NULL);
-  list_init(&e->turns);
-  list_init(&e->fallback.ops);
+  pthread_condattr_t attr; /* caps wait on the clock tasks are timed by */
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->cv, &attr);
+  pthread_condattr_destroy(&attr);
+  fair_init(&e->fair, QUANTUM_NS, (double)threads * 1e9);
   list_init(&e->done);
   uv_async_init(loop, &e->async, on_async);
   e->async.data = e;
-  e->threads = calloc((size_t)threads, sizeof(pthread_t));
+  if ((e->fallback = fair_flow_get(&e->fair, FALLBACK_KEY)) != NULL) fair_ref(e->fallback);
+  e->threads = e->fallback ? calloc((size_t)threads, sizeof(pthread_t)) : NULL;
   for (int i = 0; e->threads && i < threads; i++) {
     if (pthread_create(&e->threads[i], NULL, worker, e)) break;
     e->nthreads++;
@@ -207,23 +260,19 @@ void ccsd_executor_submit(struct executor *e, struct run_op *x) {
     if (handover) e->handover(e->handover_arg, x);
     return;
   }
-  struct tenant_queue *tq = NULL;
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &e->turns) {
-    struct tenant_queue *each = LIST_ENTRY(it, struct tenant_queue, link);
-    if (each->uid == x->uid) tq = each;
-  }
-  if (!tq && (tq = calloc(1, sizeof(*tq))) != NULL) {
-    tq->uid = x->uid;
-    list_init(&tq->ops);
-    list_insert_tail(&e->turns, &tq->link);
-  }
-  if (!tq) { /* no memory for a queue: its tasks run as cancelled */
+  struct fair_flow *fl = fair_flow_get(&e->fair, (uint64_t)x->share->uid);
+  if (fl) {
+    fair_flow_set(fl, atomic_load(&x->share->weight), atomic_load(&x->share->cap));
+  } else { /* no memory for a flow: its tasks run as cancelled */
     atomic_store(&x->cancelled, 1);
-    tq = &e->fallback;
-    if (list_empty(&tq->ops)) list_insert_tail(&e->turns, &tq->link);
+    fl = e->fallback;
   }
-  list_insert_tail(&tq->ops, &x->link);
+  fair_ref(fl);
+  x->exec_flow = fl;
+  x->exec_estimate_ns = FIRST_ESTIMATE_NS;
+  x->submitted_ns = now_ns();
+  list_insert_tail(&fl->items[x->prio], &x->link);
+  e->queued++;
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
   if (handover) e->handover(e->handover_arg, x); /* x waits for these: alive */
@@ -231,6 +280,8 @@ void ccsd_executor_submit(struct executor *e, struct run_op *x) {
 
 static void on_async_closed(uv_handle_t *h) {
   struct executor *e = h->data;
+  if (e->fallback) fair_unref(&e->fair, e->fallback);
+  fair_close(&e->fair);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   free(e->threads);
@@ -241,11 +292,14 @@ void ccsd_executor_stop(struct executor *e) {
   pthread_mutex_lock(&e->mu);
   e->stop = 1;
   /* Ops not started are finished as cancelled: their ranks are gone. */
-  struct list *q, *qtmp, *it, *tmp;
-  LIST_FOREACH_SAFE(q, qtmp, &e->turns) {
-    LIST_FOREACH_SAFE(it, tmp, &LIST_ENTRY(q, struct tenant_queue, link)->ops) {
-      atomic_store(&LIST_ENTRY(it, struct run_op, link)->cancelled, 1);
-    }
+  struct list *f, *ftmp, *it, *tmp;
+  LIST_FOREACH_SAFE(f, ftmp, &e->fair.flows) {
+    struct fair_flow *fl = LIST_ENTRY(f, struct fair_flow, link);
+    fair_flow_set(fl, fl->weight, 1); /* no cap holds the last tasks back */
+    for (int c = 0; c < FAIR_CLASSES; c++)
+      LIST_FOREACH_SAFE(it, tmp, &fl->items[c]) {
+        atomic_store(&LIST_ENTRY(it, struct run_op, link)->cancelled, 1);
+      }
   }
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);

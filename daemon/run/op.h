@@ -22,6 +22,8 @@ struct net_mem;
 struct net_task;
 struct gpu_order;
 struct gpu_stream;
+struct fair_flow;
+struct run_share;
 
 /* Memory an op's messages may read or write (registered with the
  * transport at its first message). */
@@ -32,7 +34,8 @@ struct run_region {
 
 struct run_op {
   /* the launcher's, read-only once handed down */
-  uid_t uid;                  /* its tenant: the executor shares threads per tenant */
+  struct run_share *share;    /* its tenant (run/share.h): weights, and what it was given */
+  int prio;                   /* its comm's class (base/fair.h: FAIR_LATENCY..FAIR_BULK) */
   int streaming;              /* outputs past the caches: non-temporal stores */
   int device;                 /* the GPU that runs it; -1: host memory */
   uint64_t stream_key;        /* its comm: a GPU runs a comm's ops in order, on one stream */
@@ -55,6 +58,10 @@ struct run_op {
   struct list link, done_link;
   int net_handover;           /* its ready tasks are on their way to the network thread */
   int on_net;                 /* small, across daemons: the network thread computes too */
+  struct fair_flow *exec_flow; /* its tenant's, while it is queued or running there */
+  double exec_estimate_ns;    /* what its next task is charged when claimed */
+  uint64_t submitted_ns;      /* when it reached the executor; */
+  int exec_started;           /* and whether a task of it was claimed since */
 
   /* the network thread's */
   struct net_task *net_tasks; /* per task, made at launch (net.h: ccsd_peers_op_prepare) */
