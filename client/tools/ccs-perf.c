@@ -2,7 +2,8 @@
  *
  *   ccs-perf COLLECTIVE [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
  *            [-m AGG] [-c CHECK] [-o OP] [-d TYPE] [-r ROOT] [-a AVG] [-z 0|1] [-J FILE]
- *            [--np N] [--registered 0|1] [--device GPU]
+ *            [--np N] [--registered 0|1] [--device GPU] [--duration S] [--trace FILE]
+ *            [--priority latency|normal|bulk]
  *
  * Ranks: --np N forks N local ranks; otherwise the launcher that started
  * the process says who it is (mpirun, srun, torchrun, or CCS_RANK and
@@ -101,6 +102,7 @@ struct bench {
   char *host_send, *host_recv;
   size_t bytes;
   void *stream;
+  ccs_stream_t host_stream; /* --stream */
 };
 
 /* Where the host copy of a buffer address lies (itself for host memory). */
@@ -128,7 +130,7 @@ static void layout(const struct bench *b, struct perf_counts k, size_t sz, int i
 static ccs_result_t call(const struct bench *b, struct perf_counts k, ccs_dtype_t t,
                          ccs_redop_t op, char *send, char *recv) {
   int root = b->o->root, n = b->n, r = b->rank;
-  ccs_stream_t s = b->stream;
+  ccs_stream_t s = b->stream ? b->stream : b->host_stream;
   switch (b->o->coll) {
   case PERF_ALL_REDUCE: return ccs_all_reduce(send, recv, k.param, t, op, b->comm, s);
   case PERF_ALL_GATHER: return ccs_all_gather(send, recv, k.param, t, b->comm, s);
@@ -256,6 +258,90 @@ static int measure(const struct bench *b, struct perf_counts k, ccs_dtype_t t, c
   return 0;
 }
 
+/* --duration: calls back to back until rank 0's clock says the time is
+ * up; it says so after every `every` calls (a broadcast), so all ranks
+ * make the same calls. --trace: rank 0 keeps each call's end, latency and
+ * how many calls the line stands for (a synchronised batch with --stream),
+ * written out once the run is over. */
+/* One line of the trace (rank 0, --trace): a call's or a batch's end. */
+static void keep(const struct bench *b, double **trace, size_t *n, size_t *cap, double end,
+                 double latency, int64_t calls) {
+  if (b->rank != 0 || !b->o->trace) return;
+  if (*n == *cap) {
+    size_t grown_cap = *cap ? 2 * *cap : 4096;
+    double *grown = realloc(*trace, sizeof(**trace) * 3 * grown_cap);
+    if (!grown) return;
+    *trace = grown;
+    *cap = grown_cap;
+  }
+  (*trace)[3 * *n] = end;
+  (*trace)[3 * *n + 1] = latency;
+  (*trace)[3 * (*n)++ + 2] = (double)calls;
+}
+
+static int run_for(struct bench *b, struct perf_counts k, ccs_dtype_t t, ccs_redop_t op,
+                   struct result *res) {
+  const struct perf_opts *o = b->o;
+  char *send, *recv;
+  memset(res, 0, sizeof(*res));
+  layout(b, k, ccs_dtype_size(t), 0, &send, &recv);
+  ccs_result_t rc = CCS_OK;
+  for (int i = 0; i < o->warmup && rc == CCS_OK; i++) rc = call(b, k, t, op, send, recv);
+  double c0 = now();
+  for (int i = 0; i < 3 && rc == CCS_OK; i++) rc = call(b, k, t, op, send, recv);
+  int64_t every = (int64_t)(0.02 / ((now() - c0) / 3 + 1e-9)), agreed = 1; /* a check per 20 ms */
+  every = every < 1 ? 1 : every > 4096 ? 4096 : every;
+  if (rc == CCS_OK) rc = ccs_broadcast(&every, &agreed, 1, CCS_INT64, 0, b->comm, NULL);
+  double *trace = NULL;
+  size_t ntrace = 0, cap = 0;
+  long calls = 0;
+  if (o->host_stream && o->device < 0 && (rc = ccs_stream_create(&b->host_stream)) != CCS_OK)
+    fprintf(stderr, "ccs-perf: a host stream: %s\n", ccs_comm_last_error(NULL));
+  double t0 = now(), end = t0 + o->duration;
+  for (int64_t stop = 0; !stop && rc == CCS_OK;) {
+    double batch = now();
+    for (int64_t i = 0; i < agreed && rc == CCS_OK; i++) {
+      double s = now();
+      rc = call(b, k, t, op, send, recv);
+      double e = now();
+      calls++;
+      if (!b->host_stream) keep(b, &trace, &ntrace, &cap, e, e - s, 1);
+    }
+    if (b->host_stream && rc == CCS_OK) {
+      rc = ccs_stream_synchronize(b->host_stream);
+      double e = now();
+      keep(b, &trace, &ntrace, &cap, e, e - batch, agreed);
+    }
+    int64_t mine = now() >= end;
+    if (rc == CCS_OK) rc = ccs_broadcast(&mine, &stop, 1, CCS_INT64, 0, b->comm, NULL);
+  }
+  double secs = (now() - t0) / (double)(calls ? calls : 1);
+  if (b->host_stream) {
+    ccs_stream_destroy(b->host_stream);
+    b->host_stream = NULL;
+  }
+  if (rc != CCS_OK) {
+    fprintf(stderr, "ccs-perf: rank %d: %s: %s: %s\n", b->rank, perf_coll_names[o->coll],
+            ccs_result_name(rc), ccs_comm_last_error(b->comm));
+    free(trace);
+    return -1;
+  }
+  if (trace) {
+    FILE *f = fopen(o->trace, "w");
+    for (size_t i = 0; f && i < ntrace; i++)
+      fprintf(f, "%.6f %.9f %.0f\n", trace[3 * i], trace[3 * i + 1], trace[3 * i + 2]);
+    if (!f || fclose(f)) fprintf(stderr, "ccs-perf: cannot write %s: %s\n", o->trace, strerror(errno));
+    free(trace);
+  }
+  long wrong = 0;
+  if (combine(b, &secs, &wrong)) return -1;
+  res->us = secs * 1e6;
+  res->algbw = perf_algbw(o->coll, k, ccs_dtype_size(t), secs);
+  res->busbw = res->algbw * perf_bus_factor(o->coll, b->n);
+  res->wrong = -1;
+  return 0;
+}
+
 static void format_time(char *buf, size_t len, double us) {
   snprintf(buf, len, us >= 10000 ? "%7.0f" : us >= 100 ? "%7.1f" : "%7.2f", us);
 }
@@ -289,7 +375,7 @@ static int has_root(enum perf_coll c) {
 /* One rank: of the comm of id, or (id NULL, comm given) of that comm. */
 static int run_rank(const struct perf_opts *o, const ccs_unique_id_t *id, ccs_comm_t *comm,
                     int rank, int n) {
-  struct bench b = {o, comm, rank, n, NULL, NULL, NULL, NULL, 0, NULL};
+  struct bench b = {o, comm, rank, n, NULL, NULL, NULL, NULL, 0, NULL, NULL};
   char err[256];
   if (o->device >= 0 && perf_device_open(o->device, &b.stream, err, sizeof(err))) {
     fprintf(stderr, "ccs-perf: rank %d: %s\n", rank, err);
@@ -371,8 +457,9 @@ static int run_rank(const struct perf_opts *o, const ccs_unique_id_t *id, ccs_co
       size_t sz = ccs_dtype_size(t);
       for (size_t size = o->min_bytes; size <= o->max_bytes && !failed;) {
         struct perf_counts k = perf_counts(o->coll, size, sz, n);
-        struct result res[2];
-        if (measure(&b, k, t, op, 0, &res[0]) || measure(&b, k, t, op, 1, &res[1])) {
+        struct result res[2] = {{0}, {.skipped = 1}};
+        if (o->duration > 0 ? run_for(&b, k, t, op, &res[0])
+                            : measure(&b, k, t, op, 0, &res[0]) || measure(&b, k, t, op, 1, &res[1])) {
           failed = 1;
           break;
         }
@@ -401,6 +488,7 @@ static int run_rank(const struct perf_opts *o, const ccs_unique_id_t *id, ccs_co
           bw_sum += res[i].busbw;
           bw_count++;
         }
+        if (o->duration > 0) break; /* one size */
         size_t next = o->step_bytes ? size + o->step_bytes : (size_t)((double)size * o->factor);
         if (next <= size) next = size + 1;
         size = next;
@@ -467,6 +555,8 @@ int main(int argc, char **argv) {
     perf_usage(rc > 0 ? stdout : stderr);
     return rc > 0 ? 0 : 2;
   }
+  static const char *const priorities[] = {"normal", "latency", "bulk"};
+  if (o.priority != CCS_PRIORITY_DEFAULT) setenv("CCS_PRIORITY", priorities[o.priority], 1);
   ccs_unique_id_t id;
   if (o.nprocs == 0) {
     const char *r = getenv("CCS_RANK"), *n = getenv("CCS_NRANKS"), *f = getenv("CCS_UNIQUE_ID_FILE");

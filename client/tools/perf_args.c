@@ -37,6 +37,13 @@ void perf_usage(FILE *f) {
           "  --registered 0|1  ccs_mem_alloc buffers (1, default) or malloc (0)\n"
           "  --device GPU      buffers on that GPU (ccs_mem_alloc_device, or cudaMalloc\n"
           "                    with --registered 0), ops on a stream\n"
+          "  --duration S      one size (-b), out of place, calls back to back for S seconds\n"
+          "  --trace FILE      rank 0 writes a line per timed call: its end (CLOCK_MONOTONIC\n"
+          "                    seconds, comparable between processes) and its latency\n"
+          "  --priority P      the comm's priority beside the user's others: latency, normal, bulk\n"
+          "  --stream          with --duration on host buffers: calls go on a host stream and\n"
+          "                    return once submitted (as a framework's asynchronous calls); the\n"
+          "                    trace then has a line per synchronised batch\n"
           "environment without --np: CCS_RANK, CCS_NRANKS, CCS_UNIQUE_ID_FILE\n");
 }
 
@@ -97,6 +104,7 @@ int perf_parse_args(int argc, char **argv, struct perf_opts *o) {
   o->factor = 2;
   o->iters = 20, o->warmup = 1, o->agg = 1, o->check = 1, o->average = 1, o->registered = 1;
   o->device = -1;
+  o->priority = CCS_PRIORITY_DEFAULT;
   o->dtypes[0] = CCS_FLOAT32, o->ndtypes = 1;
   o->ops[0] = CCS_SUM, o->nops = 1;
   if (argc < 2 || argv[1][0] == '-') {
@@ -111,10 +119,14 @@ int perf_parse_args(int argc, char **argv, struct perf_opts *o) {
     fprintf(stderr, "ccs-perf: unknown collective '%s'\n", argv[1]);
     return -1;
   }
-  enum { O_NP = 256, O_REGISTERED, O_DEVICE };
+  enum { O_NP = 256, O_REGISTERED, O_DEVICE, O_DURATION, O_TRACE, O_PRIORITY, O_STREAM };
   static const struct option longs[] = {{"np", required_argument, 0, O_NP},
                                         {"registered", required_argument, 0, O_REGISTERED},
                                         {"device", required_argument, 0, O_DEVICE},
+                                        {"duration", required_argument, 0, O_DURATION},
+                                        {"trace", required_argument, 0, O_TRACE},
+                                        {"priority", required_argument, 0, O_PRIORITY},
+                                        {"stream", no_argument, 0, O_STREAM},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   optind = 2;
@@ -139,6 +151,19 @@ int perf_parse_args(int argc, char **argv, struct perf_opts *o) {
     case O_NP: bad = perf_parse_int(optarg, 1, 256, &o->nprocs); break;
     case O_REGISTERED: bad = perf_parse_int(optarg, 0, 1, &o->registered); break;
     case O_DEVICE: bad = perf_parse_int(optarg, 0, 1023, &o->device); break;
+    case O_DURATION: {
+      char *end;
+      o->duration = strtod(optarg, &end);
+      bad = *end || !(o->duration > 0 && o->duration <= 86400);
+      break;
+    }
+    case O_TRACE: o->trace = optarg; break;
+    case O_STREAM: o->host_stream = 1; break;
+    case O_PRIORITY:
+      bad = 1;
+      for (int p = 0; p < 3; p++)
+        if (!strcmp(optarg, (const char *[]){"normal", "latency", "bulk"}[p])) o->priority = p, bad = 0;
+      break;
     case 'h': return 1;
     default: return -1;
     }
@@ -151,6 +176,7 @@ int perf_parse_args(int argc, char **argv, struct perf_opts *o) {
     fprintf(stderr, "ccs-perf: unexpected argument '%s'\n", argv[optind]);
     return -1;
   }
+  if (o->duration > 0) o->max_bytes = o->min_bytes;
   if (o->min_bytes > o->max_bytes) {
     fprintf(stderr, "ccs-perf: -b must not exceed -e\n");
     return -1;

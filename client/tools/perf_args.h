@@ -16,6 +16,10 @@ struct perf_opts {
   int dtypes[CCS_DTYPE_COUNT], ndtypes;
   int ops[CCS_REDOP_COUNT], nops;
   const char *json;
+  double duration;    /* > 0: one size, calls back to back this long (seconds) */
+  const char *trace;  /* rank 0 writes each timed call's end and latency here */
+  int priority;       /* ccs_priority_t of the comm */
+  int host_stream;    /* --duration on host buffers: calls on a host stream, synchronised per check */
 };
 
 extern const char *const perf_coll_names[PERF_COLL_COUNT];

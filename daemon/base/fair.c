@@ -24,6 +24,9 @@ void fair_init(struct fair *f, double quantum, double capacity) {
   f->capacity = capacity;
 }
 
+/* Where a flow that comes back (or a new one) starts: one quantum behind. */
+static double floor_of(const struct fair *f, double weight) { return f->vnow - f->quantum / weight; }
+
 static void flow_free(struct fair *f, struct fair_flow *fl) {
   list_remove(&fl->link);
   HASH_DELETE(hh, f->by_key, fl);
@@ -53,7 +56,7 @@ struct fair_flow *fair_flow_get(struct fair *f, uint64_t key) {
   fl->key = key;
   fl->weight = 1;
   fl->cap = 1;
-  fl->vtime = f->vnow;
+  fl->vtime = floor_of(f, fl->weight);
   for (int c = 0; c < FAIR_CLASSES; c++) list_init(&fl->items[c]);
   HASH_ADD(hh, f->by_key, key, sizeof(fl->key), fl);
   list_insert_tail(&f->flows, &fl->link);
@@ -70,13 +73,24 @@ void fair_flow_set(struct fair_flow *fl, double weight, double cap) {
 
 void fair_ref(struct fair_flow *fl) { fl->refs++; }
 
-/* Nothing to remember: no jobs, no service owed. */
-static int forgettable(const struct fair *f, const struct fair_flow *fl) {
-  return fl->refs == 0 && fl->vtime <= f->vnow && fl->tokens >= 0;
+void fair_unref(struct fair_flow *fl, uint64_t now_ns) {
+  if (--fl->refs == 0) fl->idle_ns = now_ns;
 }
 
-void fair_unref(struct fair *f, struct fair_flow *fl) {
-  if (--fl->refs == 0 && forgettable(f, fl)) flow_free(f, fl);
+static int idle(const struct fair_flow *fl, uint64_t now_ns) {
+  return fl->refs == 0 && now_ns - fl->idle_ns >= FAIR_IDLE_GRACE_NS;
+}
+
+/* How far behind the others fl may be: one quantum idle, more busy. */
+static double lowest(const struct fair *f, const struct fair_flow *fl, uint64_t now_ns) {
+  double quanta = idle(fl, now_ns) ? 1 : FAIR_BUSY_QUANTA;
+  return f->vnow - quanta * f->quantum / fl->weight;
+}
+
+/* Nothing to remember: idle, no service owed, no more credit than a new
+ * flow of its weight starts with. */
+static int forgettable(const struct fair *f, const struct fair_flow *fl, uint64_t now_ns) {
+  return idle(fl, now_ns) && fl->vtime <= floor_of(f, fl->weight) && fl->tokens >= 0;
 }
 
 static double burst(const struct fair *f, const struct fair_flow *fl) {
@@ -98,12 +112,6 @@ static int within_cap(const struct fair *f, struct fair_flow *fl, uint64_t now_n
   return 0;
 }
 
-/* A flow (or class) that comes back starts at most one quantum behind. */
-static double raised(double vtime, double vnow, double quantum, double weight) {
-  double floor = vnow - quantum / weight;
-  return vtime < floor ? floor : vtime;
-}
-
 struct fair_flow *fair_pick(struct fair *f, uint64_t now_ns,
                             int (*can)(void *ctx, struct fair_flow *fl, int cls), void *ctx,
                             int *ret_cls, uint64_t *retry_ns) {
@@ -111,7 +119,7 @@ struct fair_flow *fair_pick(struct fair *f, uint64_t now_ns,
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &f->flows) {
     struct fair_flow *fl = LIST_ENTRY(it, struct fair_flow, link);
-    if (forgettable(f, fl)) {
+    if (forgettable(f, fl, now_ns)) {
       flow_free(f, fl);
       continue;
     }
@@ -119,8 +127,10 @@ struct fair_flow *fair_pick(struct fair *f, uint64_t now_ns,
     /* its classes by their virtual times, as each would stand if it went */
     int order[FAIR_CLASSES] = {FAIR_LATENCY, FAIR_NORMAL, FAIR_BULK};
     double at[FAIR_CLASSES];
-    for (int c = 0; c < FAIR_CLASSES; c++)
-      at[c] = raised(fl->class_vtime[c], fl->class_vnow, f->quantum, class_weight[c]);
+    for (int c = 0; c < FAIR_CLASSES; c++) { /* a class that comes back: one quantum behind */
+      double low = fl->class_vnow - f->quantum / class_weight[c];
+      at[c] = fl->class_vtime[c] < low ? low : fl->class_vtime[c];
+    }
     for (int i = 1; i < FAIR_CLASSES; i++)
       for (int j = i; j > 0 && at[order[j]] < at[order[j - 1]]; j--) {
         int t = order[j];
@@ -132,7 +142,8 @@ struct fair_flow *fair_pick(struct fair *f, uint64_t now_ns,
       if (!can(ctx, fl, c)) continue;
       fl->class_vtime[c] = at[c];
       if (at[c] > fl->class_vnow) fl->class_vnow = at[c];
-      fl->vtime = raised(fl->vtime, f->vnow, f->quantum, fl->weight);
+      double low = lowest(f, fl, now_ns);
+      if (fl->vtime < low) fl->vtime = low;
       if (fl->vtime > f->vnow) f->vnow = fl->vtime;
       resort(f, fl);
       *ret_cls = c;

@@ -12,11 +12,14 @@
  * ahead of its tenant's bulk work, and backlogged bulk work still gets at
  * least a seventh of its tenant's share.
  *
- * A flow that had nothing to do (or could not go: its work waited for
- * inputs) does not bank the service it missed: when it goes again its
- * virtual time is raised to within one quantum of the others'. A flow
- * may be capped to a fraction of the resource's capacity (a token
- * bucket), which holds even when nobody else wants the resource.
+ * A flow that had nothing to do does not bank the service it missed:
+ * when it goes again its virtual time is raised to within one quantum of
+ * the others'. A flow whose work could not go for a moment (its jobs
+ * waited for inputs, or its next job came a moment after the last one
+ * ended: within FAIR_IDLE_GRACE_NS) is still busy: it keeps up to
+ * FAIR_BUSY_QUANTA quanta of what it missed and catches up. A flow may be
+ * capped to a fraction of the resource's capacity (a token bucket), which
+ * holds even when nobody else wants the resource.
  *
  * The caller keeps its own queues and locking; this keeps the accounts
  * and says who goes. Costs are in the resource's own units (ns, bytes). */
@@ -31,6 +34,8 @@
 
 enum fair_class { FAIR_LATENCY, FAIR_NORMAL, FAIR_BULK };
 #define FAIR_CLASSES 3
+#define FAIR_IDLE_GRACE_NS 2000000ull
+#define FAIR_BUSY_QUANTA 4
 
 struct fair_flow {
   struct list link;   /* in fair.flows, by virtual time */
@@ -43,6 +48,7 @@ struct fair_flow {
   double tokens;      /* capped: the bucket, in cost units */
   uint64_t tokens_ns; /* when it was last filled */
   int refs;           /* the caller's: jobs queued or in service */
+  uint64_t idle_ns;   /* when refs last fell to 0 */
   struct list items[FAIR_CLASSES]; /* the caller's queues, if it wants them here */
   void *user;
 };
@@ -59,13 +65,15 @@ void fair_init(struct fair *f, double quantum, double capacity);
 /* Frees every flow (the caller's queues must be empty). */
 void fair_close(struct fair *f);
 
-/* The flow of key, made at the virtual time now (weight 1, uncapped) if
- * there is none; NULL: no memory. A flow lives while it holds references
- * or owes service (its virtual time is ahead, or its bucket is empty). */
+/* The flow of key, made one quantum behind the others (weight 1,
+ * uncapped) if there is none; NULL: no memory. A flow lives while it
+ * holds references, and after as long as it has something to remember:
+ * it owes service (it is ahead, or its bucket is empty) or was busy a
+ * moment ago. Picks free the others. */
 struct fair_flow *fair_flow_get(struct fair *f, uint64_t key);
 void fair_flow_set(struct fair_flow *fl, double weight, double cap);
 void fair_ref(struct fair_flow *fl);
-void fair_unref(struct fair *f, struct fair_flow *fl);
+void fair_unref(struct fair_flow *fl, uint64_t now_ns);
 
 /* Who goes next: of the flows whose cap lets them go at now_ns, by least
  * virtual time, and within a flow its classes by theirs, the first for

@@ -77,9 +77,11 @@ static int claimable(void *ctx, struct fair_flow *fl, int cls) {
   return 0;
 }
 
-/* The next task under e->mu, charged to its tenant at its op's estimate;
- * NULL: none may go now (*retry_ns: when a capped tenant may again). */
-static struct run_op *claim(struct executor *e, size_t *ret_task, uint64_t *retry_ns) {
+/* The next task under e->mu, charged to its tenant at its op's estimate
+ * (*charged); NULL: none may go now (*retry_ns: when a capped tenant may
+ * again). */
+static struct run_op *claim(struct executor *e, size_t *ret_task, double *charged,
+                            uint64_t *retry_ns) {
   struct claim c = {NULL};
   int cls;
   uint64_t now = now_ns();
@@ -92,7 +94,8 @@ static struct run_op *claim(struct executor *e, size_t *ret_task, uint64_t *retr
     list_remove(&x->link);
     e->queued--;
   }
-  fair_charge(&e->fair, fl, cls, x->exec_estimate_ns);
+  *charged = x->exec_estimate_ns;
+  fair_charge(&e->fair, fl, cls, *charged);
   if (!x->exec_started) {
     x->exec_started = 1;
     ccsd_run_share_waited(x->share, now - x->submitted_ns);
@@ -117,7 +120,7 @@ static int finish_locked(struct executor *e, struct run_op *x, size_t task, int 
   engine_finish(&x->plan, task);
   if (x->plan.ready_tail != compute_before && !x->on_net) pthread_cond_broadcast(&e->cv);
   if (engine_done(&x->plan)) {
-    if (x->exec_flow) fair_unref(&e->fair, x->exec_flow);
+    if (x->exec_flow) fair_unref(x->exec_flow, now_ns());
     x->exec_flow = NULL;
     list_insert_tail(&e->done, &x->done_link);
     uv_async_send(&e->async);
@@ -140,12 +143,12 @@ size_t ccsd_executor_net_step(struct executor *e, struct run_op *x, size_t task,
   return n;
 }
 
-/* Under e->mu: x's task took ns; the estimate charged at its claim is
+/* Under e->mu: x's task took ns; what was charged at its claim is
  * corrected, and the op's next estimate follows its tasks. */
-static void account(struct executor *e, struct run_op *x, uint64_t ns) {
+static void account(struct executor *e, struct run_op *x, uint64_t ns, double charged) {
   atomic_fetch_add_explicit(&x->share->exec_ns, ns, memory_order_relaxed);
   if (!x->exec_flow) return;
-  fair_charge(&e->fair, x->exec_flow, x->prio, (double)ns - x->exec_estimate_ns);
+  fair_charge(&e->fair, x->exec_flow, x->prio, (double)ns - charged);
   x->exec_estimate_ns = (3 * x->exec_estimate_ns + (double)ns) / 4;
 }
 
@@ -164,7 +167,8 @@ static void *worker(void *arg) {
   for (;;) {
     size_t task;
     uint64_t retry = 0;
-    struct run_op *x = claim(e, &task, &retry);
+    double charged;
+    struct run_op *x = claim(e, &task, &charged, &retry);
     if (!x) {
       if (e->stop) break;
       wait_until(e, retry);
@@ -179,7 +183,7 @@ static void *worker(void *arg) {
     atomic_fetch_add(&e->busy_ns, took);
     pthread_mutex_lock(&e->mu);
     e->running--;
-    account(e, x, took);
+    account(e, x, took, charged);
     if (finish_locked(e, x, task, 0)) { /* x lives on: its network tasks wait */
       pthread_mutex_unlock(&e->mu);
       e->handover(e->handover_arg, x);
@@ -280,7 +284,7 @@ void ccsd_executor_submit(struct executor *e, struct run_op *x) {
 
 static void on_async_closed(uv_handle_t *h) {
   struct executor *e = h->data;
-  if (e->fallback) fair_unref(&e->fair, e->fallback);
+  if (e->fallback) fair_unref(e->fallback, 0);
   fair_close(&e->fair);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);

@@ -1,7 +1,7 @@
 /* Weighted fair sharing (base/fair.c) with synthetic tenants and random
  * job costs: shares converge to the weights, a newcomer is served at once
  * and then at its weight, a tenant that was idle brings back at most one
- * quantum of credit, a tenant that was served ahead keeps its debt across
+ * quantum of credit and a busy one (its jobs waited a moment) a few, a tenant that was served ahead keeps its debt across
  * an idle spell, classes within a tenant keep bulk work going, caps hold
  * when nobody else wants the resource, and flows with nothing to remember
  * are freed. */
@@ -34,16 +34,34 @@ static int flows_listed(const struct fair *f) {
   return n;
 }
 
+/* The resource's clock: costs are ns of it. */
+static uint64_t clock_ns = 1000000000ull;
+
 /* Picks n jobs; served[k] gets each job's cost. */
 static void run(struct fair *f, struct world *w, int n, double *served, double max_cost) {
   for (int i = 0; i < n; i++) {
     int cls;
     uint64_t retry;
-    struct fair_flow *fl = fair_pick(f, 1, can, w, &cls, &retry);
+    struct fair_flow *fl = fair_pick(f, clock_ns, can, w, &cls, &retry);
     assert_non_null(fl);
     double c = max_cost > 0 ? max_cost : cost_of();
     fair_charge(f, fl, cls, c);
     served[fl->key] += c;
+    clock_ns += (uint64_t)c;
+  }
+}
+
+/* Jobs b runs, job by job, before a goes again. */
+static double run_of(struct fair *f, struct world *w, double job) {
+  double ahead = 0;
+  for (;;) {
+    int cls;
+    uint64_t retry;
+    struct fair_flow *fl = fair_pick(f, clock_ns, can, w, &cls, &retry);
+    fair_charge(f, fl, cls, job);
+    clock_ns += (uint64_t)job;
+    if (fl->key == 0) return ahead;
+    ahead += job;
   }
 }
 
@@ -70,7 +88,7 @@ static void test_shares_converge_to_weights(void **state) {
   run(&f, &w, 60000, after, 0);
   total = after[0] + after[1] + after[2];
   assert_true(fabs(after[2] / total - 0.5) < 0.01);
-  for (int k = 0; k < 3; k++) fair_unref(&f, fair_flow_get(&f, (uint64_t)k));
+  for (int k = 0; k < 3; k++) fair_unref(fair_flow_get(&f, (uint64_t)k), clock_ns);
   fair_close(&f);
 }
 
@@ -91,18 +109,18 @@ static void test_newcomer_served_at_once_then_at_its_weight(void **state) {
   w.ready[2][FAIR_NORMAL] = 1;
   int cls;
   uint64_t retry;
-  assert_ptr_equal(fair_pick(&f, 1, can, &w, &cls, &retry), c); /* goes first */
+  assert_ptr_equal(fair_pick(&f, clock_ns, can, &w, &cls, &retry), c); /* goes first */
   fair_charge(&f, c, cls, 50);
   double later[8] = {0};
   run(&f, &w, 30000, later, 0);
   double total = later[0] + later[1] + later[2];
   assert_true(fabs(later[2] / total - 1.0 / 3) < 0.01); /* neither starved nor ahead */
-  for (int k = 0; k < 3; k++) fair_unref(&f, fair_flow_get(&f, (uint64_t)k));
+  for (int k = 0; k < 3; k++) fair_unref(fair_flow_get(&f, (uint64_t)k), clock_ns);
   fair_close(&f);
 }
 
-/* b sits out while a runs, then both have work: b's run of jobs before
- * a goes again is worth at most one quantum plus one job. */
+/* b sits out (no jobs) while a runs, then both have work: b's run of
+ * jobs before a goes again is worth at most one quantum plus one job. */
 static void test_idle_tenant_banks_one_quantum_at_most(void **state) {
   (void)state;
   struct fair f;
@@ -110,30 +128,52 @@ static void test_idle_tenant_banks_one_quantum_at_most(void **state) {
   fair_init(&f, quantum, 0);
   struct world w = {0};
   fair_ref(fair_flow_get(&f, 0));
-  fair_ref(fair_flow_get(&f, 1));
   w.ready[0][FAIR_NORMAL] = 1;
   double served[8] = {0};
   run(&f, &w, 10000, served, job); /* a alone: 100000 units b did not want */
-  assert_true(served[1] == 0);
+  clock_ns += 2 * FAIR_IDLE_GRACE_NS;
+  fair_ref(fair_flow_get(&f, 1));
   w.ready[1][FAIR_NORMAL] = 1;
-  double ahead = 0;
-  for (;;) {
-    int cls;
-    uint64_t retry;
-    struct fair_flow *fl = fair_pick(&f, 1, can, &w, &cls, &retry);
-    fair_charge(&f, fl, cls, job);
-    if (fl->key == 0) break;
-    ahead += job;
-  }
+  double ahead = run_of(&f, &w, job);
   assert_true(ahead >= quantum - job); /* it does get its quantum */
   assert_true(ahead <= quantum + job);
   /* from then on they alternate */
   double later[8] = {0};
   run(&f, &w, 1000, later, job);
   assert_true(fabs(later[0] - later[1]) <= 2 * job);
-  fair_unref(&f, fair_flow_get(&f, 0));
-  fair_unref(&f, fair_flow_get(&f, 1));
+  fair_unref(fair_flow_get(&f, 0), clock_ns);
+  fair_unref(fair_flow_get(&f, 1), clock_ns);
   fair_close(&f);
+}
+
+/* b is busy but cannot go for a while (its job waits for inputs, or its
+ * next job comes a moment after the last ended): when it can, it
+ * catches up FAIR_BUSY_QUANTA quanta, no more. */
+static void test_busy_tenant_catches_up_a_few_quanta(void **state) {
+  (void)state;
+  const double quantum = 1000, job = 10;
+  for (int gap = 0; gap < 2; gap++) {
+    struct fair f;
+    fair_init(&f, quantum, 0);
+    struct world w = {0};
+    struct fair_flow *a = fair_flow_get(&f, 0), *b = fair_flow_get(&f, 1);
+    fair_ref(a);
+    fair_ref(b);
+    w.ready[0][FAIR_NORMAL] = w.ready[1][FAIR_NORMAL] = 1;
+    double served[8] = {0};
+    run(&f, &w, 1000, served, job);
+    w.ready[1][FAIR_NORMAL] = 0;
+    if (gap) fair_unref(b, clock_ns); /* its last job ended */
+    run(&f, &w, 10000, served, job);  /* 100000 units: less than the grace */
+    if (gap) fair_ref(b);             /* and its next came */
+    w.ready[1][FAIR_NORMAL] = 1;
+    double ahead = run_of(&f, &w, job);
+    assert_true(ahead >= FAIR_BUSY_QUANTA * quantum - job);
+    assert_true(ahead <= FAIR_BUSY_QUANTA * quantum + job);
+    fair_unref(a, clock_ns);
+    fair_unref(b, clock_ns);
+    fair_close(&f);
+  }
 }
 
 /* a took more than its share while b could not go; a leaves (no jobs)
@@ -149,9 +189,10 @@ static void test_debt_survives_an_idle_spell(void **state) {
   w.ready[0][FAIR_NORMAL] = 1;
   int cls;
   uint64_t retry;
-  assert_ptr_equal(fair_pick(&f, 1, can, &w, &cls, &retry), a);
+  assert_ptr_equal(fair_pick(&f, clock_ns, can, &w, &cls, &retry), a);
   fair_charge(&f, a, cls, 5000); /* one huge job */
-  fair_unref(&f, a);              /* nothing queued: but a owes */
+  fair_unref(a, clock_ns);        /* nothing queued: but a owes */
+  clock_ns += 2 * FAIR_IDLE_GRACE_NS;
   assert_int_equal(flows_listed(&f), 2);
   w.ready[1][FAIR_NORMAL] = 1;
   a = fair_flow_get(&f, 0);
@@ -160,8 +201,8 @@ static void test_debt_survives_an_idle_spell(void **state) {
   run(&f, &w, 400, served, 10); /* b catches up first */
   assert_true(served[0] == 0);
   assert_true(served[1] == 4000);
-  fair_unref(&f, a);
-  fair_unref(&f, b);
+  fair_unref(a, clock_ns);
+  fair_unref(b, clock_ns);
   fair_close(&f);
 }
 
@@ -178,7 +219,7 @@ static void test_classes_keep_bulk_going(void **state) {
   for (int i = 0; i < 70000; i++) {
     int cls;
     uint64_t retry;
-    assert_ptr_equal(fair_pick(&f, 1, can, &w, &cls, &retry), fl);
+    assert_ptr_equal(fair_pick(&f, clock_ns, can, &w, &cls, &retry), fl);
     double c = cost_of();
     fair_charge(&f, fl, cls, c);
     by_class[cls] += c;
@@ -193,11 +234,11 @@ static void test_classes_keep_bulk_going(void **state) {
   w.ready[0][FAIR_LATENCY] = 1;
   int cls;
   uint64_t retry;
-  fair_pick(&f, 1, can, &w, &cls, &retry);
+  fair_pick(&f, clock_ns, can, &w, &cls, &retry);
   assert_int_equal(cls, FAIR_LATENCY);
   /* and other tenants' flows are untouched by a tenant's classes */
   assert_string_equal(fair_class_name(FAIR_BULK), "bulk");
-  fair_unref(&f, fl);
+  fair_unref(fl, clock_ns);
   fair_close(&f);
 }
 
@@ -250,13 +291,13 @@ static void test_cap_holds_alone_and_with_others(void **state) {
   }
   assert_true(both[0] / (both[0] + both[1]) < 0.26);
   assert_true(both[0] / (both[0] + both[1]) > 0.24);
-  /* the cap lifted: even shares */
+  /* the cap lifted: even shares, after a (busy all along) caught up */
   fair_flow_set(a, 1, 1);
   double even[8] = {0};
   run(&f, &w, 10000, even, 500);
-  assert_true(fabs(even[0] - even[1]) <= 1000);
-  fair_unref(&f, a);
-  fair_unref(&f, b);
+  assert_true(fabs(even[0] - even[1]) <= FAIR_BUSY_QUANTA * 1000 + 1000);
+  fair_unref(a, clock_ns);
+  fair_unref(b, clock_ns);
   fair_close(&f);
 }
 
@@ -274,8 +315,11 @@ static void test_flows_with_nothing_to_remember_go(void **state) {
   assert_int_equal(flows_listed(&f), 4);
   for (int k = 1; k < 4; k++) {
     w.ready[k][FAIR_NORMAL] = 0;
-    fair_unref(&f, fair_flow_get(&f, (uint64_t)k));
+    fair_unref(fair_flow_get(&f, (uint64_t)k), clock_ns);
   }
+  run(&f, &w, 100, served, 10); /* a moment later: they may come back busy */
+  assert_int_equal(flows_listed(&f), 4);
+  clock_ns += 2 * FAIR_IDLE_GRACE_NS;
   run(&f, &w, 100, served, 10); /* flow 0 runs on: the others fall behind it, then go */
   assert_int_equal(flows_listed(&f), 1);
   /* an estimate corrected downwards */
@@ -284,7 +328,7 @@ static void test_flows_with_nothing_to_remember_go(void **state) {
   fair_charge(&f, fl, FAIR_NORMAL, 100);
   fair_charge(&f, fl, FAIR_NORMAL, -60);
   assert_true(fabs(fl->vtime - before - 40) < 1e-9);
-  fair_unref(&f, fl);
+  fair_unref(fl, clock_ns);
   fair_close(&f);
 }
 
@@ -293,6 +337,7 @@ int main(void) {
       cmocka_unit_test(test_shares_converge_to_weights),
       cmocka_unit_test(test_newcomer_served_at_once_then_at_its_weight),
       cmocka_unit_test(test_idle_tenant_banks_one_quantum_at_most),
+      cmocka_unit_test(test_busy_tenant_catches_up_a_few_quanta),
       cmocka_unit_test(test_debt_survives_an_idle_spell),
       cmocka_unit_test(test_classes_keep_bulk_going),
       cmocka_unit_test(test_cap_holds_alone_and_with_others),
