@@ -67,9 +67,10 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-  for (int i = 0; i < ND; i++) test_daemon_stop(&dm[i]);
+  int rc = 0;
+  for (int i = 0; i < ND; i++) rc |= test_daemon_stop(&dm[i]); /* each must stop cleanly */
   test_shared_free(sh, sizeof(*sh));
-  return 0;
+  return rc;
 }
 
 /* The id's root: daemon 0's address for other daemons. */
