@@ -1,7 +1,8 @@
 # Sourced by the scripts and the tests' shell scripts: start_daemon starts
 # $CCSD (default build/daemon/ccsd) on a private socket (exported as
 # CCS_SOCKET; its pid is CCSD_PID), and stops it when the script exits,
-# removing the socket's directory. A daemon that does not exit 0 when
+# removing the socket's directory (daemon_stop stops it earlier). A
+# daemon that does not exit 0 when
 # stopped (it crashed, or a sanitizer reported: ThreadSanitizer exits 66)
 # fails the script. mpi_perf_build installs Open MPI if missing and builds
 # the MPI benchmark program into build/mpi-perf.
@@ -16,16 +17,23 @@ start_daemon() {
   return 1
 }
 
-# The EXIT trap: the script's own status, or 1 when the daemon's was not 0.
-stop_daemon() {
-  local status=$? rc=0
+# Stops the daemon now (a script may start another after): 1, with a word
+# on stderr, when it did not exit 0.
+daemon_stop() {
+  local rc=0
+  [ -n "${CCSD_PID:-}" ] || return 0
   kill "$CCSD_PID" 2>/dev/null || true
   wait "$CCSD_PID" 2>/dev/null || rc=$?
   rm -rf "$CCSD_DIR"
-  if [ "$rc" -ne 0 ]; then
-    echo "ccsd (pid $CCSD_PID) exited with status $rc" >&2
-    exit 1
-  fi
+  if [ "$rc" -ne 0 ]; then echo "ccsd (pid $CCSD_PID) exited with status $rc" >&2; fi
+  CCSD_PID=
+  [ "$rc" -eq 0 ]
+}
+
+# The EXIT trap: the script's own status, or 1 when the daemon's was not 0.
+stop_daemon() {
+  local status=$?
+  daemon_stop || exit 1
   exit "$status"
 }
 

@@ -167,6 +167,7 @@ struct post {
   struct gpu_events *events; /* the client's stream order (device buffers) */
   int ordered; /* runs after the comm's earlier ops finish (a host stream's op) */
   int replied;
+  const char *algo; /* the algorithm its op runs with, once launched (sched_algo_name); else NULL */
 };
 
 /* What a rank called: the arguments every rank of an op must agree on. */

@@ -277,6 +277,8 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     ccsd_xop_free(x);
     return;
   }
+  for (int i = 0; i < nposts; i++) /* for the metrics: which algorithm ran it */
+    if (posts[i]) posts[i]->algo = sched_algo_name(x->algo);
   if (ccs__log_level >= CCS_LOG_TRACE) {
     char what[512];
     describe(x, what, sizeof(what));

@@ -21,7 +21,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "algo_table.h"
 #include "harness.h"
+#include "raw.h"
 #include "reference.h"
 #include "serving.h"
 
@@ -35,6 +37,7 @@ struct shared {
   ccs_unique_id_t id;
   uint64_t seed;
   int barrier_count; /* atomically incremented by ranks around barriers */
+  uint64_t calls[NCOLLS]; /* rank 0's calls of each collective */
 };
 static struct shared *sh;
 static int nranks_arg, hops_round; /* ranks on several daemons: partial results rounded */
@@ -166,6 +169,7 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   ccs_stream_t st = stream_for(op_id);
 
   ccs_result_t rc;
+  if (rank == 0) sh->calls[c]++;
   switch (c) {
   case ALL_REDUCE: rc = ccs_all_reduce(send, recv, count, t, op, comm, st); break;
   case BROADCAST: rc = ccs_broadcast(send, recv, count, t, root, comm, st); break;
@@ -360,23 +364,74 @@ static int rank_main(int rank, int n, void *arg) {
   return wrong ? 1 : 0;
 }
 
+/* Which algorithm ran each call, by the daemons' counters
+ * (ccs_op_algorithm_total): every call of every collective, with CCS_ALGO
+ * naming one algorithm, by that algorithm wherever it builds the
+ * collective (algo_table.h); elsewhere, and without CCS_ALGO, by direct on
+ * one daemon (the model's choice over mapped buffers), and by whatever
+ * the model chose across daemons. A forced algorithm that was dropped, or
+ * a builder that fell back to the tuner, fails here. */
+static void check_algorithms(const struct test_daemon *d, int ndaemons) {
+  static const char *const algos[] = {"direct", "ring", "tree", "rhd"};
+  const char *forced = getenv("CCS_ALGO");
+  if (forced && *forced && algo_table_builds(forced, "all_reduce") < 0) {
+    fprintf(stderr, "# CCS_ALGO='%s' is no single algorithm: only the totals are checked\n", forced);
+    forced = "rules";
+  }
+  double got[NCOLLS][4] = {{0}};
+  for (int i = 0; i < ndaemons; i++) {
+    char *text = raw_admin(d[i].socket, "metrics");
+    for (int c = 0; c < NCOLLS; c++)
+      for (int a = 0; a < 4; a++) {
+        char series[160];
+        snprintf(series, sizeof(series), "ccs_op_algorithm_total{collective=\"%s\",algorithm=\"%s\"}",
+                 coll_names[c], algos[a]);
+        got[c][a] += raw_metric(text, series);
+      }
+    free(text);
+  }
+  for (int c = 0; c < NCOLLS; c++) {
+    double calls = (double)sh->calls[c] * nranks_arg, sum = 0;
+    const char *want = NULL; /* the one algorithm every call must have run with */
+    if (forced && *forced && strcmp(forced, "rules") && algo_table_builds(forced, coll_names[c]))
+      want = forced;
+    else if (ndaemons == 1 && (!forced || !*forced || algo_table_builds(forced, coll_names[c]) == 0))
+      want = "direct";
+    for (int a = 0; a < 4; a++) {
+      sum += got[c][a];
+      if (got[c][a]) fprintf(stderr, "# %s: %.0f calls by %s\n", coll_names[c], got[c][a], algos[a]);
+      if (want && strcmp(want, algos[a]) && got[c][a])
+        fail_msg("%s: %.0f calls ran with %s, not %s", coll_names[c], got[c][a], algos[a], want);
+      if (want && !strcmp(want, algos[a]) && got[c][a] != calls)
+        fail_msg("%s: %.0f of %.0f calls ran with %s", coll_names[c], got[c][a], calls, want);
+    }
+    if (sum != calls) fail_msg("%s: the daemons counted %.0f calls, the ranks made %.0f", coll_names[c], sum, calls);
+  }
+}
+
 static void test_all_collectives(void **state) {
   /* CCS_TEST_DAEMONS=D: ranks spread over D daemons (rank r on daemon r % D) */
   int ndaemons = getenv("CCS_TEST_DAEMONS") ? atoi(getenv("CCS_TEST_DAEMONS")) : 1;
   struct test_daemon d[8];
   assert_true(ndaemons >= 1 && ndaemons <= 8);
   hops_round = ndaemons > 1;
+  /* CCS_ALGO is the ranks' (the daemons would take it as their algo key) */
+  char *algo = getenv("CCS_ALGO") ? strdup(getenv("CCS_ALGO")) : NULL;
+  unsetenv("CCS_ALGO");
   if (ndaemons == 1) {
     assert_int_equal(test_daemon_start(&d[0], NULL), 0);
   } else {
     assert_int_equal(test_daemons_start(d, ndaemons, NULL), 0);
     test_spread_ranks(d, ndaemons);
   }
+  if (algo) setenv("CCS_ALGO", algo, 1);
+  free(algo);
   sh = test_shared_new(sizeof(*sh));
   assert_non_null(sh);
   sh->seed = test_seed();
   test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(nranks_arg, rank_main, NULL, 900, NULL), 0);
+  check_algorithms(d, ndaemons);
   for (int i = 0; i < ndaemons; i++) assert_int_equal(test_daemon_stop(&d[i]), 0);
   test_shared_free(sh, sizeof(*sh));
 }

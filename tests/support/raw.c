@@ -202,6 +202,27 @@ void raw_ring_close(struct raw_ring *r) {
   close(r->bell);
 }
 
+char *raw_admin(const char *socket_path, const char *command) {
+  int fd = raw_connect(socket_path);
+  raw_hello(fd);
+  raw_send_frame(fd, frame_admin(2, command, NULL, 0, 0), -1);
+  Ccs__Reply *r = raw_reply(fd);
+  close(fd);
+  assert_non_null(r);
+  if (r->status != CCS_OK) fail_msg("%s: %s", command, r->error);
+  assert_int_equal(r->body_case, CCS__REPLY__BODY_ADMIN);
+  char *text = strdup(r->admin->text);
+  ccs__reply__free_unpacked(r, NULL);
+  return text;
+}
+
+double raw_metric(const char *text, const char *series) {
+  size_t len = strlen(series);
+  for (const char *at = text; (at = strstr(at, series)); at += len)
+    if ((at == text || at[-1] == '\n') && at[len] == ' ') return strtod(at + len + 1, NULL);
+  return 0;
+}
+
 Ccs__StatsReply *raw_stats(const char *socket_path) {
   int fd = raw_connect(socket_path);
   raw_hello(fd);

@@ -56,6 +56,14 @@ struct ccs__ring_done;
 void raw_ring_wait(struct raw_ring *r, struct ccs__ring_done *ret, char *text, size_t len);
 void raw_ring_close(struct raw_ring *r);
 
+/* An operator command's answer (as ccsctl prints it), malloc'ed; fails
+ * the test unless the daemon answers CCS_OK. */
+char *raw_admin(const char *socket_path, const char *command);
+/* The value of the Prometheus sample `series` (name and labels exactly as
+ * the daemon writes them, e.g. ccs_ops_total{collective="all_reduce"}) in
+ * metrics text; 0 when absent. */
+double raw_metric(const char *text, const char *series);
+
 /* Counters of the daemon (whole daemon when run as root). */
 Ccs__StatsReply *raw_stats(const char *socket_path);
 

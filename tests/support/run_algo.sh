@@ -51,4 +51,17 @@ for p in "${pids[@]}"; do
 done
 cat "$dir/mm.0" "$dir/mm.1" >"$dir/mm"
 expect "disagreeing ranks" "$dir/mm" "CCS_ALGO='(ring|tree)' but rank [01] has '(ring|tree)'"
+# the daemon's algo key: the rules of every comm whose ranks give none;
+# a rank's CCS_ALGO replaces them
+daemon_stop || status=1
+CCSD=$ccsd start_daemon --algo "all_reduce:tree;broadcast:ring"
+dir=$(dirname "$CCS_SOCKET")
+CCS_DEBUG=INFO run ok all_reduce
+expect "the algo key" "$dir/out" "all_reduce #[0-9]+, 3072 bytes, 3 ranks: tree \(rule 1 \(all_reduce:tree\)\)"
+! grep -qE "all_reduce #[0-9]+, [0-9]+ bytes, 3 ranks: (direct|ring|rhd)" "$dir/out" ||
+  { echo "FAIL: the algo key: an all_reduce ran with another algorithm"; status=1; }
+CCS_DEBUG=INFO run ok broadcast
+expect "the algo key's second rule" "$dir/out" "broadcast #[0-9]+, 3072 bytes, 3 ranks: ring \(rule 2 \(broadcast:ring\)\)"
+CCS_ALGO="all_reduce:rhd" CCS_DEBUG=INFO run ok all_reduce
+expect "CCS_ALGO over the algo key" "$dir/out" "all_reduce #[0-9]+, 3072 bytes, 3 ranks: rhd \(rule 1 \(all_reduce:rhd\)\)"
 exit $status
