@@ -1,6 +1,7 @@
 /* Every collective x dtype x op x size, in and out of place, registered and
  * staged buffers, through a real daemon and real rank processes, checked
- * element by element against values each rank recomputes from the seed.
+ * bit for bit, element by element, against values each rank recomputes
+ * from the seed and the exact reference (reference.c).
  * Usage: test_collectives NRANKS
  * CCS_TEST_MEMORY=device: the same on GPU 0 (builds with CUDA), buffers
  * from ccs_mem_alloc_device ("registered") and cudaMalloc ("staged"), ops
@@ -42,21 +43,64 @@ struct shared {
 static struct shared *sh;
 static int nranks_arg, hops_round; /* ranks on several daemons: partial results rounded */
 
-/* Integer-valued inputs: exact in every type, so sums are exact too. */
-static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int rank, size_t e) {
+/* What an element is drawn for: an input of this reduction, or data that
+ * is only copied (any bits). */
+#define COPIED CCS_REDOP_COUNT
+
+/* A value of the type on a grid: m * 2^q with m of `bits` bits and q in
+ * [q0, q0 + span), random sign. Sums of up to 64 of them are exact in the
+ * accumulator (float: 24 bits; double: 53), whatever the order, so the
+ * only rounding is the one when a narrow result is stored: a type
+ * rounded more than once shows. */
+static uint64_t grid_value(ccs_dtype_t t, uint64_t h) {
+  static const struct {
+    int bits, q0, span;
+  } grid[CCS_DTYPE_COUNT] = {[CCS_FLOAT16] = {11, -10, 6}, [CCS_BFLOAT16] = {8, -8, 8},
+                             [CCS_FLOAT8_E4M3] = {4, -9, 7}, [CCS_FLOAT8_E5M2] = {3, -16, 9},
+                             [CCS_FLOAT32] = {16, -8, 2},   [CCS_FLOAT64] = {40, -20, 6}};
+  double m = (double)(h % ((uint64_t)1 << grid[t].bits));
+  int q = grid[t].q0 + (int)((h >> 48) % (uint64_t)grid[t].span);
+  return ref_stored_bits(t, ldexp(h >> 63 ? -m : m, q));
+}
+
+/* Rank r's element e of op op_id, as bits. Integers range over all their
+ * bits (sums and products wrap; the high bit of unsigned max and min;
+ * 64-bit values past 2^53), and so does data that is only copied (NaNs
+ * included: copies are exact). Float max and min take any value but NaN
+ * and -0 (whose order against +0 and NaN depends on the order of
+ * reduction), sums and averages values on a grid (grid_value), products
+ * small integers; across daemons, where partial results are stored in the
+ * type at every hop, the narrow types sum -1, 0 and 1. */
+static uint64_t input(ccs_dtype_t t, int op, uint64_t op_id, int rank, size_t e) {
   static uint64_t key_of = UINT64_MAX, key;
   if (op_id != key_of) key = test_mix(sh->seed, op_id), key_of = op_id;
   uint64_t h = test_mix(key, ((uint64_t)rank << 32) + e);
-  return hops_round ? ref_hop_exact_value(t, op, h) : ref_exact_value(t, op, h);
+  if (op == COPIED || !ref_is_float(t)) return ref_random_bits(t, h);
+  if (op == CCS_MAX || op == CCS_MIN) {
+    uint64_t b = ref_random_bits(t, h);
+    for (uint64_t k = 1; ref_bits_nan(t, b); k++) b = ref_random_bits(t, test_mix(h, k));
+    return ref_get(t, &b, 0) == 0 ? 0 : b;
+  }
+  if (op == CCS_PROD || (hops_round && ccs_dtype_size(t) < 4))
+    return ref_stored_bits(t, hops_round ? ref_hop_exact_value(t, op, h) : ref_exact_value(t, op, h));
+  return grid_value(t, h);
 }
 
-static int check_elem(ccs_dtype_t t, const void *buf, size_t k, double want, const char *what,
+/* Element e of the reduction over every rank: what it must be, bit for
+ * bit (reference.c: reduced exactly, stored once). */
+static uint64_t reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int n, size_t e) {
+  uint64_t v[REF_MAX_RANKS];
+  for (int r = 0; r < n; r++) v[r] = input(t, op, op_id, r, e);
+  return ref_reduce_bits(t, op, op == CCS_AVG ? (size_t)n : 0, v, n);
+}
+
+static int check_elem(ccs_dtype_t t, const void *buf, size_t k, uint64_t want, const char *what,
                       int *reported) {
-  double got = ref_get(t, buf, k);
-  if (got == want) return 0;
-  want = ref_stored(t, want); /* rounded and saturated as the type holds it */
-  if (ref_close(t, got, want)) return 0;
-  if ((*reported)++ < 5) fprintf(stderr, "  %s[%zu]: got %.9g want %.9g\n", what, k, got, want);
+  uint64_t got = ref_get_bits(t, buf, k);
+  if (ref_same_bits(t, got, want)) return 0;
+  if ((*reported)++ < 5)
+    fprintf(stderr, "  %s[%zu]: got 0x%llx (%.9g) want 0x%llx (%.9g)\n", what, k, (unsigned long long)got,
+            ref_get(t, &got, 0), (unsigned long long)want, ref_get(t, &want, 0));
   return 1;
 }
 
@@ -161,8 +205,9 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   }
   struct mem *sbuf = in_place ? &bm : &sm;
   memset(bm.host, 0x5a, bm.bytes); /* sentinel where nothing may be written */
+  int vop = has_redop(c) ? (int)op : COPIED;
   for (size_t e = 0; e < send_elems; e++)
-    ref_set(t, sbuf->host + send_at, e, input(t, op, op_id, rank, e));
+    ref_set_bits(t, sbuf->host + send_at, e, input(t, vop, op_id, rank, e));
   mem_push(&bm);
   if (!in_place) mem_push(&sm);
   char *send = sbuf->ptr + send_at, *recv = bm.ptr + recv_at;
@@ -201,14 +246,14 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   if (recv_used) {
     for (size_t k = 0; k < recv_elems; k++) {
       size_t j = k / (count ? count : 1), e = k % (count ? count : 1);
-      double want;
+      uint64_t want;
       switch (c) {
-      case ALL_REDUCE: case REDUCE: want = ref_reduced(input, t, op, op_id, n, k); break;
-      case BROADCAST: want = input(t, op, op_id, root, k); break;
-      case ALL_GATHER: case GATHER: want = input(t, op, op_id, (int)j, e); break;
-      case REDUCE_SCATTER: want = ref_reduced(input, t, op, op_id, n, (size_t)rank * count + k); break;
-      case ALL_TO_ALL: want = input(t, op, op_id, (int)j, (size_t)rank * count + e); break;
-      case SCATTER: want = input(t, op, op_id, root, (size_t)rank * count + k); break;
+      case ALL_REDUCE: case REDUCE: want = reduced(t, op, op_id, n, k); break;
+      case BROADCAST: want = input(t, vop, op_id, root, k); break;
+      case ALL_GATHER: case GATHER: want = input(t, vop, op_id, (int)j, e); break;
+      case REDUCE_SCATTER: want = reduced(t, op, op_id, n, (size_t)rank * count + k); break;
+      case ALL_TO_ALL: want = input(t, vop, op_id, (int)j, (size_t)rank * count + e); break;
+      case SCATTER: want = input(t, vop, op_id, root, (size_t)rank * count + k); break;
       default: want = 0; break;
       }
       wrong += check_elem(t, recv, k, want, what, &reported);
@@ -223,7 +268,7 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   }
   if (!in_place) /* the send buffer is read, never written */
     for (size_t e = 0; e < send_elems; e++)
-      wrong += check_elem(t, send, e, input(t, op, op_id, rank, e), "send buffer", &reported);
+      wrong += check_elem(t, send, e, input(t, vop, op_id, rank, e), "send buffer", &reported);
   if (wrong) fprintf(stderr, "%s: %d wrong\n", what, wrong);
 out:
   mem_free(&bm);
@@ -271,7 +316,7 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
         return 1;
       for (int peer = 0; peer < n; peer++)
         for (size_t e = 0; e < cnt; e++)
-          ref_set(t, smem.host + (size_t)peer * cnt * sz, e, input(t, CCS_SUM, op_id, rank * n + peer, e));
+          ref_set_bits(t, smem.host + (size_t)peer * cnt * sz, e, input(t, COPIED, op_id, rank * n + peer, e));
       mem_push(&smem);
       char *sb = smem.ptr, *rb = rmem.ptr;
       ccs_stream_t st = stream_for(op_id);
@@ -288,7 +333,7 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
         wrong++;
       }
       for (size_t e = 0; e < cnt; e++)
-        wrong += check_elem(t, rb, e, input(t, CCS_SUM, op_id, prev * n + rank, e), "ring recv", &reported);
+        wrong += check_elem(t, rb, e, input(t, COPIED, op_id, prev * n + rank, e), "ring recv", &reported);
       ccs_group_start();
       for (int peer = 0; peer < n; peer++) {
         ccs_send(sb + (size_t)peer * cnt * sz, cnt, t, peer, comm, st);
@@ -304,7 +349,7 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
       for (int peer = 0; peer < n; peer++)
         for (size_t e = 0; e < cnt; e++)
           wrong += check_elem(t, rb + (size_t)peer * cnt * sz, e,
-                              input(t, CCS_SUM, op_id, peer * n + rank, e), "pair recv", &reported);
+                              input(t, COPIED, op_id, peer * n + rank, e), "pair recv", &reported);
       mem_free(&smem);
       mem_free(&rmem);
     }

@@ -1,8 +1,9 @@
 /* The engine's proof: every builder x every collective it implements x
  * n = 1..17 compiled by the engine over real buffers (in place and not,
  * chunks of a few elements so nodes pipeline), run with the ready tasks
- * taken in random order, and compared element by element with values
- * computed independently, for every dtype and reduction op. Send buffers
+ * taken in random order, and compared bit for bit, element by element,
+ * with the exact reference (integers over their whole range), for every
+ * dtype and reduction op. Send buffers
  * must come back untouched. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,10 +28,18 @@ struct bufs {
   size_t send_len, recv_len; /* elements */
 };
 
-/* Rank r's input element i (exact also across daemons, where partial
- * results are rounded at each hop). */
-static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int r, size_t i) {
-  return ref_hop_exact_value(t, op, test_mix(seed, ((uint64_t)r << 40) + i));
+/* Rank r's input element i, as bits: integers over their whole range
+ * (sums and products wrap, in any order the same), floats values exact
+ * also across daemons, where partial results are rounded at each hop. */
+static uint64_t input(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int r, size_t i) {
+  uint64_t h = test_mix(seed, ((uint64_t)r << 40) + i);
+  return ref_is_float(t) ? ref_stored_bits(t, ref_hop_exact_value(t, op, h)) : ref_random_bits(t, h);
+}
+
+static uint64_t reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int n, size_t i) {
+  uint64_t v[17];
+  for (int r = 0; r < n; r++) v[r] = input(t, op, seed, r, i);
+  return ref_reduce_bits(t, op, op == CCS_AVG ? (size_t)n : 0, v, n);
 }
 
 /* Buffers as a caller lays them out; in place as NCCL defines it. */
@@ -57,7 +66,7 @@ static void setup(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t 
       else ranks[r].recv = b->send[r];
     }
     if (ranks[r].send)
-      for (size_t i = 0; i < b->send_len; i++) ref_set(t, ranks[r].send, i, input(t, op, seed, r, i));
+      for (size_t i = 0; i < b->send_len; i++) ref_set_bits(t, ranks[r].send, i, input(t, op, seed, r, i));
     if (ranks[r].send) memcpy(b->copy[r], ranks[r].send, b->send_len * sz);
   }
 }
@@ -80,14 +89,14 @@ static int check(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t t
       struct sched_want w = sched_shape_want(c, root, r, blk);
       /* element off of block k in an input */
 #define IN_AT(k) (splits || !sched_shape_input_whole(c) ? off : (size_t)(k) * count + off)
-      double want = 0;
-      if (w.kind == SCHED_WANT_REDUCED) want = ref_reduced(input, t, op, seed, n, IN_AT(blk));
+      uint64_t want = 0;
+      if (w.kind == SCHED_WANT_REDUCED) want = reduced(t, op, seed, n, IN_AT(blk));
       else if (w.kind == SCHED_WANT_COPY) want = input(t, op, seed, w.from, IN_AT(w.block));
       else continue;
 #undef IN_AT
-      if (ref_get_bits(t, ranks[r].recv, i) != ref_stored_bits(t, want) && wrong++ < 3)
-        fprintf(stderr, "%s: rank %d element %zu: got %g want %g\n", what, r, i,
-                ref_get(t, ranks[r].recv, i), ref_stored(t, want));
+      if (!ref_same_bits(t, ref_get_bits(t, ranks[r].recv, i), want) && wrong++ < 3)
+        fprintf(stderr, "%s: rank %d element %zu: got 0x%llx want 0x%llx\n", what, r, i,
+                (unsigned long long)ref_get_bits(t, ranks[r].recv, i), (unsigned long long)want);
     }
     if (!in_place && ranks[r].send && memcmp(ranks[r].send, b->copy[r], b->send_len * sz) && wrong++ < 3)
       fprintf(stderr, "%s: rank %d's send buffer changed\n", what, r);

@@ -33,8 +33,9 @@ struct party {
 };
 
 /* dtype x op pairs whose results are exact whatever the order of the
- * reduction and the rounding after each hop (integers wrap; small
- * integers in floats), so any schedule must match the reference exactly. */
+ * reduction and the rounding after each hop (integers wrap, over their
+ * whole range; small integers in floats), so any schedule must match the
+ * reference exactly. */
 static const struct {
   ccs_dtype_t t;
   ccs_redop_t op;
@@ -47,14 +48,21 @@ static const struct {
 };
 #define NCOMBOS (sizeof(combos) / sizeof(combos[0]))
 
-static double input_value(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int p, size_t i) {
+/* As bits: integers over their whole range, floats small integers. */
+static uint64_t input_value(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int p, size_t i) {
   uint64_t h = test_mix(seed, ((uint64_t)p << 40) + i);
+  if (!ref_is_float(t)) return ref_random_bits(t, h);
   if (op == CCS_PROD) {
     int v = (int)(h % 4);
-    return v == 0 ? 2 : v == 1 && ref_is_signed(t) ? -1 : 1;
+    return ref_stored_bits(t, v == 0 ? 2 : v == 1 ? -1 : 1);
   }
-  int v = (int)(h % 9);
-  return ref_is_signed(t) ? v - 4 : v;
+  return ref_stored_bits(t, (double)(int)(h % 9) - 4);
+}
+
+static uint64_t reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int n, size_t i) {
+  uint64_t v[17];
+  for (int p = 0; p < n; p++) v[p] = input_value(t, op, seed, p, i);
+  return ref_reduce_bits(t, op, op == CCS_AVG ? (size_t)n : 0, v, n);
 }
 
 /* Runs the n schedules on real buffers; fills the parties' work buffers. */
@@ -75,9 +83,9 @@ static void run(enum sched_coll c, int n, int root, const struct schedule *s, si
       int owns = sched_shape_has(c, root, p, b);
       for (size_t i = begin; i < begin + len; i++) {
         /* element i of the whole op; all_gather-like: participant p's own */
-        double v = input_value(t, op, seed, c == SCHED_ALL_TO_ALL ? p * 1000 + (int)b : p, i);
-        if (c == SCHED_ALL_TO_ALL) ref_set(t, pt[p].input, i, v);
-        else if (owns) ref_set(t, pt[p].work, i, v);
+        uint64_t v = input_value(t, op, seed, c == SCHED_ALL_TO_ALL ? p * 1000 + (int)b : p, i);
+        if (c == SCHED_ALL_TO_ALL) ref_set_bits(t, pt[p].input, i, v);
+        else if (owns) ref_set_bits(t, pt[p].work, i, v);
       }
     }
   }
@@ -146,14 +154,15 @@ static int check_results(enum sched_coll c, int n, int root, uint32_t nb, size_t
       struct sched_want w = sched_shape_want(c, root, p, b); /* shape.h */
       if (w.kind == SCHED_WANT_NOTHING) continue;
       for (size_t i = begin; i < begin + len; i++) {
-        double want;
-        if (w.kind == SCHED_WANT_REDUCED) want = ref_reduced(input_value, t, op, seed, n, i);
+        uint64_t want;
+        if (w.kind == SCHED_WANT_REDUCED) want = reduced(t, op, seed, n, i);
         else if (c == SCHED_ALL_TO_ALL) /* participant from's input block `block` */
           want = input_value(t, op, seed, w.from * 1000 + (int)w.block, (size_t)w.block * count + (i - begin));
         else want = input_value(t, op, seed, w.from, i);
-        double got = ref_get(t, pt[p].work, i), exact = ref_stored(t, want);
-        if (got != exact && wrong++ < 3)
-          fprintf(stderr, "%s: participant %d element %zu: got %g want %g\n", what, p, i, got, exact);
+        uint64_t got = ref_get_bits(t, pt[p].work, i);
+        if (!ref_same_bits(t, got, want) && wrong++ < 3)
+          fprintf(stderr, "%s: participant %d element %zu: got 0x%llx want 0x%llx\n", what, p, i,
+                  (unsigned long long)got, (unsigned long long)want);
       }
     }
   return wrong;
