@@ -62,6 +62,14 @@ struct coll {
 };
 
 static inline uint64_t ccsd_now_ms_of(const struct coll *co) { return uv_now(co->loop); }
+/* The same, read afresh: where a deadline starts. The loop's cached time
+ * is from the start of its iteration, which may be before the call that
+ * starts the deadline arrived (the loop spinning on rings, or preempted):
+ * counted from it, the deadline would expire early. */
+static inline uint64_t ccsd_fresh_ms_of(const struct coll *co) {
+  uv_update_time(co->loop);
+  return uv_now(co->loop);
+}
 
 /* Answers a join once: the comm is ready, or failed, or the join refused. */
 struct coll_waiter {

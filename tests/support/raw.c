@@ -139,14 +139,26 @@ uint64_t raw_comm_of_one(int fd) {
   return comm;
 }
 
-void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *ref, uint64_t count) {
+void raw_send_all_reduce_into(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *send, Ccs__BufRef *recv,
+                              uint64_t count) {
   Ccs__Op op = CCS__OP__INIT, *ops[1] = {&op};
   op.comm = comm;
   op.kind = CCS__ALL_REDUCE;
   op.count = count;
   op.dtype = CCS_FLOAT32;
-  op.send = op.recv = ref;
+  op.send = send;
+  op.recv = recv;
   raw_send_frame(fd, frame_submit(req_id, ops, 1, 0), -1);
+}
+
+void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *ref, uint64_t count) {
+  raw_send_all_reduce_into(fd, req_id, comm, ref, ref, count);
+}
+
+void *raw_map(int memfd, size_t bytes) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  assert_true(p != MAP_FAILED);
+  return p;
 }
 
 ccs_result_t raw_ring_setup(int fd, struct raw_ring *ret) {

@@ -35,6 +35,11 @@ void raw_send_join(int fd, uint64_t id_req, uint64_t init_req, uint32_t nranks);
 uint64_t raw_comm_of_one(int fd);
 /* An in-place all_reduce of count float32 on ref; no wait for the reply. */
 void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *ref, uint64_t count);
+/* The same out of place: from send into recv. */
+void raw_send_all_reduce_into(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *send, Ccs__BufRef *recv,
+                              uint64_t count);
+/* A memfd's bytes, mapped shared: what the daemon sees of a registered one. */
+void *raw_map(int memfd, size_t bytes);
 
 /* The fast path by hand (proto/ring.h): the rings of a connection, as
  * the client's side sees them. */
