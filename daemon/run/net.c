@@ -535,8 +535,14 @@ static void comm_close(struct peers *p, struct net_comm *nc) {
 }
 
 static void comm_free(struct peers *p, struct net_comm *nc) {
-  (void)p;
   if (!nc->closed) comm_close(p, nc);
+  /* data connections of the comm that hold no lane (a second one for a
+   * lane, one still greeting) go with it: none may point at it after */
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &p->conns) {
+    struct pconn *c = LIST_ENTRY(it, struct pconn, link);
+    if (c->nc == nc) drop_conn(p, c, NULL);
+  }
   list_remove(&nc->link);
   free(nc->addrs);
   free(nc->data);
