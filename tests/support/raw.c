@@ -291,15 +291,19 @@ static void read_state(const struct test_daemon *d, struct test_daemon_state *re
   free(st);
 }
 
-/* Two readings in a row that agree: connections closed just before (the
- * harness's own probes) are gone from a baseline. */
+/* A baseline is what the daemon holds once it stopped changing: what was
+ * closed just before (the harness's probes, a finished comm's connections
+ * between daemons, which their network thread closes on its own time) is
+ * gone from it. Readings 10 ms apart until 100 ms of them agree, for 10 s
+ * at most. */
 void test_daemon_state(const struct test_daemon *d, struct test_daemon_state *ret) {
   struct test_daemon_state prev;
   read_state(d, ret);
-  for (int i = 0; i < 30; i++) {
+  for (int same = 0, i = 0; same < 10 && i < 1000; i++) {
+    usleep(10000);
     prev = *ret;
     read_state(d, ret);
-    if (!memcmp(&prev, ret, sizeof(prev))) return;
+    same = memcmp(&prev, ret, sizeof(prev)) ? 0 : same + 1;
   }
 }
 
