@@ -130,6 +130,9 @@ static void test_bad_values_and_unknown_keys(void **state) {
   expect_error("op_timeout = -1\n", "for op_timeout");
   expect_error("op_timeout = nan\n", "for op_timeout");
   expect_error("chunk_bytes = 12Q\n", "for chunk_bytes");
+  expect_error("chunk_bytes = nan\n", "for chunk_bytes"); /* what strtod takes but is no size */
+  expect_error("quota_ops = inf\n", "for quota_ops");
+  expect_error("peer_timeout = nan\n", "for peer_timeout");
   expect_error("log_level = LOUD\n", "for log_level");
   expect_error("log_subsys = INIT,NOISE\n", "for log_subsys");
   expect_error("allow_uids = 1,x\n", "for allow_uids");
