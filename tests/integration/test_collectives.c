@@ -47,20 +47,33 @@ static int nranks_arg, hops_round; /* ranks on several daemons: partial results 
  * is only copied (any bits). */
 #define COPIED CCS_REDOP_COUNT
 
-/* A value of the type on a grid: m * 2^q with m of `bits` bits and q in
- * [q0, q0 + span), random sign. Sums of up to 64 of them are exact in the
- * accumulator (float: 24 bits; double: 53), whatever the order, so the
- * only rounding is the one when a narrow result is stored: a type
- * rounded more than once shows. */
+/* A value of the type on a grid, as bits: a significand of `bits` bits
+ * (the narrow types' own) and an exponent in [q0, q0 + span), random
+ * sign. Sums of up to 64 of them are exact in the accumulator (float: 24
+ * bits; double: 53), whatever the order, so the only rounding is the one
+ * when a narrow result is stored: a type rounded more than once shows.
+ * The narrow types' are codes made directly (biased exponent q0..), the
+ * others' values. */
 static uint64_t grid_value(ccs_dtype_t t, uint64_t h) {
   static const struct {
-    int bits, q0, span;
-  } grid[CCS_DTYPE_COUNT] = {[CCS_FLOAT16] = {11, -10, 6}, [CCS_BFLOAT16] = {8, -8, 8},
-                             [CCS_FLOAT8_E4M3] = {4, -9, 7}, [CCS_FLOAT8_E5M2] = {3, -16, 9},
+    int bits, q0, span; /* q0: the biased exponent for the narrow types */
+  } grid[CCS_DTYPE_COUNT] = {[CCS_FLOAT16] = {10, 10, 6}, [CCS_BFLOAT16] = {7, 120, 8},
+                             [CCS_FLOAT8_E4M3] = {3, 3, 7}, [CCS_FLOAT8_E5M2] = {2, 8, 9},
                              [CCS_FLOAT32] = {16, -8, 2},   [CCS_FLOAT64] = {40, -20, 6}};
-  double m = (double)(h % ((uint64_t)1 << grid[t].bits));
-  int q = grid[t].q0 + (int)((h >> 48) % (uint64_t)grid[t].span);
-  return ref_stored_bits(t, ldexp(h >> 63 ? -m : m, q));
+  uint64_t m = h % ((uint64_t)1 << grid[t].bits), q = grid[t].q0 + (h >> 48) % (uint64_t)grid[t].span;
+  int negative = (int)(h >> 40 & 1);
+  if (t == CCS_FLOAT32 || t == CCS_FLOAT64) {
+    double v = ldexp(negative ? -(double)m : (double)m, (int)(int64_t)q);
+    uint64_t bits = 0;
+    if (t == CCS_FLOAT64) memcpy(&bits, &v, 8);
+    else {
+      float f = (float)v; /* exact: 16 bits */
+      memcpy(&bits, &f, 4);
+    }
+    return bits;
+  }
+  int nbits = (int)ccs_dtype_size(t) * 8;
+  return (uint64_t)negative << (nbits - 1) | q << grid[t].bits | m;
 }
 
 /* Rank r's element e of op op_id, as bits. Integers range over all their
@@ -87,8 +100,10 @@ static uint64_t input(ccs_dtype_t t, int op, uint64_t op_id, int rank, size_t e)
 }
 
 /* Element e of the reduction over every rank: what it must be, bit for
- * bit (reference.c: reduced exactly, stored once). */
+ * bit (reference.c: reduced exactly, stored once). One rank's op copies
+ * its input as it is (an e5m2 infinity stays one: no conversion runs). */
 static uint64_t reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int n, size_t e) {
+  if (n == 1) return input(t, op, op_id, 0, e);
   uint64_t v[REF_MAX_RANKS];
   for (int r = 0; r < n; r++) v[r] = input(t, op, op_id, r, e);
   return ref_reduce_bits(t, op, op == CCS_AVG ? (size_t)n : 0, v, n);

@@ -180,6 +180,7 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(ccs_comm_init_rank(&comm, 2, junk, 0), CCS_ERR_INVALID_ARGUMENT);
   assert_int_equal(ccs_comm_init_rank(&comm, 2, sh->id, 2), CCS_ERR_INVALID_ARGUMENT);
   assert_int_equal(ccs_comm_init_rank(NULL, 2, sh->id, 0), CCS_ERR_INVALID_ARGUMENT);
+  assert_daemon_serves(2);
 }
 
 /* --- the init deadline names the missing rank --- */

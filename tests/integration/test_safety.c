@@ -250,6 +250,7 @@ static void test_unsealed_memfds(void **state) {
     close(mfd);
   }
   close(fd);
+  assert_serving();
   assert_clean();
 }
 
@@ -410,6 +411,7 @@ static void test_flood_takes_turns(void **state) {
           inside, rounds, sh->nmeasured);
   assert_true(rounds >= 2);
   assert_true(inside >= TURNS_PER_ROUND * rounds);
+  assert_serving();
   assert_clean();
 }
 
@@ -532,6 +534,7 @@ static void test_quotas(void **state) {
   assert_int_equal(connects_as(0, 0), 1);
   assert_int_equal(test_daemon_stop(&q), 0);
   setenv("CCS_SOCKET", dmn.socket, 1);
+  assert_serving();
   assert_clean();
 }
 

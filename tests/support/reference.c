@@ -94,6 +94,21 @@ uint32_t ref_narrow_encode(ccs_dtype_t t, double x) {
   return code;
 }
 
+/* The code whose value is the largest not above a (finite, at most the
+ * largest finite value), found by arithmetic on a's exponent and
+ * significand: where the search of the table below starts (the table,
+ * not this, decides). */
+static int code_below(const struct narrow *f, double a) {
+  if (a == 0) return 0;
+  int e;
+  double m = frexp(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+  int biased = e - 1 + f->bias;
+  double steps = biased >= 1 ? (2 * m - 1) * ldexp(1, f->mbits) : ldexp(a, f->bias - 1 + f->mbits);
+  if (biased < 1) biased = 0;
+  double code = ldexp(biased, f->mbits) + floor(steps);
+  return code >= f->nvals ? f->nvals - 1 : (int)code;
+}
+
 static uint32_t narrow_encode(const struct narrow *f, double x) {
   if (isnan(x)) return f->nan;
   uint32_t sign = signbit(x) ? 1u << (f->nbits - 1) : 0;
@@ -104,11 +119,14 @@ static uint32_t narrow_encode(const struct narrow *f, double x) {
     if (f->saturate || (a < max + half_ulp && !isinf(a))) code = (uint32_t)f->nvals - 1;
     else code = (uint32_t)f->nvals; /* the first code past the finite ones: infinity */
   } else {
-    int lo = 0, hi = f->nvals - 1; /* vals[lo] <= a <= vals[hi] */
-    while (hi - lo > 1) {
-      int mid = (lo + hi) / 2;
-      if (f->vals[mid] <= a) lo = mid;
-      else hi = mid;
+    int lo = code_below(f, a), hi = lo + 1 < f->nvals ? lo + 1 : lo;
+    if (!(f->vals[lo] <= a && a <= f->vals[hi])) { /* not where it should be: search it all */
+      lo = 0, hi = f->nvals - 1;                    /* vals[lo] <= a <= vals[hi] */
+      while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (f->vals[mid] <= a) lo = mid;
+        else hi = mid;
+      }
     }
     double dlo = a - f->vals[lo], dhi = f->vals[hi] - a;
     code = (uint32_t)(dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi));
@@ -116,14 +134,20 @@ static uint32_t narrow_encode(const struct narrow *f, double x) {
   return sign | code;
 }
 
-
 static const size_t sizes[CCS_DTYPE_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1};
 
 uint64_t ref_get_bits(ccs_dtype_t t, const void *buf, size_t i) {
-  size_t sz = sizes[t];
-  uint64_t v = 0;
-  memcpy(&v, (const char *)buf + i * sz, sz); /* little endian */
-  return v;
+  const char *p = (const char *)buf + i * sizes[t];
+  uint8_t b1;
+  uint16_t b2;
+  uint32_t b4;
+  uint64_t b8;
+  switch (sizes[t]) { /* little endian, zero-extended */
+  case 1: memcpy(&b1, p, 1); return b1;
+  case 2: memcpy(&b2, p, 2); return b2;
+  case 4: memcpy(&b4, p, 4); return b4;
+  default: memcpy(&b8, p, 8); return b8;
+  }
 }
 
 static void set_bits(ccs_dtype_t t, void *buf, size_t i, uint64_t v) {
@@ -281,11 +305,11 @@ uint64_t ref_reduce_bits(ccs_dtype_t t, ccs_redop_t op, size_t divisor, const ui
 }
 
 uint64_t ref_random_bits(ccs_dtype_t t, uint64_t h) {
-  uint64_t r = test_mix(h, 0x5eed), mask = width_mask(t);
-  if (ref_is_float(t) || h % 4) return r & mask;
+  uint64_t mask = width_mask(t), r = (h ^ h >> 29) * 0xbf58476d1ce4e5b9ull; /* the value's own bits */
+  if (ref_is_float(t) || h >> 62) return r & mask;
   int sgn = ref_is_signed(t);
   uint64_t top = UINT64_C(1) << (8 * sizes[t] - 1);
-  switch ((h >> 2) % 6) {
+  switch ((h >> 56) % 6) {
   case 0: return 0;
   case 1: return 1;
   case 2: return mask; /* -1, or the unsigned maximum */
