@@ -26,11 +26,16 @@ static struct ccs__conn *volatile inherited;
 
 static __thread char error_text[CCS__ERROR_TEXT_MAX];
 
+/* Formatted aside first: callers pass an error on (fmt "%s" with
+ * ccs__error() itself), and formatting a buffer into itself leaves it
+ * empty. */
 void ccs__set_error(const char *fmt, ...) {
+  char text[sizeof(error_text)];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(error_text, sizeof(error_text), fmt, ap);
+  vsnprintf(text, sizeof(text), fmt, ap);
   va_end(ap);
+  memcpy(error_text, text, sizeof(text));
 }
 
 const char *ccs__error(void) { return error_text; }

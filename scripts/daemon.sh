@@ -1,18 +1,40 @@
 # Sourced by the scripts and the tests' shell scripts: start_daemon starts
 # $CCSD (default build/daemon/ccsd) on a private socket (exported as
-# CCS_SOCKET) and stops it, and removes the socket's directory, when the
-# script exits. mpi_perf_build installs Open MPI if missing and builds the
-# MPI benchmark program into build/mpi-perf.
+# CCS_SOCKET; its pid is CCSD_PID), and stops it when the script exits,
+# removing the socket's directory (daemon_stop stops it earlier). A
+# daemon that does not exit 0 when
+# stopped (it crashed, or a sanitizer reported: ThreadSanitizer exits 66)
+# fails the script. mpi_perf_build installs Open MPI if missing and builds
+# the MPI benchmark program into build/mpi-perf.
 start_daemon() {
-  local dir
-  dir=$(mktemp -d /tmp/ccs-script.XXXXXX)
-  export CCS_SOCKET=$dir/ccsd.sock
+  CCSD_DIR=$(mktemp -d /tmp/ccs-script.XXXXXX)
+  export CCS_SOCKET=$CCSD_DIR/ccsd.sock
   "${CCSD:-build/daemon/ccsd}" --socket "$CCS_SOCKET" "$@" &
-  local pid=$!
-  trap "kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf '$dir'" EXIT
+  CCSD_PID=$!
+  trap stop_daemon EXIT
   for _ in $(seq 200); do [ -S "$CCS_SOCKET" ] && return 0; sleep 0.05; done
   echo "ccsd did not start" >&2
   return 1
+}
+
+# Stops the daemon now (a script may start another after): 1, with a word
+# on stderr, when it did not exit 0.
+daemon_stop() {
+  local rc=0
+  [ -n "${CCSD_PID:-}" ] || return 0
+  kill "$CCSD_PID" 2>/dev/null || true
+  wait "$CCSD_PID" 2>/dev/null || rc=$?
+  rm -rf "$CCSD_DIR"
+  if [ "$rc" -ne 0 ]; then echo "ccsd (pid $CCSD_PID) exited with status $rc" >&2; fi
+  CCSD_PID=
+  [ "$rc" -eq 0 ]
+}
+
+# The EXIT trap: the script's own status, or 1 when the daemon's was not 0.
+stop_daemon() {
+  local status=$?
+  daemon_stop || exit 1
+  exit "$status"
 }
 
 mpi_perf_build() {

@@ -65,6 +65,14 @@ struct coll {
 };
 
 static inline uint64_t ccsd_now_ms_of(const struct coll *co) { return uv_now(co->loop); }
+/* The same, read afresh: where a deadline starts. The loop's cached time
+ * is from the start of its iteration, which may be before the call that
+ * starts the deadline arrived (the loop spinning on rings, or preempted):
+ * counted from it, the deadline would expire early. */
+static inline uint64_t ccsd_fresh_ms_of(const struct coll *co) {
+  uv_update_time(co->loop);
+  return uv_now(co->loop);
+}
 
 /* Answers a join once: the comm is ready, or failed, or the join refused. */
 struct coll_waiter {
@@ -173,6 +181,7 @@ struct post {
   struct gpu_order order; /* its place in the client's CUDA stream (flags NULL: none) */
   int ordered; /* runs after the comm's earlier ops finish (a host stream's op) */
   int replied;
+  const char *algo; /* the algorithm its op runs with, once launched (sched_algo_name); else NULL */
 };
 
 /* What a rank called: the arguments every rank of an op must agree on. */

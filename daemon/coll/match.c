@@ -282,7 +282,7 @@ void ccsd_post_submit(struct post *p) {
   struct post **grown = NULL;
   if (!sl && (sl = calloc(1, sizeof(*sl) + sizeof(uint64_t) * ((size_t)c->nranks + 63) / 64))) {
     sl->seq = seq;
-    sl->opened_ms = ccsd_now_ms_of(c->co);
+    sl->opened_ms = ccsd_fresh_ms_of(c->co);
     /* ranks submit in order: a new op is the newest (find_slot) */
     list_insert_tail(&c->slots, &sl->link);
     if (!uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);

@@ -276,6 +276,8 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     ccsd_xop_free(x);
     return;
   }
+  for (int i = 0; i < nposts; i++) /* for the metrics: which algorithm ran it */
+    if (posts[i]) posts[i]->algo = sched_algo_name(x->algo);
   if (ccs__log_level >= CCS_LOG_TRACE) {
     char what[512];
     describe(x, what, sizeof(what));
@@ -289,7 +291,7 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   }
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);
-  x->launched_ms = ccsd_now_ms_of(c->co);
+  x->launched_ms = ccsd_fresh_ms_of(c->co);
   /* the timer may be set for a later deadline: this op's word is due sooner */
   if (x->run.plan.net_items) ccsd_comm_check_deadlines(c);
   if (x->run.device >= 0) {

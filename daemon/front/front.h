@@ -112,9 +112,18 @@ struct latency {
   uint64_t buckets[CCSD_LATENCY_BUCKETS], count;
   double sum;
 };
+/* calls of a collective run with an algorithm (its name: sched_algo_name) */
+struct algo_counter {
+  uint32_t kind;
+  const char *algo;
+  uint64_t ops;
+};
+#define CCSD_ALGO_COUNTERS 64
 struct ccsd_metrics {
   struct op_counter *counters;
   size_t ncounters, cap;
+  struct algo_counter algos[CCSD_ALGO_COUNTERS];
+  size_t nalgos;
   struct latency latency[CCS__COLL_KIND_COUNT];
 };
 
@@ -290,6 +299,8 @@ void ccsd_daemon_close(struct daemon *d);
 
 void ccsd_metrics_record(struct daemon *d, uid_t uid, uint32_t kind, int nranks,
                          ccs_result_t status, uint64_t bytes, double seconds);
+/* One call of collective kind that ran with algorithm algo (NULL: none ran). */
+void ccsd_metrics_record_algo(struct daemon *d, uint32_t kind, const char *algo);
 /* whose series: the caller's tenant, every tenant's apart, or all summed */
 enum metrics_view { METRICS_TENANT, METRICS_PER_TENANT, METRICS_SUMMED };
 char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, size_t *ret_len);

@@ -68,6 +68,18 @@ void ccsd_metrics_tenant_totals(const struct daemon *d, uid_t uid, uint64_t *ops
   }
 }
 
+void ccsd_metrics_record_algo(struct daemon *d, uint32_t kind, const char *algo) {
+  struct ccsd_metrics *m = &d->metrics;
+  if (!algo || kind >= CCS__COLL_KIND_COUNT) return;
+  for (size_t i = 0; i < m->nalgos; i++)
+    if (m->algos[i].kind == kind && !strcmp(m->algos[i].algo, algo)) {
+      m->algos[i].ops++;
+      return;
+    }
+  if (m->nalgos < CCSD_ALGO_COUNTERS) /* kinds x algorithms: it never fills */
+    m->algos[m->nalgos++] = (struct algo_counter){kind, algo, 1};
+}
+
 void ccsd_metrics_free(struct daemon *d) {
   free(d->metrics.counters);
   memset(&d->metrics, 0, sizeof(d->metrics));
@@ -139,6 +151,12 @@ char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, s
   }
   free(shown);
   if (all) {
+    textbuf_printf(&o, "# HELP ccs_op_algorithm_total Collective calls by the algorithm their op ran with.\n"
+                       "# TYPE ccs_op_algorithm_total counter\n");
+    for (size_t i = 0; i < m->nalgos; i++)
+      textbuf_printf(&o, "ccs_op_algorithm_total{collective=\"%s\",algorithm=\"%s\"} %llu\n",
+                     ccs__coll_name(m->algos[i].kind), m->algos[i].algo,
+                     (unsigned long long)m->algos[i].ops);
     textbuf_printf(&o, "# HELP ccs_op_seconds Time from a call's arrival to its completion.\n"
             "# TYPE ccs_op_seconds histogram\n");
     for (uint32_t k = 0; k < CCS__COLL_KIND_COUNT; k++) {

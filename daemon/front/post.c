@@ -25,6 +25,7 @@ static void reply(struct post *p, ccs_result_t status, const char *error) {
   ccsd_metrics_record(cp->d, c->uid, p->kind, c->nranks, status,
                       p->send_len > p->recv_len ? p->send_len : p->recv_len,
                       (double)(uv_hrtime() - p->posted_ns) / 1e9);
+  ccsd_metrics_record_algo(cp->d, p->kind, p->algo);
   ccsd_submission_post_done(cp->sub, status, error);
 }
 

@@ -99,7 +99,7 @@ static struct client_post *make_post(struct session *s, const struct op_args *op
   }
   cp->d = s->d;
   p->ops = &ccsd_client_post_ops;
-  p->posted_ms = ccsd_now_ms(s->d);
+  p->posted_ms = ccsd_fresh_ms_of(&s->d->coll); /* a deadline starts (coll.h) */
   p->posted_ns = uv_hrtime();
   p->member = m;
   p->kind = op->kind;

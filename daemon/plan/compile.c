@@ -670,8 +670,18 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
   plan->elem_size = k.sz;
   plan->chunk_elems = op->chunk_bytes / (k.sz ? k.sz : 1);
   if (plan->chunk_elems == 0) plan->chunk_elems = 1;
-  if (op->count == 0) return CCS_OK; /* nothing to move (and no buffers to name) */
   int n = op->n;
+  if (op->count == 0) { /* nothing to move (and no buffers to name), by an algorithm that builds it */
+    struct schedule s0;
+    int rc = sched_build(op->algo, op->coll, n, 0, op->root, op->pipeline, &s0);
+    if (rc == 0) sched_free(&s0);
+    if (rc == -1)
+      snprintf(err, errlen, "algorithm %s does not implement %s for %d ranks", sched_algo_name(op->algo),
+               sched_coll_name(op->coll), n);
+    else if (rc)
+      snprintf(err, errlen, "out of memory compiling %s", sched_coll_name(op->coll));
+    return rc == -1 ? CCS_ERR_UNSUPPORTED : rc ? CCS_ERR_NO_MEMORY : CCS_OK;
+  }
   struct schedule *s = calloc((size_t)n, sizeof(*s));
   k.cur = calloc((size_t)n, sizeof(*k.cur));
   k.sent = calloc((size_t)n, sizeof(*k.sent));

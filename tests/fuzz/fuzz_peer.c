@@ -1,12 +1,25 @@
 /* Fuzz target: what other daemons say, after the greeting (a key holder
  * gone wrong): joins, rank maps, words on ops and failures, well formed
  * with fuzzed values, from several addresses, about real communicators
- * of a live daemon (one with its network side running), driven through
- * the same entry the network thread hands them to (ccsd_span_message).
+ * of a live daemon (one with its network side running). Each message goes
+ * one of two ways: straight to the entry the network thread hands them to
+ * (ccsd_span_message, as from any address), or over the wire, through the
+ * daemon's real listener: a connection of this harness's own transport
+ * that proves the cluster key (the daemon holds the fuzz targets' key,
+ * fuzz_daemon.h), greets, and sends the message authenticated and
+ * encrypted, so that the daemon's receiving, authenticating, unpacking
+ * and checking of it run too; now and then it sends bytes that are no
+ * message, a data connection's greeting, or a greeting that is wrong.
  * Local clients meanwhile join comms rooted here and at other daemons.
  * After each input every comm and client is gone and the daemon holds
- * nothing. */
+ * nothing.
+ *
+ * A join sent last, seen on its way up, tells the harness that the daemon
+ * has taken everything before it off the connection (messages on a
+ * connection are taken in order). What the committed corpus got through
+ * that way is checked when it is replayed (fuzz_replay_done). */
 #include <fcntl.h>
+#include <sodium.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,55 +29,106 @@
 #include <unistd.h>
 
 #include "frames.h"
-#include "front/front.h"
+#include "fuzz_daemon.h"
 #include "fuzz_input.h"
-#include "base/log.h"
+#include "transport.h"
 
-enum { IDS = 4, CLIENTS = 2 };
+enum { IDS = 4, CLIENTS = 2, OUTBOX = 64 };
 
 static struct daemon d;
 static uv_loop_t loop;
 static struct ccs__unique_id ids[IDS]; /* 0, 1: rooted here; 2, 3: at another daemon */
 static const char *const others[] = {"127.0.0.1:1", "127.0.0.1:2", "[::1]:3"};
 
+/* This harness as another daemon: a transport holding the cluster key,
+ * listening where the daemon answers it (self), and its connection to the
+ * daemon for the input under way. */
+static const struct transport_ops *wire = &ccs_transport_tcp;
+static struct transport *keyholder;
+static char self[64];
+static struct tconn *conn;
+static int conn_failed, greeted, sent_junk, sent_data;
+static struct tconn *back[8]; /* the daemon's connections to us */
+static int nback;
+static uint8_t inbox[8][1 << 16], conn_inbox[1 << 16];
+
+static struct {
+  uint64_t confirmed, by_kind[8], junk_closed, data_greeting, hello_refused;
+} reach;
+
 static void daemon_once(void) {
   static int ready;
   if (ready) return;
   ready = 1;
-  char key[64];
-  snprintf(key, sizeof(key), "/tmp/ccs-fuzz-key-%d", (int)getpid());
-  unlink(key);
-  int fd = open(key, O_WRONLY | O_CREAT | O_EXCL, 0600);
-  const char hex[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
-  if (fd < 0 || write(fd, hex, sizeof(hex) - 1) != (ssize_t)sizeof(hex) - 1) abort();
-  close(fd);
-  ccsd_config_defaults(&d.cfg);
-  d.cfg.threads = 1;
-  d.cfg.init_timeout_s = 3600;
-  snprintf(d.cfg.listen, sizeof(d.cfg.listen), "127.0.0.1:0");
-  snprintf(d.cfg.cluster_key_file, sizeof(d.cfg.cluster_key_file), "%s", key);
-  ccs__log_init(CCS_LOG_ERROR, CCS_LOG_ALL); /* refusals are expected here: not worth a line each */
-  uv_loop_init(&loop);
-  if (ccsd_daemon_init(&d, &loop)) abort();
-  unlink(key);
+  fuzz_daemon_start(&d, &loop, 1);
+  struct transport_params p = {.max_conns = 64, .unexpected_per_conn = 1 << 20,
+                               .unexpected_total = 1 << 22, .greeting_timeout_s = 10};
+  size_t bin = 0;
+  char err[256];
+  if (sodium_hex2bin(p.key, sizeof(p.key), fuzz_cluster_key_hex, 64, NULL, &bin, NULL) || bin != 32) abort();
+  if (!(keyholder = wire->open(&p, err, sizeof(err)))) abort();
+  if (wire->listen(keyholder, "127.0.0.1:0", self, sizeof(self), err, sizeof(err))) abort();
 }
 
-static void spin(void) {
-  for (int i = 0; i < 4; i++) uv_run(&loop, UV_RUN_NOWAIT);
+static void spin(void) { fuzz_daemon_spin(&d, &loop); }
+
+/* Our side of the wire: completions taken (sends' buffers freed, the
+ * daemon's messages read and dropped), its connections to us accepted. */
+static void pump(void) {
+  struct tcompletion done[32];
+  int n = wire->poll(keyholder, 0, done, 32);
+  for (int i = 0; i < n; i++) {
+    if (done[i].is_send) free(done[i].user);
+    if (done[i].status && done[i].conn == conn && conn) conn_failed = 1;
+    if (done[i].is_send || done[i].status) continue;
+    if (done[i].conn == conn && conn && wire->recv(conn, NULL, conn_inbox, sizeof(conn_inbox), 0, NULL))
+      conn_failed = 1;
+    for (int k = 0; k < nback; k++)
+      if (done[i].conn == back[k]) wire->recv(back[k], NULL, inbox[k], sizeof(inbox[k]), 0, NULL);
+  }
+  struct tconn *c;
+  char err[128];
+  while (nback < 8 && wire->accept(keyholder, &c, err, sizeof(err)) == 1) {
+    back[nback] = c;
+    wire->recv(c, NULL, inbox[nback], sizeof(inbox[nback]), 0, NULL);
+    nback++;
+  }
+}
+
+static void wire_send(const uint8_t *bytes, size_t len) {
+  if (!conn || conn_failed) return;
+  uint8_t *copy = malloc(len ? len : 1);
+  memcpy(copy, bytes, len);
+  if (wire->send(conn, NULL, copy, len, 0, copy)) { /* the connection is gone */
+    free(copy);
+    conn_failed = 1;
+  }
+}
+
+static void wire_send_msg(const Ccs__PeerMsg *m) {
+  size_t len = protobuf_c_message_get_packed_size(&m->base);
+  uint8_t *buf = malloc(len + 1);
+  protobuf_c_message_pack(&m->base, buf);
+  wire_send(buf, len);
+  free(buf);
+}
+
+static void wire_hello(const char *addr, uint32_t protocol) {
+  Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+  Ccs__PeerHello h = CCS__PEER_HELLO__INIT;
+  h.protocol = protocol;
+  h.addr = (char *)addr;
+  m.body_case = CCS__PEER_MSG__BODY_HELLO;
+  m.hello = &h;
+  wire_send_msg(&m);
 }
 
 static void make_ids(struct fuzz_input *in) {
   for (int k = 0; k < IDS; k++) {
-    struct ccs__unique_id *id = &ids[k];
-    memset(id, 0, sizeof(*id));
-    id->magic = CCS__UNIQUE_ID_MAGIC;
-    id->protocol = CCS__PROTOCOL_VERSION;
-    fuzz_bytes(in, id->secret, 2);
-    id->secret[2] = (uint8_t)k;
-    id->issued_s = (uint64_t)time(NULL);
-    id->owner_uid = (uint32_t)getuid();
-    snprintf(id->root, sizeof(id->root), "%s", k < 2 ? d.coll.self : others[k % 3]);
-    ccsd_unique_id_sign(&d.coll, id);
+    uint8_t tag[2];
+    fuzz_bytes(in, tag, 2);
+    fuzz_unique_id((uint32_t)k << 16 | (uint32_t)tag[0] << 8 | tag[1], (uint32_t)getuid(),
+                   k < 2 ? d.coll.self : others[k % 3], &ids[k]);
   }
 }
 
@@ -102,11 +166,13 @@ static void one_message(struct fuzz_input *in) {
   Ccs__PeerOp op = CCS__PEER_OP__INIT;
   Ccs__PeerFail f = CCS__PEER_FAIL__INIT;
   Ccs__PeerHeartbeat hb = CCS__PEER_HEARTBEAT__INIT;
+  Ccs__PeerData dm = CCS__PEER_DATA__INIT;
   uint8_t idbytes[256] = {0}, name[48] = {0}; /* room for lengths that are wrong */
   char from[48], algo[40], text[64], addrbuf[8][48];
   char *addrs[8];
   const char *addr = sender(in, from, sizeof(from));
-  switch (fuzz_u8(in) % 6) {
+  int kind = fuzz_u8(in) % 7;
+  switch (kind) {
   case 0: { /* a rank joining a comm rooted here */
     int k = fuzz_u8(in) % 2;
     memcpy(idbytes, &ids[k], sizeof(ids[k]));
@@ -125,8 +191,9 @@ static void one_message(struct fuzz_input *in) {
     rd.n_addrs = fuzz_count(in, 4);
     if (rd.n_addrs > 8) rd.n_addrs = 8;
     for (size_t r = 0; r < rd.n_addrs; r++) {
-      uint8_t b = fuzz_u8(in) % 6;
-      addrs[r] = b < 3 ? (char *)others[b] : b == 3 ? d.coll.self : fuzz_string(in, addrbuf[r], sizeof(addrbuf[r]));
+      uint8_t b = fuzz_u8(in) % 7;
+      addrs[r] = b < 3 ? (char *)others[b] : b == 3 ? d.coll.self : b == 4 ? self
+                                                                  : fuzz_string(in, addrbuf[r], sizeof(addrbuf[r]));
     }
     rd.addrs = addrs;
     rd.chunk_bytes = fuzz_u8(in) % 4 ? 1u << (12 + fuzz_u8(in) % 16) : fuzz_u64(in);
@@ -151,14 +218,115 @@ static void one_message(struct fuzz_input *in) {
     f.error = fuzz_string(in, text, sizeof(text));
     m.body_case = CCS__PEER_MSG__BODY_FAIL, m.fail = &f;
     break;
+  case 4: /* a data connection's greeting: over the wire only */
+    name_of(in, name, &dm.name);
+    dm.lane = fuzz_u8(in) % 4 ? fuzz_u8(in) % 4 : fuzz_u32(in);
+    m.body_case = CCS__PEER_MSG__BODY_DATA, m.data = &dm;
+    break;
   default:
     m.body_case = CCS__PEER_MSG__BODY_HEARTBEAT, m.heartbeat = &hb;
     break;
   }
+  uint8_t how = fuzz_u8(in);
+  if (how % 2 && conn) { /* over the wire, from the address our greeting gave */
+    if (how % 32 == 1) { /* bytes that are no message */
+      uint8_t junk[64];
+      size_t n = fuzz_u8(in) % sizeof(junk);
+      fuzz_bytes(in, junk, n);
+      wire_send(junk, n);
+      sent_junk = 1;
+      return;
+    }
+    wire_send_msg(&m);
+    reach.by_kind[kind]++; /* known to have got through once the batch is confirmed, below */
+    sent_data |= kind == 4;
+    return;
+  }
+  if (kind == 4) return; /* only a connection greets as data */
   struct peer_msg pm; /* as the network side hands it up */
   ccsd_peer_msg_view(&m, &pm);
   ccsd_span_message(&d.coll, addr, &pm);
   if (fuzz_u8(in) % 16 == 0) ccsd_span_peer_lost(&d.coll, addr, "fuzz: lost");
+}
+
+/* Connects to the daemon and greets: mostly as a daemon does, from where
+ * it listens; sometimes from another address, or in another protocol. */
+static void wire_open(struct fuzz_input *in) {
+  char err[256];
+  conn_failed = greeted = sent_junk = sent_data = 0;
+  if (wire->connect(keyholder, d.coll.self, &conn, err, sizeof(err))) {
+    conn = NULL;
+    return;
+  }
+  wire->recv(conn, NULL, conn_inbox, sizeof(conn_inbox), 0, NULL); /* its greeting, and its closing */
+  uint8_t how = fuzz_u8(in) % 16;
+  char addr[48];
+  if (how == 1) wire_hello(fuzz_string(in, addr, sizeof(addr)), CCS__PROTOCOL_VERSION);
+  else if (how == 2) wire_hello(self, fuzz_u32(in));
+  else if (how == 3) wire_hello(others[0], CCS__PROTOCOL_VERSION);
+  else wire_hello(self, CCS__PROTOCOL_VERSION);
+  greeted = how != 1 && how != 2;
+}
+
+/* Every message the network side hands up passes here on its way to
+ * ccsd_span_message (the target is linked with --wrap of it): the join
+ * that ends a batch is seen whatever becomes of the comm it makes. */
+static struct ccs__unique_id marker;
+static int marker_seen;
+void __real_ccsd_span_message(struct coll *co, const char *addr, const struct peer_msg *m);
+void __wrap_ccsd_span_message(struct coll *co, const char *addr, const struct peer_msg *m) {
+  if (m->kind == PEER_JOIN && m->join.id_len == CCS_UNIQUE_ID_BYTES && !memcmp(m->join.id, &marker, sizeof(marker)))
+    marker_seen = 1;
+  __real_ccsd_span_message(co, addr, m);
+}
+
+/* The join sent last has been handed up, so everything before it on the
+ * connection was taken off it: confirmed; or the daemon closed it. */
+static int wire_confirm(void) {
+  if (!conn) return 0;
+  fuzz_unique_id(0x3a3a3a3au, (uint32_t)getuid(), d.coll.self, &marker);
+  uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
+  memcpy(bytes, &marker, sizeof(marker));
+  Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+  Ccs__PeerJoin j = CCS__PEER_JOIN__INIT;
+  j.id = (ProtobufCBinaryData){sizeof(bytes), bytes};
+  j.nranks = 2;
+  j.rank = 1;
+  j.uid = (uint32_t)getuid();
+  j.pid = 1;
+  j.algo = "";
+  m.body_case = CCS__PEER_MSG__BODY_JOIN, m.join = &j;
+  marker_seen = 0;
+  wire_send_msg(&m);
+  for (int i = 0; i < 4000; i++) {
+    pump();
+    spin();
+    if (marker_seen) return 1;
+    if (conn_failed) return 0;
+    if (i > 20) usleep(50);
+  }
+  fprintf(stderr, "fuzz_peer: the daemon neither took the last join nor closed the connection\n");
+  abort(); /* a connection it neither serves nor drops */
+}
+
+/* After the corpus (replay.c): messages of every kind got through the
+ * wire (authenticated, unpacked, handed up: confirmed by the join after
+ * them), and so were bytes that are no message, a data connection's
+ * greeting and a wrong greeting (the daemon closed the connection). */
+int fuzz_replay_done(void) {
+  static const char *const kinds[] = {"join", "rank map", "word on an op", "failure", "", "heartbeat"};
+  int missing = 0;
+  for (int k = 0; k < 6; k++)
+    if (k != 4 && !reach.by_kind[k]) {
+      fprintf(stderr, "fuzz_peer: no %s ever got through the wire\n", kinds[k]);
+      missing = 1;
+    }
+  if (!reach.junk_closed) fprintf(stderr, "fuzz_peer: bytes that are no message never closed a connection\n");
+  if (!reach.data_greeting) fprintf(stderr, "fuzz_peer: a data connection's greeting never reached the daemon\n");
+  if (!reach.hello_refused) fprintf(stderr, "fuzz_peer: a wrong greeting never closed a connection\n");
+  missing |= !reach.junk_closed || !reach.data_greeting || !reach.hello_refused;
+  fprintf(stderr, "fuzz_peer: %llu batches confirmed over the wire\n", (unsigned long long)reach.confirmed);
+  return missing;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -176,26 +344,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     local_join(fds[i], 2 + i, 2, fuzz_u8(&in) % 2);
   }
   spin();
+  wire_open(&in);
+  uint64_t counted[8];
+  memcpy(counted, reach.by_kind, sizeof(counted));
   char sink[65536];
   for (int steps = 0; steps < 32 && !fuzz_done(&in); steps++) {
     one_message(&in);
+    pump();
     spin();
     for (int i = 0; i < CLIENTS; i++)
       while (read(fds[i], sink, sizeof(sink)) > 0) {
       }
   }
+  if (wire_confirm()) {
+    reach.confirmed++;
+  } else {
+    memcpy(reach.by_kind, counted, sizeof(counted)); /* not known to have got through */
+    if (conn && conn_failed) { /* the daemon closed it: for what we sent */
+      reach.hello_refused += !greeted;
+      reach.junk_closed += greeted && sent_junk;
+      reach.data_greeting += greeted && sent_data;
+    }
+  }
   for (int i = 0; i < CLIENTS; i++) close(fds[i]);
-  spin();
-  /* comms held for other daemons would wait for their init deadline */
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &d.coll.comms) {
-    struct comm *c = LIST_ENTRY(it, struct comm, link);
-    if (!c->gone) ccsd_comm_fail(c, CCS_ERR_ABORTED, "fuzz input done");
-  }
-  for (int i = 0; i < 2000 && (!list_empty(&d.coll.comms) || !list_empty(&d.sessions) || !list_empty(&d.tenants)); i++) {
+  if (conn) wire->close(conn);
+  conn = NULL;
+  for (int k = 0; k < nback; k++) wire->close(back[k]);
+  nback = 0;
+  for (int i = 0; i < 100; i++) {
+    pump();
     spin();
-    if (i > 100) usleep(100);
   }
-  if (!list_empty(&d.coll.comms) || !list_empty(&d.sessions) || !list_empty(&d.tenants)) abort();
+  fuzz_daemon_settle(&d, &loop);
   return 0;
 }

@@ -1,11 +1,15 @@
-/* Writes the seed corpus: well-formed conversations that reach deep into
- * the session (hello, ids, comms, every op kind, stats), plus a few broken
- * ones. Run once; its output is committed under tests/fuzz/corpus/. */
+/* Writes fuzz_session's seed corpus: well-formed conversations that reach
+ * deep into the session (hello, ids, comms joined on ids signed with the
+ * fuzz targets' fixed key (fuzz_daemon.h), every op kind run, stats,
+ * queries, destroy), plus a few broken ones. The ids are root's (uid 0),
+ * as the suite runs. Run once; its output is committed under
+ * tests/fuzz/corpus/. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "frames.h"
+#include "fuzz_daemon.h"
 
 static FILE *out;
 
@@ -37,32 +41,45 @@ int main(int argc, char **argv) {
   emit_frame(frame_get_unique_id(3));
   fclose(out);
 
-  /* ids cannot be forged, so a comm needs a real one; the fuzzer can still
-   * explore init and submit on a forged id's error paths */
+  /* a comm of one rank on a valid id, and an op of every kind on it (of
+   * count 0: no buffers without fds); send and receive to itself in one
+   * call; with algorithm rules for every other kind */
   for (uint32_t kind = 0; kind < CCS__COLL_KIND_COUNT; kind++) {
+    if (kind == CCS__RECV) continue; /* with the send */
     char name[64];
-    snprintf(name, sizeof(name), "submit-%s", ccs__coll_name(kind));
+    snprintf(name, sizeof(name), "join-and-%s", kind == CCS__SEND ? "send-recv" : ccs__coll_name(kind));
     open_seed(dir, name, 200);
     hello();
-    struct ccs__unique_id uid = {.magic = CCS__UNIQUE_ID_MAGIC, .protocol = CCS__PROTOCOL_VERSION, .secret = {1, 2, 3}};
+    struct ccs__unique_id uid;
+    fuzz_unique_id(0x5eed0000u + kind, 0, "", &uid);
     uint8_t idbytes[CCS_UNIQUE_ID_BYTES] = {0};
     memcpy(idbytes, &uid, sizeof(uid));
-    emit_frame(frame_comm_init(4, (ProtobufCBinaryData){sizeof(idbytes), idbytes}, 1, 0));
-    Ccs__BufRef ref = CCS__BUF_REF__INIT;
-    ref.buffer = 1;
-    ref.length = 64;
-    Ccs__Op op = CCS__OP__INIT, *ops[2] = {&op, &op};
-    op.comm = 1;
+    Ccs__CommInit ci = CCS__COMM_INIT__INIT;
+    ci.id = (ProtobufCBinaryData){sizeof(idbytes), idbytes};
+    ci.nranks = 1;
+    ci.algo = kind % 2 ? "all_reduce:ring;tree" : "";
+    ci.debug = kind % 3 == 0;
+    r.body_case = CCS__REQUEST__BODY_COMM_INIT;
+    r.comm_init = &ci;
+    emit(&r, 4);
+    Ccs__Op op = CCS__OP__INIT, back = CCS__OP__INIT, *ops[2] = {&op, &back};
+    op.comm = back.comm = 1;
     op.kind = kind;
-    op.count = kind == CCS__BARRIER ? 0 : 16;
     op.dtype = CCS_FLOAT32;
-    op.send = op.recv = &ref;
-    emit_frame(frame_submit(5, ops, kind % 2 + 1));
+    back.kind = CCS__RECV;
+    back.dtype = CCS_FLOAT32;
+    emit_frame(frame_submit(5, ops, kind == CCS__SEND ? 2 : 1));
+    Ccs__CommQuery cq = CCS__COMM_QUERY__INIT;
+    cq.comm = 1;
+    r.body_case = CCS__REQUEST__BODY_COMM_QUERY;
+    r.comm_query = &cq;
+    emit(&r, 6);
+    emit_frame(frame_stats(7));
     Ccs__CommDestroy cd = CCS__COMM_DESTROY__INIT;
     cd.comm = 1;
     r.body_case = CCS__REQUEST__BODY_COMM_DESTROY;
     r.comm_destroy = &cd;
-    emit(&r, 6);
+    emit(&r, 8);
     fclose(out);
   }
 

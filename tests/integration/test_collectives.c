@@ -1,6 +1,7 @@
 /* Every collective x dtype x op x size, in and out of place, registered and
  * staged buffers, through a real daemon and real rank processes, checked
- * element by element against values each rank recomputes from the seed.
+ * bit for bit, element by element, against values each rank recomputes
+ * from the seed and the exact reference (reference.c).
  * Usage: test_collectives NRANKS
  * CCS_TEST_MEMORY=device: the same on GPU 0 (builds with CUDA), buffers
  * from ccs_mem_alloc_device ("registered") and cudaMalloc ("staged"), ops
@@ -21,7 +22,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "algo_table.h"
 #include "harness.h"
+#include "raw.h"
 #include "reference.h"
 #include "serving.h"
 
@@ -35,25 +38,84 @@ struct shared {
   ccs_unique_id_t id;
   uint64_t seed;
   int barrier_count; /* atomically incremented by ranks around barriers */
+  uint64_t calls[NCOLLS]; /* rank 0's calls of each collective */
 };
 static struct shared *sh;
 static int nranks_arg, hops_round; /* ranks on several daemons: partial results rounded */
 
-/* Integer-valued inputs: exact in every type, so sums are exact too. */
-static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int rank, size_t e) {
+/* What an element is drawn for: an input of this reduction, or data that
+ * is only copied (any bits). */
+#define COPIED CCS_REDOP_COUNT
+
+/* A value of the type on a grid, as bits: a significand of `bits` bits
+ * (the narrow types' own) and an exponent in [q0, q0 + span), random
+ * sign. Sums of up to 64 of them are exact in the accumulator (float: 24
+ * bits; double: 53), whatever the order, so the only rounding is the one
+ * when a narrow result is stored: a type rounded more than once shows.
+ * The narrow types' are codes made directly (biased exponent q0..), the
+ * others' values. */
+static uint64_t grid_value(ccs_dtype_t t, uint64_t h) {
+  static const struct {
+    int bits, q0, span; /* q0: the biased exponent for the narrow types */
+  } grid[CCS_DTYPE_COUNT] = {[CCS_FLOAT16] = {10, 10, 6}, [CCS_BFLOAT16] = {7, 120, 8},
+                             [CCS_FLOAT8_E4M3] = {3, 3, 7}, [CCS_FLOAT8_E5M2] = {2, 8, 9},
+                             [CCS_FLOAT32] = {16, -8, 2},   [CCS_FLOAT64] = {40, -20, 6}};
+  uint64_t m = h % ((uint64_t)1 << grid[t].bits), q = grid[t].q0 + (h >> 48) % (uint64_t)grid[t].span;
+  int negative = (int)(h >> 40 & 1);
+  if (t == CCS_FLOAT32 || t == CCS_FLOAT64) {
+    double v = ldexp(negative ? -(double)m : (double)m, (int)(int64_t)q);
+    uint64_t bits = 0;
+    if (t == CCS_FLOAT64) memcpy(&bits, &v, 8);
+    else {
+      float f = (float)v; /* exact: 16 bits */
+      memcpy(&bits, &f, 4);
+    }
+    return bits;
+  }
+  int nbits = (int)ccs_dtype_size(t) * 8;
+  return (uint64_t)negative << (nbits - 1) | q << grid[t].bits | m;
+}
+
+/* Rank r's element e of op op_id, as bits. Integers range over all their
+ * bits (sums and products wrap; the high bit of unsigned max and min;
+ * 64-bit values past 2^53), and so does data that is only copied (NaNs
+ * included: copies are exact). Float max and min take any value but NaN
+ * and -0 (whose order against +0 and NaN depends on the order of
+ * reduction), sums and averages values on a grid (grid_value), products
+ * small integers; across daemons, where partial results are stored in the
+ * type at every hop, the narrow types sum -1, 0 and 1. */
+static uint64_t input(ccs_dtype_t t, int op, uint64_t op_id, int rank, size_t e) {
   static uint64_t key_of = UINT64_MAX, key;
   if (op_id != key_of) key = test_mix(sh->seed, op_id), key_of = op_id;
   uint64_t h = test_mix(key, ((uint64_t)rank << 32) + e);
-  return hops_round ? ref_hop_exact_value(t, op, h) : ref_exact_value(t, op, h);
+  if (op == COPIED || !ref_is_float(t)) return ref_random_bits(t, h);
+  if (op == CCS_MAX || op == CCS_MIN) {
+    uint64_t b = ref_random_bits(t, h);
+    for (uint64_t k = 1; ref_bits_nan(t, b); k++) b = ref_random_bits(t, test_mix(h, k));
+    return ref_get(t, &b, 0) == 0 ? 0 : b;
+  }
+  if (op == CCS_PROD || (hops_round && ccs_dtype_size(t) < 4))
+    return ref_stored_bits(t, hops_round ? ref_hop_exact_value(t, op, h) : ref_exact_value(t, op, h));
+  return grid_value(t, h);
 }
 
-static int check_elem(ccs_dtype_t t, const void *buf, size_t k, double want, const char *what,
+/* Element e of the reduction over every rank: what it must be, bit for
+ * bit (reference.c: reduced exactly, stored once). One rank's op copies
+ * its input as it is (an e5m2 infinity stays one: no conversion runs). */
+static uint64_t reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int n, size_t e) {
+  if (n == 1) return input(t, op, op_id, 0, e);
+  uint64_t v[REF_MAX_RANKS];
+  for (int r = 0; r < n; r++) v[r] = input(t, op, op_id, r, e);
+  return ref_reduce_bits(t, op, op == CCS_AVG ? (size_t)n : 0, v, n);
+}
+
+static int check_elem(ccs_dtype_t t, const void *buf, size_t k, uint64_t want, const char *what,
                       int *reported) {
-  double got = ref_get(t, buf, k);
-  if (got == want) return 0;
-  want = ref_stored(t, want); /* rounded and saturated as the type holds it */
-  if (ref_close(t, got, want)) return 0;
-  if ((*reported)++ < 5) fprintf(stderr, "  %s[%zu]: got %.9g want %.9g\n", what, k, got, want);
+  uint64_t got = ref_get_bits(t, buf, k);
+  if (ref_same_bits(t, got, want)) return 0;
+  if ((*reported)++ < 5)
+    fprintf(stderr, "  %s[%zu]: got 0x%llx (%.9g) want 0x%llx (%.9g)\n", what, k, (unsigned long long)got,
+            ref_get(t, &got, 0), (unsigned long long)want, ref_get(t, &want, 0));
   return 1;
 }
 
@@ -158,14 +220,16 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   }
   struct mem *sbuf = in_place ? &bm : &sm;
   memset(bm.host, 0x5a, bm.bytes); /* sentinel where nothing may be written */
+  int vop = has_redop(c) ? (int)op : COPIED;
   for (size_t e = 0; e < send_elems; e++)
-    ref_set(t, sbuf->host + send_at, e, input(t, op, op_id, rank, e));
+    ref_set_bits(t, sbuf->host + send_at, e, input(t, vop, op_id, rank, e));
   mem_push(&bm);
   if (!in_place) mem_push(&sm);
   char *send = sbuf->ptr + send_at, *recv = bm.ptr + recv_at;
   ccs_stream_t st = stream_for(op_id);
 
   ccs_result_t rc;
+  if (rank == 0) sh->calls[c]++;
   switch (c) {
   case ALL_REDUCE: rc = ccs_all_reduce(send, recv, count, t, op, comm, st); break;
   case BROADCAST: rc = ccs_broadcast(send, recv, count, t, root, comm, st); break;
@@ -197,14 +261,14 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   if (recv_used) {
     for (size_t k = 0; k < recv_elems; k++) {
       size_t j = k / (count ? count : 1), e = k % (count ? count : 1);
-      double want;
+      uint64_t want;
       switch (c) {
-      case ALL_REDUCE: case REDUCE: want = ref_reduced(input, t, op, op_id, n, k); break;
-      case BROADCAST: want = input(t, op, op_id, root, k); break;
-      case ALL_GATHER: case GATHER: want = input(t, op, op_id, (int)j, e); break;
-      case REDUCE_SCATTER: want = ref_reduced(input, t, op, op_id, n, (size_t)rank * count + k); break;
-      case ALL_TO_ALL: want = input(t, op, op_id, (int)j, (size_t)rank * count + e); break;
-      case SCATTER: want = input(t, op, op_id, root, (size_t)rank * count + k); break;
+      case ALL_REDUCE: case REDUCE: want = reduced(t, op, op_id, n, k); break;
+      case BROADCAST: want = input(t, vop, op_id, root, k); break;
+      case ALL_GATHER: case GATHER: want = input(t, vop, op_id, (int)j, e); break;
+      case REDUCE_SCATTER: want = reduced(t, op, op_id, n, (size_t)rank * count + k); break;
+      case ALL_TO_ALL: want = input(t, vop, op_id, (int)j, (size_t)rank * count + e); break;
+      case SCATTER: want = input(t, vop, op_id, root, (size_t)rank * count + k); break;
       default: want = 0; break;
       }
       wrong += check_elem(t, recv, k, want, what, &reported);
@@ -219,7 +283,7 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   }
   if (!in_place) /* the send buffer is read, never written */
     for (size_t e = 0; e < send_elems; e++)
-      wrong += check_elem(t, send, e, input(t, op, op_id, rank, e), "send buffer", &reported);
+      wrong += check_elem(t, send, e, input(t, vop, op_id, rank, e), "send buffer", &reported);
   if (wrong) fprintf(stderr, "%s: %d wrong\n", what, wrong);
 out:
   mem_free(&bm);
@@ -267,7 +331,7 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
         return 1;
       for (int peer = 0; peer < n; peer++)
         for (size_t e = 0; e < cnt; e++)
-          ref_set(t, smem.host + (size_t)peer * cnt * sz, e, input(t, CCS_SUM, op_id, rank * n + peer, e));
+          ref_set_bits(t, smem.host + (size_t)peer * cnt * sz, e, input(t, COPIED, op_id, rank * n + peer, e));
       mem_push(&smem);
       char *sb = smem.ptr, *rb = rmem.ptr;
       ccs_stream_t st = stream_for(op_id);
@@ -284,7 +348,7 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
         wrong++;
       }
       for (size_t e = 0; e < cnt; e++)
-        wrong += check_elem(t, rb, e, input(t, CCS_SUM, op_id, prev * n + rank, e), "ring recv", &reported);
+        wrong += check_elem(t, rb, e, input(t, COPIED, op_id, prev * n + rank, e), "ring recv", &reported);
       ccs_group_start();
       for (int peer = 0; peer < n; peer++) {
         ccs_send(sb + (size_t)peer * cnt * sz, cnt, t, peer, comm, st);
@@ -300,7 +364,7 @@ static int run_p2p(ccs_comm_t *comm, int rank, int n) {
       for (int peer = 0; peer < n; peer++)
         for (size_t e = 0; e < cnt; e++)
           wrong += check_elem(t, rb + (size_t)peer * cnt * sz, e,
-                              input(t, CCS_SUM, op_id, peer * n + rank, e), "pair recv", &reported);
+                              input(t, COPIED, op_id, peer * n + rank, e), "pair recv", &reported);
       mem_free(&smem);
       mem_free(&rmem);
     }
@@ -360,23 +424,74 @@ static int rank_main(int rank, int n, void *arg) {
   return wrong ? 1 : 0;
 }
 
+/* Which algorithm ran each call, by the daemons' counters
+ * (ccs_op_algorithm_total): every call of every collective, with CCS_ALGO
+ * naming one algorithm, by that algorithm wherever it builds the
+ * collective (algo_table.h); elsewhere, and without CCS_ALGO, by direct on
+ * one daemon (the model's choice over mapped buffers), and by whatever
+ * the model chose across daemons. A forced algorithm that was dropped, or
+ * a builder that fell back to the tuner, fails here. */
+static void check_algorithms(const struct test_daemon *d, int ndaemons) {
+  static const char *const algos[] = {"direct", "ring", "tree", "rhd"};
+  const char *forced = getenv("CCS_ALGO");
+  if (forced && *forced && algo_table_builds(forced, "all_reduce") < 0) {
+    fprintf(stderr, "# CCS_ALGO='%s' is no single algorithm: only the totals are checked\n", forced);
+    forced = "rules";
+  }
+  double got[NCOLLS][4] = {{0}};
+  for (int i = 0; i < ndaemons; i++) {
+    char *text = raw_admin(d[i].socket, "metrics");
+    for (int c = 0; c < NCOLLS; c++)
+      for (int a = 0; a < 4; a++) {
+        char series[160];
+        snprintf(series, sizeof(series), "ccs_op_algorithm_total{collective=\"%s\",algorithm=\"%s\"}",
+                 coll_names[c], algos[a]);
+        got[c][a] += raw_metric(text, series);
+      }
+    free(text);
+  }
+  for (int c = 0; c < NCOLLS; c++) {
+    double calls = (double)sh->calls[c] * nranks_arg, sum = 0;
+    const char *want = NULL; /* the one algorithm every call must have run with */
+    if (forced && *forced && strcmp(forced, "rules") && algo_table_builds(forced, coll_names[c]))
+      want = forced;
+    else if (ndaemons == 1 && (!forced || !*forced || algo_table_builds(forced, coll_names[c]) == 0))
+      want = "direct";
+    for (int a = 0; a < 4; a++) {
+      sum += got[c][a];
+      if (got[c][a]) fprintf(stderr, "# %s: %.0f calls by %s\n", coll_names[c], got[c][a], algos[a]);
+      if (want && strcmp(want, algos[a]) && got[c][a])
+        fail_msg("%s: %.0f calls ran with %s, not %s", coll_names[c], got[c][a], algos[a], want);
+      if (want && !strcmp(want, algos[a]) && got[c][a] != calls)
+        fail_msg("%s: %.0f of %.0f calls ran with %s", coll_names[c], got[c][a], calls, want);
+    }
+    if (sum != calls) fail_msg("%s: the daemons counted %.0f calls, the ranks made %.0f", coll_names[c], sum, calls);
+  }
+}
+
 static void test_all_collectives(void **state) {
   /* CCS_TEST_DAEMONS=D: ranks spread over D daemons (rank r on daemon r % D) */
   int ndaemons = getenv("CCS_TEST_DAEMONS") ? atoi(getenv("CCS_TEST_DAEMONS")) : 1;
   struct test_daemon d[8];
   assert_true(ndaemons >= 1 && ndaemons <= 8);
   hops_round = ndaemons > 1;
+  /* CCS_ALGO is the ranks' (the daemons would take it as their algo key) */
+  char *algo = getenv("CCS_ALGO") ? strdup(getenv("CCS_ALGO")) : NULL;
+  unsetenv("CCS_ALGO");
   if (ndaemons == 1) {
     assert_int_equal(test_daemon_start(&d[0], NULL), 0);
   } else {
     assert_int_equal(test_daemons_start(d, ndaemons, NULL), 0);
     test_spread_ranks(d, ndaemons);
   }
+  if (algo) setenv("CCS_ALGO", algo, 1);
+  free(algo);
   sh = test_shared_new(sizeof(*sh));
   assert_non_null(sh);
   sh->seed = test_seed();
   test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(nranks_arg, rank_main, NULL, 900, NULL), 0);
+  check_algorithms(d, ndaemons);
   for (int i = 0; i < ndaemons; i++) assert_int_equal(test_daemon_stop(&d[i]), 0);
   test_shared_free(sh, sizeof(*sh));
 }

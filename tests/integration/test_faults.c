@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -27,6 +28,7 @@
 struct shared {
   ccs_unique_id_t id;
   int mode;
+  pid_t culprit; /* the rank the others' errors must name */
 };
 static struct shared *sh;
 static struct test_daemon daemon_;
@@ -44,12 +46,24 @@ static int teardown(void **state) {
   return rc;
 }
 
-/* Every row ends here: a fresh comm of n ranks gets a correct sum, and the
- * daemon holds nothing more than before. */
+/* Every row ends here: a fresh comm of n ranks gets a correct sum from the
+ * executor, and the daemon holds nothing more than before. */
 static void assert_daemon_serves(int n) {
   test_new_id(&sh->id);
-  assert_int_equal(test_run_sum(n, &sh->id, &test_sum_one_int, 0, 60), 0);
+  assert_int_equal(test_run_sum(n, &sh->id, &test_sum_executor, 0, 60), 0);
   test_daemon_assert_clean(&daemon_, &clean);
+}
+
+/* Until the daemon holds `ops` calls (others blocked in theirs), up to
+ * 20 s; -1 when it never does. */
+static int wait_ops_in_flight(uint64_t ops) {
+  for (double end = test_now() + 20; test_now() < end; usleep(2000)) {
+    Ccs__StatsReply *st = raw_stats(daemon_.socket);
+    int there = st->ops_in_flight >= ops;
+    free(st);
+    if (there) return 0;
+  }
+  return -1;
 }
 
 /* --- a rank dies while the others wait in a collective --- */
@@ -57,14 +71,15 @@ static int dying_rank(int rank, int n, void *arg) {
   ccs_comm_t *comm;
   if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
   if (rank == n - 1) {
-    usleep(200 * 1000); /* let the others block first */
+    sh->culprit = getpid();
+    if (wait_ops_in_flight((uint64_t)n - 1)) return 11; /* the others are blocked */
     raise(SIGKILL);
   }
   float x[1000] = {0}, y[1000];
   ccs_result_t rc = ccs_all_reduce(x, y, 1000, CCS_FLOAT32, CCS_SUM, comm, NULL);
   const char *err = ccs_comm_last_error(comm);
-  char want[32];
-  snprintf(want, sizeof(want), "rank %d", n - 1);
+  char want[64];
+  snprintf(want, sizeof(want), "rank %d (pid %d) disconnected", n - 1, (int)sh->culprit);
   int ok = rc == CCS_ERR_PEER_LOST && strstr(err, want) != NULL;
   if (!ok) fprintf(stderr, "rank %d: got %s: %s\n", rank, ccs_result_name(rc), err);
   /* the comm stays failed: the next call says so at once */
@@ -165,6 +180,7 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(ccs_comm_init_rank(&comm, 2, junk, 0), CCS_ERR_INVALID_ARGUMENT);
   assert_int_equal(ccs_comm_init_rank(&comm, 2, sh->id, 2), CCS_ERR_INVALID_ARGUMENT);
   assert_int_equal(ccs_comm_init_rank(NULL, 2, sh->id, 0), CCS_ERR_INVALID_ARGUMENT);
+  assert_daemon_serves(2);
 }
 
 /* --- the init deadline names the missing rank --- */
@@ -234,36 +250,167 @@ static void test_buffer_checks(void **state) {
   /* an unsealed memfd could shrink under the daemon: refused */
   int unsealed = raw_memfd(4096, 0);
   assert_int_equal(raw_register(fd, unsealed, NULL), CCS_ERR_INVALID_ARGUMENT);
-  /* a sealed one is fine */
-  int sealed = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
-  uint64_t buf = 0;
+  /* sealed ones are fine: the target, and a source of other bytes */
+  int sealed = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW), other = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+  unsigned char *target = raw_map(sealed, 4096), *source = raw_map(other, 4096);
+  uint64_t buf = 0, src = 0;
   assert_int_equal(raw_register(fd, sealed, &buf), CCS_OK);
+  assert_int_equal(raw_register(fd, other, &src), CCS_OK);
   close(unsealed);
   close(sealed);
+  close(other);
   uint64_t comm = raw_comm_of_one(fd); /* to submit ops on */
 
+  /* each op: from the source (a valid range of the op's length, where it
+   * has one) into the range named here; a refused one writes nothing */
   struct {
     uint64_t buffer, offset, length, count;
     ccs_result_t want;
   } cases[] = {
-      {buf, 0, 4096, 1024, CCS_OK},
-      {buf, 4, 4092, 1023, CCS_OK},
       {buf, 4096, 4, 1, CCS_ERR_INVALID_ARGUMENT},          /* past the end */
+      {buf, 4092, 8, 2, CCS_ERR_INVALID_ARGUMENT},          /* across the end */
       {buf, 2, 4, 1, CCS_ERR_INVALID_ARGUMENT},             /* misaligned */
       {buf, UINT64_MAX - 3, 4, 1, CCS_ERR_INVALID_ARGUMENT}, /* offset + length wraps */
       {buf, 0, 8, 1, CCS_ERR_INVALID_ARGUMENT},             /* length disagrees with count */
       {buf + 100, 0, 4, 1, CCS_ERR_INVALID_ARGUMENT},       /* not registered */
       {buf, 0, 0, UINT64_MAX / 2, CCS_ERR_INVALID_ARGUMENT}, /* count * size overflows */
+      {buf, 4, 4092, 1023, CCS_OK},
+      {buf, 0, 4096, 1024, CCS_OK},
   };
+  memset(source, 0x11, 4096);
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    Ccs__BufRef ref = CCS__BUF_REF__INIT;
-    ref.buffer = cases[i].buffer;
-    ref.offset = cases[i].offset;
-    ref.length = cases[i].length;
-    raw_send_all_reduce(fd, 100 + i, comm, &ref, cases[i].count);
+    memset(target, 0x5a, 4096);
+    Ccs__BufRef from = CCS__BUF_REF__INIT, into = CCS__BUF_REF__INIT;
+    from.buffer = src;
+    from.length = cases[i].count <= 1024 ? cases[i].count * 4 : 0;
+    into.buffer = cases[i].buffer;
+    into.offset = cases[i].offset;
+    into.length = cases[i].length;
+    raw_send_all_reduce_into(fd, 100 + i, comm, &from, &into, cases[i].count);
     raw_expect(fd, cases[i].want);
+    /* refused: no byte written; done: exactly its range, from the source */
+    size_t lo = cases[i].want == CCS_OK ? cases[i].offset : 0;
+    size_t hi = cases[i].want == CCS_OK ? cases[i].offset + cases[i].length : 0;
+    for (size_t b = 0; b < 4096; b++)
+      if (target[b] != (b >= lo && b < hi ? 0x11 : 0x5a))
+        fail_msg("case %zu: byte %zu of the target is 0x%02x", i, b, target[b]);
+    for (size_t b = 0; b < 4096; b++) /* the source is only read */
+      if (source[b] != 0x11) fail_msg("case %zu: the source changed at byte %zu", i, b);
   }
+  munmap(target, 4096);
+  munmap(source, 4096);
   close(fd);
+  assert_daemon_serves(2);
+}
+
+/* --- a send whose receive never comes: the p2p deadline --- */
+static int lonely_sender(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  setenv("CCS_TIMEOUT", "1", 1);
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
+  if (rank == 1) { /* never receives; waits for the comm to fail */
+    sh->culprit = getpid();
+    ccs_result_t async = CCS_OK;
+    for (double end = test_now() + 20; async == CCS_OK && test_now() < end;) {
+      ccs_comm_get_async_error(comm, &async);
+      usleep(10000);
+    }
+    ccs_comm_destroy(comm);
+    return async != CCS_ERR_TIMEOUT;
+  }
+  int32_t buf[4] = {1, 2, 3, 4};
+  double t0 = test_now();
+  ccs_result_t rc = ccs_send(buf, 4, CCS_INT32, 1, comm, NULL);
+  double waited = test_now() - t0;
+  const char *err = ccs_comm_last_error(comm);
+  char want[128];
+  snprintf(want, sizeof(want), "rank 1 (pid %d) has not posted the recv matching rank 0's send", (int)sh->culprit);
+  int ok = rc == CCS_ERR_TIMEOUT && strstr(err, want) && waited >= 1 - 0.025 && waited < 1 + 3;
+  if (!ok) fprintf(stderr, "rank 0 after %.3f s: %s: %s\n", waited, ccs_result_name(rc), err);
+  ccs_comm_destroy(comm);
+  return !ok;
+}
+
+static void test_send_deadline(void **state) {
+  test_new_id(&sh->id);
+  assert_int_equal(test_run_ranks(2, lonely_sender, NULL, 30, NULL), 0);
+  assert_daemon_serves(2);
+}
+
+/* --- a rank killed while its large op runs on the executor --- */
+static int large_op_rank(int rank, int n, void *arg) {
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
+  size_t count = 16 << 20; /* 64 MiB: 256 tasks */
+  float *x;
+  if (ccs_mem_alloc((void **)&x, count * sizeof(float)) != CCS_OK) return 11;
+  memset(x, 0, count * sizeof(float));
+  if (rank == n - 1) sh->culprit = getpid(); /* the test kills it mid-op */
+  ccs_result_t rc = CCS_OK;
+  for (double end = test_now() + 30; rc == CCS_OK && test_now() < end;)
+    rc = ccs_all_reduce(x, x, count, CCS_FLOAT32, CCS_SUM, comm, NULL);
+  char want[64];
+  snprintf(want, sizeof(want), "rank %d (pid %d) disconnected", n - 1, (int)sh->culprit);
+  int ok = rc == CCS_ERR_PEER_LOST && strstr(ccs_comm_last_error(comm), want);
+  if (!ok) fprintf(stderr, "rank %d: %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
+  ccs_mem_free(x);
+  ccs_comm_destroy(comm);
+  return !ok;
+}
+
+static void test_rank_killed_mid_op(void **state) {
+  test_new_id(&sh->id);
+  sh->culprit = 0;
+  pid_t child = fork();
+  if (child == 0) {
+    int st[3];
+    test_run_ranks(3, large_op_rank, NULL, 60, st);
+    _exit(st[0] || st[1] || st[2] != 128 + SIGKILL);
+  }
+  /* all three called: the op is launched, its tasks running */
+  assert_int_equal(wait_ops_in_flight(3), 0);
+  assert_true(sh->culprit > 0);
+  kill(sh->culprit, SIGKILL);
+  int status;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_daemon_serves(3);
+}
+
+/* --- unregistered buffers beyond CCS_STAGING_MAX_BYTES --- */
+static int staging_rank(int rank, int n, void *arg) {
+  setenv("CCS_STAGING_MAX_BYTES", "2097152", 1);
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
+  int fails = 0;
+  size_t small = 256 << 10, large = 1 << 20; /* floats: 1 MiB (fits, both ways), 4 MiB (does not) */
+  float *x = malloc(large * sizeof(float)), *y = malloc(large * sizeof(float));
+  for (size_t i = 0; i < large; i++) x[i] = (float)(i % 100), y[i] = -1;
+  if (ccs_all_reduce(x, y, small, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK || y[99] != 99.0f * n) fails++;
+  for (size_t i = 0; i < large; i++) y[i] = -1;
+  ccs_result_t rc = ccs_all_reduce(x, y, large, CCS_FLOAT32, CCS_SUM, comm, NULL);
+  if (rc != CCS_ERR_NO_MEMORY || !strstr(ccs_comm_last_error(comm), "over the limit of 2097152 (CCS_STAGING_MAX_BYTES)")) {
+    fprintf(stderr, "rank %d: %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
+    fails++;
+  }
+  for (size_t i = 0; i < large; i++) fails += y[i] != -1; /* nothing written */
+  /* the comm is fine, and registered buffers are not staged */
+  float *r;
+  if (ccs_mem_alloc((void **)&r, large * sizeof(float)) != CCS_OK) return 12;
+  memcpy(r, x, large * sizeof(float));
+  if (ccs_all_reduce(r, r, large, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK || r[large - 1] != (float)((large - 1) % 100) * n)
+    fails++;
+  ccs_mem_free(r);
+  free(x);
+  free(y);
+  ccs_comm_destroy(comm);
+  return fails;
+}
+
+static void test_staging_bound(void **state) {
+  test_new_id(&sh->id);
+  assert_int_equal(test_run_ranks(2, staging_rank, NULL, 60, NULL), 0);
   assert_daemon_serves(2);
 }
 
@@ -295,7 +442,7 @@ static void test_daemon_restart(void **state) {
   if (child == 0) {
     _exit(test_run_ranks(3, orphaned_rank, NULL, 30, NULL));
   }
-  usleep(500 * 1000);
+  assert_int_equal(wait_ops_in_flight(2), 0); /* both calling ranks are blocked */
   test_daemon_kill(&daemon_);
   int status;
   assert_int_equal(waitpid(child, &status, 0), child);
@@ -321,6 +468,9 @@ int main(void) {
       cmocka_unit_test(test_init_timeout),
       cmocka_unit_test(test_garbage_and_oversized_frames),
       cmocka_unit_test(test_buffer_checks),
+      cmocka_unit_test(test_send_deadline),
+      cmocka_unit_test(test_rank_killed_mid_op),
+      cmocka_unit_test(test_staging_bound),
       cmocka_unit_test(test_daemon_restart),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

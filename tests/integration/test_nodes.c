@@ -3,10 +3,14 @@
  * each, all_reduce in a loop. A daemon killed with SIGKILL or stopped
  * with SIGTERM, and a daemon cut off (its link down in namespaces; stopped with SIGSTOP on loopback,
  * which silences it the same way), must make the other ranks fail with
- * CCS_ERR_PEER_LOST naming the lost daemon and its rank within a bound, and
- * the surviving daemons must serve new communicators. Junk on the daemons'
- * port is dropped without disturbing them; ranks of different nodes that
- * pass different counts, types or reductions are told so (never a result). */
+ * CCS_ERR_PEER_LOST naming the lost daemon by its address, its ranks and
+ * the cause, within bounds (a reset at once, silence not before
+ * peer_timeout), and the surviving daemons must serve new communicators.
+ * Junk on the daemons' port is dropped without disturbing them; ranks of
+ * different nodes that call different collectives, counts, types,
+ * reductions or roots are told so, every one of them, with both calls
+ * named, and get no result; an op waiting for other daemons fails at its
+ * deadline. The daemons must stop cleanly after every test. */
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -42,11 +46,15 @@ struct shared {
   ccs_unique_id_t id;
   double fault_at;
   double failed_at[MAXR];
-  int code[MAXR];
+  int code[MAXR], next_code[MAXR];
+  int running;      /* ranks that completed an op of the loop: the fault may come */
+  int wrote[MAXR];  /* a rank's receive buffer changed by an op that failed */
   char text[MAXR][512];
 };
 static struct shared *sh;
 static struct test_daemon dm[ND];
+#define HEARTBEAT_S 0.2
+#define PEER_TIMEOUT_S 1.5
 static const char *const daemon_args[] = {"--heartbeat", "0.2", "--peer_timeout", "1.5",
                                           "--init-timeout", "10", "--io-timeout", "1", NULL};
 
@@ -60,14 +68,20 @@ static int setup(void **state) {
   return ccs_get_unique_id(&sh->id) == CCS_OK ? 0 : -1; /* from daemon 0 */
 }
 
+/* Every daemon still running must stop cleanly: a daemon that crashes or
+ * reports a race (ThreadSanitizer exits 66) as it stops fails the test. */
 static int teardown(void **state) {
   (void)state;
+  int failed = 0;
   for (int i = 0; i < ND; i++) {
-    if (dm[i].pid > 0) kill(dm[i].pid, SIGCONT);
-    test_daemon_stop(&dm[i]);
+    if (dm[i].pid <= 0) continue; /* killed by the test */
+    kill(dm[i].pid, SIGCONT);
+    int rc = test_daemon_stop(&dm[i]);
+    if (rc != 0) fprintf(stderr, "daemon %d exited with status %d\n", i, rc);
+    failed |= rc != 0;
   }
   test_shared_free(sh, sizeof(*sh));
-  return 0;
+  return failed ? -1 : 0;
 }
 
 /* all_reduce of 1 MiB until something fails; what failed is recorded */
@@ -80,7 +94,10 @@ static int looping_rank(int rank, int n, void *arg) {
   ccs_result_t rc = CCS_OK;
   for (int i = 0; i < COUNT; i++) buf[i] = 1;
   double end = test_now() + 60;
-  while (rc == CCS_OK && test_now() < end) rc = ccs_all_reduce(buf, buf, COUNT, CCS_FLOAT32, CCS_MAX, comm, NULL);
+  for (int ops = 0; rc == CCS_OK && test_now() < end; ops++) {
+    rc = ccs_all_reduce(buf, buf, COUNT, CCS_FLOAT32, CCS_MAX, comm, NULL);
+    if (ops == 0 && rc == CCS_OK) __atomic_add_fetch(&sh->running, 1, __ATOMIC_SEQ_CST);
+  }
   sh->failed_at[rank] = test_now();
   sh->code[rank] = rc;
   snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
@@ -89,31 +106,65 @@ static int looping_rank(int rank, int n, void *arg) {
   return 0;
 }
 
-/* A fresh comm over daemons 0 and 1: one checked all_reduce. */
+/* A fresh comm over daemons 0 and 1: one checked all_reduce of 320 KB
+ * (through the executors and the network, not the control loop). */
 static void survivors_serve(void) {
   test_spread_ranks(dm, 2);
   test_new_id(&sh->id);
-  assert_int_equal(test_run_sum(2, &sh->id, &test_sum_one_int, 0, 60), 0);
+  assert_int_equal(test_run_sum(2, &sh->id, &test_sum_executor, 0, 60), 0);
   test_spread_ranks(dm, ND);
 }
 
-/* The other ranks got PEER_LOST, in time, naming daemon 2's rank(s). */
-static void expect_lost(const char *how) {
+/* The address other daemons know daemon i by: the root of an id it issues. */
+static void address_of(int i, char *out, size_t len) {
+  int fd = raw_connect(dm[i].socket);
+  raw_hello(fd);
+  raw_send_get_unique_id(fd, 2);
+  Ccs__Reply *r = raw_reply(fd);
+  close(fd);
+  assert_non_null(r);
+  assert_int_equal(r->status, CCS_OK);
+  struct ccs__unique_id id;
+  assert_true(r->unique_id->id.len >= sizeof(id));
+  memcpy(&id, r->unique_id->id.data, sizeof(id));
+  ccs__reply__free_unpacked(r, NULL);
+  snprintf(out, len, "%.*s", (int)sizeof(id.root), id.root);
+}
+
+/* The other ranks got PEER_LOST naming daemon 2 by its address, its
+ * ranks and the cause (or the other cause, where two may come first),
+ * between `early` and `late` seconds after the fault. */
+static void expect_lost(const char *how, const char *addr, const char *cause, const char *or_cause,
+                        double early, double late) {
+  char ranks[64] = "", want[256], or_want[256];
+  for (int r = 2; r < NR; r += ND)
+    snprintf(ranks + strlen(ranks), sizeof(ranks) - strlen(ranks), "%s%d", r > 2 ? "," : "", r);
+  snprintf(want, sizeof(want), "the daemon at %s serving rank(s) %s is %s", addr, ranks, cause);
+  snprintf(or_want, sizeof(or_want), "the daemon at %s serving rank(s) %s is %s", addr, ranks,
+           or_cause ? or_cause : cause);
   for (int r = 0; r < NR; r++) {
     if (r % ND == 2) continue;
-    fprintf(stderr, "# %s: rank %d: %s after %.2f s: %s\n", how, r, ccs_result_name(sh->code[r]),
-            sh->failed_at[r] - sh->fault_at, sh->text[r]);
+    double after = sh->failed_at[r] - sh->fault_at;
+    fprintf(stderr, "# %s: rank %d: %s after %.2f s: %s\n", how, r, ccs_result_name(sh->code[r]), after,
+            sh->text[r]);
     assert_int_equal(sh->code[r], CCS_ERR_PEER_LOST);
-    assert_true(sh->failed_at[r] - sh->fault_at < BOUND_S);
-    assert_non_null(strstr(sh->text[r], "rank(s) 2"));
+    if (!strstr(sh->text[r], want) && !strstr(sh->text[r], or_want))
+      fail_msg("rank %d: '%s' does not say '%s'", r, sh->text[r], want);
+    if (after < early || after > late)
+      fail_msg("rank %d heard %.2f s after the fault, not within [%.2f, %.2f]", r, after, early, late);
   }
 }
 
-/* In a child: wait, then do the fault; the parent runs the ranks. */
+/* In a child: once every rank completed an op of its loop, the fault;
+ * the parent runs the ranks. */
 static pid_t fault_later(void (*fault)(void)) {
+  sh->running = 0;
+  memset(sh->failed_at, 0, sizeof(sh->failed_at));
   pid_t pid = fork();
   if (pid == 0) {
-    usleep(1500 * 1000);
+    for (double end = test_now() + 60; __atomic_load_n(&sh->running, __ATOMIC_SEQ_CST) < NR;)
+      if (test_now() > end) _exit(1);
+      else usleep(1000);
     sh->fault_at = test_now();
     fault();
     _exit(0);
@@ -123,12 +174,16 @@ static pid_t fault_later(void (*fault)(void)) {
 
 static void kill_daemon_2(void) { kill(dm[2].pid, SIGKILL); }
 
+/* at once: the reset, well before any heartbeat would be missed */
 static void test_daemon_killed(void **state) {
   (void)state;
+  char addr[64];
+  address_of(2, addr, sizeof(addr));
   pid_t helper = fault_later(kill_daemon_2);
   test_run_ranks(NR, looping_rank, NULL, 120, NULL);
   waitpid(helper, NULL, 0);
-  expect_lost("daemon killed");
+  expect_lost("daemon killed", addr, "unreachable: connection lost: Connection reset by peer", NULL, 0,
+              PEER_TIMEOUT_S - HEARTBEAT_S);
   test_daemon_kill(&dm[2]);
   survivors_serve();
 }
@@ -139,10 +194,15 @@ static void stop_daemon_2(void) { kill(dm[2].pid, SIGTERM); }
  * others, and it exits cleanly with its ops' network tasks unsent. */
 static void test_daemon_stopped(void **state) {
   (void)state;
+  char addr[64];
+  address_of(2, addr, sizeof(addr));
   pid_t helper = fault_later(stop_daemon_2);
   test_run_ranks(NR, looping_rank, NULL, 120, NULL);
   waitpid(helper, NULL, 0);
-  expect_lost("daemon stopped");
+  /* its word that it stops, or its connections closing, whichever a
+   * daemon hears first */
+  expect_lost("daemon stopped", addr, "stopping", "unreachable: connection lost", 0,
+              PEER_TIMEOUT_S - HEARTBEAT_S);
   assert_int_equal(test_daemon_stop(&dm[2]), 0);
   survivors_serve();
 }
@@ -158,8 +218,12 @@ static void cut_daemon_2(void) {
   }
 }
 
+/* by the heartbeat: not before peer_timeout since the last word (a
+ * heartbeat period before the fault at most), nor long after */
 static void test_daemon_cut_off(void **state) {
   (void)state;
+  char addr[64];
+  address_of(2, addr, sizeof(addr));
   pid_t helper = fault_later(cut_daemon_2);
   /* rank 2 waits on its silenced daemon: it is let go below */
   pid_t ranks = fork();
@@ -178,7 +242,8 @@ static void test_daemon_cut_off(void **state) {
   }
   int status;
   waitpid(ranks, &status, 0);
-  expect_lost("daemon cut off");
+  expect_lost("daemon cut off", addr, "unreachable: no heartbeat for 1.5 s", NULL,
+              PEER_TIMEOUT_S - HEARTBEAT_S - 0.05, BOUND_S);
   survivors_serve();
 }
 
@@ -262,51 +327,68 @@ static void test_junk_on_the_port(void **state) {
   survivors_serve();
 }
 
-/* Ranks of two daemons that call all_reduce differently: what rank 1
- * changes (count, type or reduction) is arg. */
-enum differ { COUNTS, TYPES, REDUCTIONS };
+/* Ranks of two daemons that call differently: what the ranks of daemon 1
+ * change (the collective, count, type or reduction) is arg. Out of place,
+ * from inputs of rank + 1 into buffers of 0x5a: a rank that got a result
+ * would see its buffer change. */
+enum differ { KINDS, COUNTS, TYPES, REDUCTIONS };
 static int mismatched_rank(int rank, int n, void *arg) {
   enum differ what = *(const enum differ *)arg;
   ccs_comm_t *comm;
   if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 2;
-  size_t count = what == COUNTS && rank == 1 ? 500 : 1000;
-  ccs_dtype_t t = what == TYPES && rank == 1 ? CCS_INT32 : CCS_FLOAT32;
-  ccs_redop_t op = what == REDUCTIONS && rank == 1 ? CCS_MAX : CCS_SUM;
-  float *buf = calloc(count, sizeof(float));
-  sh->code[rank] = ccs_all_reduce(buf, buf, count, t, op, comm, NULL);
+  int odd = rank % 2 == 1; /* daemon 1's ranks */
+  size_t count = what == COUNTS && odd ? 500 : 1000;
+  ccs_dtype_t t = what == TYPES && odd ? CCS_INT32 : CCS_FLOAT32;
+  ccs_redop_t op = what == REDUCTIONS && odd ? CCS_MAX : CCS_SUM;
+  size_t recv_bytes = (size_t)n * 1000 * sizeof(float); /* room for an all_gather */
+  float *send = malloc(1000 * sizeof(float));
+  unsigned char *recv = malloc(recv_bytes);
+  for (int i = 0; i < 1000; i++) send[i] = (float)(rank + 1);
+  memset(recv, 0x5a, recv_bytes);
+  if (what == KINDS && odd) sh->code[rank] = ccs_all_gather(send, recv, count, t, comm, NULL);
+  else sh->code[rank] = ccs_all_reduce(send, recv, count, t, op, comm, NULL);
   snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
+  sh->wrote[rank] = 0;
+  for (size_t i = 0; i < recv_bytes; i++) sh->wrote[rank] |= recv[i] != 0x5a;
+  /* the comm failed: the next call, the same on every rank, fails too */
+  int v = 1, sum;
+  sh->next_code[rank] = ccs_all_reduce(&v, &sum, 1, CCS_INT32, CCS_SUM, comm, NULL);
   ccs_comm_destroy(comm);
-  free(buf);
+  free(send);
+  free(recv);
   return 0;
 }
 
-/* Every rank gets CCS_ERR_MISMATCH (none a result), and one at least the
- * text that names the difference. */
-static void expect_mismatch(enum differ what, const char *named_by, const char *also) {
+/* Every rank gets CCS_ERR_MISMATCH naming a rank of each daemon and what
+ * each called (mine and theirs), no rank's buffer is written, and the
+ * comm is failed for every rank. */
+static void expect_mismatch(enum differ what, const char *mine, const char *theirs) {
   test_spread_ranks(dm, 2);
+  test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(2 * per, mismatched_rank, &what, 60, NULL), 0);
-  int named = 0;
   for (int r = 0; r < 2 * per; r++) {
-    fprintf(stderr, "# differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
+    fprintf(stderr, "# differ: rank %d: %s: %s; then %s\n", r, ccs_result_name(sh->code[r]), sh->text[r],
+            ccs_result_name(sh->next_code[r]));
     assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
-    named += strstr(sh->text[r], named_by) && (!also || strstr(sh->text[r], also));
+    if (!strstr(sh->text[r], "differs across daemons") || !strstr(sh->text[r], mine) ||
+        !strstr(sh->text[r], theirs))
+      fail_msg("rank %d: '%s' does not name both calls ('%s', '%s')", r, sh->text[r], mine, theirs);
+    if (sh->wrote[r]) fail_msg("rank %d got a result: its receive buffer was written", r);
+    assert_int_not_equal(sh->next_code[r], CCS_OK);
   }
-  assert_true(named >= 1);
   survivors_serve();
+}
+
+static void test_kinds_differ_across_nodes(void **state) {
+  (void)state;
+  expect_mismatch(KINDS, "called all_reduce(count=1000, dtype=float, op=sum)",
+                  "called all_gather(count=1000, dtype=float)");
 }
 
 static void test_counts_differ_across_nodes(void **state) {
   (void)state;
-  /* the daemons' words or the data, whichever tells first */
-  test_spread_ranks(dm, 2);
-  enum differ what = COUNTS;
-  assert_int_equal(test_run_ranks(2 * per, mismatched_rank, &what, 60, NULL), 0);
-  for (int r = 0; r < 2 * per; r++) {
-    fprintf(stderr, "# counts differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
-    assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
-    assert_true(strstr(sh->text[r], "different counts") || strstr(sh->text[r], "count=500"));
-  }
-  survivors_serve();
+  expect_mismatch(COUNTS, "called all_reduce(count=1000, dtype=float, op=sum)",
+                  "called all_reduce(count=500, dtype=float, op=sum)");
 }
 
 /* Two ranks of the same daemon disagree in a comm over three daemons (2
@@ -341,12 +423,14 @@ static void test_counts_differ_within_a_daemon(void **state) {
 
 static void test_types_differ_across_nodes(void **state) {
   (void)state;
-  expect_mismatch(TYPES, "differs across", "dtype=int32");
+  expect_mismatch(TYPES, "called all_reduce(count=1000, dtype=float, op=sum)",
+                  "called all_reduce(count=1000, dtype=int32, op=sum)");
 }
 
 static void test_reductions_differ_across_nodes(void **state) {
   (void)state;
-  expect_mismatch(REDUCTIONS, "differs across", "op=max");
+  expect_mismatch(REDUCTIONS, "called all_reduce(count=1000, dtype=float, op=sum)",
+                  "called all_reduce(count=1000, dtype=float, op=max)");
 }
 
 /* Ranks of daemon 2 broadcast from a root of their own, the others from
@@ -373,7 +457,53 @@ static void test_roots_differ_across_nodes(void **state) {
     fprintf(stderr, "# roots differ: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
     assert_int_equal(sh->code[r], CCS_ERR_MISMATCH);
     assert_non_null(strstr(sh->text[r], "differs across daemons"));
-    assert_non_null(strstr(sh->text[r], "root="));
+    assert_non_null(strstr(sh->text[r], "called broadcast(count=16, dtype=int32, root=0)"));
+    assert_non_null(strstr(sh->text[r], "called broadcast(count=16, dtype=int32, root=2)"));
+  }
+  survivors_serve();
+}
+
+/* An op launched on daemon 0 whose ranks on daemon 1 never call it: it
+ * fails at the comm's deadline (not before), saying it waited for the
+ * other daemons, and the failure reaches daemon 1's ranks too. */
+#define SPAN_TIMEOUT_S 1.0
+static int waits_for_other_daemons(int rank, int n, void *arg) {
+  (void)arg;
+  setenv("CCS_TIMEOUT", "1", 1);
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 2;
+  int v = 1, sum;
+  if (ccs_all_reduce(&v, &sum, 1, CCS_INT32, CCS_SUM, comm, NULL) != CCS_OK) return 3;
+  if (rank % 2 == 1) { /* daemon 1's: op #2 never called; the failure comes to it */
+    ccs_result_t async = CCS_OK;
+    for (double end = test_now() + 20; async == CCS_OK && test_now() < end; usleep(10000))
+      ccs_comm_get_async_error(comm, &async);
+    sh->code[rank] = async;
+    snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
+    ccs_comm_destroy(comm);
+    return 0;
+  }
+  double t0 = test_now();
+  sh->code[rank] = ccs_all_reduce(&v, &sum, 1, CCS_INT32, CCS_SUM, comm, NULL);
+  sh->failed_at[rank] = test_now() - t0;
+  snprintf(sh->text[rank], sizeof(sh->text[rank]), "%s", ccs_comm_last_error(comm));
+  ccs_comm_destroy(comm);
+  return 0;
+}
+
+static void test_op_timeout_across_nodes(void **state) {
+  (void)state;
+  test_spread_ranks(dm, 2);
+  test_new_id(&sh->id);
+  assert_int_equal(test_run_ranks(2 * per, waits_for_other_daemons, NULL, 60, NULL), 0);
+  for (int r = 0; r < 2 * per; r++)
+    fprintf(stderr, "# op timeout: rank %d: %s: %s\n", r, ccs_result_name(sh->code[r]), sh->text[r]);
+  for (int r = 0; r < 2 * per; r++) {
+    assert_int_equal(sh->code[r], CCS_ERR_TIMEOUT);
+    if (r % 2) continue;
+    assert_non_null(strstr(sh->text[r], "all_reduce #2 waited 1.0 s for the ranks on other daemons"));
+    if (sh->failed_at[r] < SPAN_TIMEOUT_S - 0.025 || sh->failed_at[r] > SPAN_TIMEOUT_S + 5)
+      fail_msg("rank %d timed out after %.3f s", r, sh->failed_at[r]);
   }
   survivors_serve();
 }
@@ -409,11 +539,13 @@ static void test_late_ranks_across_nodes(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_junk_on_the_port, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_kinds_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counts_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_types_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reductions_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counts_differ_within_a_daemon, setup, teardown),
       cmocka_unit_test_setup_teardown(test_roots_differ_across_nodes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_op_timeout_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_late_ranks_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),

@@ -18,10 +18,12 @@
 #include "harness.h"
 #include "serving.h"
 
+#define NRANKS 3 /* not 2: the bus factors of 2 ranks are 1 */
+
 struct shared {
   ccs_unique_id_t id;
-  int pids[2];
-  ccs_result_t blocked_rc;
+  int pids[NRANKS];
+  ccs_result_t blocked_rc[NRANKS];
 };
 static struct shared *sh;
 static struct test_daemon dmn;
@@ -42,16 +44,18 @@ static int rank_main(int rank, int n, void *arg) {
   ccs_comm_t *comm;
   sh->pids[rank] = getpid();
   if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
-  int v = rank, out;
-  for (int i = 0; i < 10; i++) /* 10 all_reduce for the metrics */
+  int v = rank, out, all[NRANKS];
+  for (int i = 0; i < 5; i++) /* 5 all_gather for the metrics (ops #1..#5) */
+    if (ccs_all_gather(&v, all, 1, CCS_INT32, comm, NULL) != CCS_OK) return 2;
+  for (int i = 0; i < 5; i++) /* and 5 all_reduce (#6..#10) */
     if (ccs_all_reduce(&v, &out, 1, CCS_INT32, CCS_SUM, comm, NULL) != CCS_OK) return 2;
   if (rank == 1) { /* stuck: never calls #11, until the operator aborts */
     pause();
     return 0;
   }
-  sh->blocked_rc = ccs_all_reduce(&v, &out, 1, CCS_INT32, CCS_SUM, comm, NULL);
+  sh->blocked_rc[rank] = ccs_all_reduce(&v, &out, 1, CCS_INT32, CCS_SUM, comm, NULL);
   ccs_comm_destroy(comm);
-  return sh->blocked_rc == CCS_ERR_ABORTED ? 0 : 3;
+  return sh->blocked_rc[rank] == CCS_ERR_ABORTED ? 0 : 3;
 }
 
 static void test_ccsctl(void **state) {
@@ -61,7 +65,16 @@ static void test_ccsctl(void **state) {
   assert_int_equal(test_daemon_start(&dmn, args), 0);
   test_new_id(&sh->id);
   pid_t runner = fork();
-  if (runner == 0) _exit(test_run_ranks(2, rank_main, NULL, 60, NULL) > 1);
+  if (runner == 0) { /* every rank but the stuck one (killed below) must succeed */
+    int st[NRANKS];
+    test_run_ranks(NRANKS, rank_main, NULL, 60, st);
+    for (int r = 0; r < NRANKS; r++)
+      if (st[r] != (r == 1 ? 128 + SIGTERM : 0)) {
+        fprintf(stderr, "rank %d exited with %d\n", r, st[r]);
+        _exit(1);
+      }
+    _exit(0);
+  }
   static char out[1 << 16];
   /* wait for rank 0 to be blocked in op #11 */
   double deadline = test_now() + 20;
@@ -94,18 +107,22 @@ static void test_ccsctl(void **state) {
   kill(sh->pids[1], SIGTERM);
   int st;
   assert_int_equal(waitpid(runner, &st, 0), runner);
-  assert_int_equal(sh->blocked_rc, CCS_ERR_ABORTED);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_int_equal(sh->blocked_rc[0], CCS_ERR_ABORTED);
+  assert_int_equal(sh->blocked_rc[2], CCS_ERR_ABORTED);
   /* no such comm; bad command lines */
   assert_int_equal(ccsctl(out, sizeof(out), "abort 999999 2>/dev/null"), 1);
   assert_int_equal(ccsctl(out, sizeof(out), "frobnicate 2>/dev/null"), 2);
   assert_int_equal(ccsctl(out, sizeof(out), "--json config"), 0);
   assert_non_null(strstr(out, "\"op_timeout\": \"60\""));
-  /* metrics: 10 all_reduce x 2 ranks; the aborted call of rank 0 */
+  /* metrics: 5 all_gather and 5 all_reduce x 3 ranks; the aborted calls
+   * of ranks 0 and 2; bus bytes by the factors of 3 ranks */
   char check[1024];
   snprintf(check, sizeof(check),
-           "%s --socket %s metrics | /usr/bin/python3 %s/tests/support/check_metrics.py all_reduce=20 "
-           "all_reduce=1,CCS_ERR_ABORTED",
-           CCSCTL_PATH, dmn.socket, SOURCE_DIR);
+           "%s --socket %s metrics | /usr/bin/python3 %s/tests/support/check_metrics.py --ranks %d "
+           "all_gather=15 all_reduce=15 all_reduce=2,CCS_ERR_ABORTED",
+           CCSCTL_PATH, dmn.socket, SOURCE_DIR, NRANKS);
   assert_int_equal(system(check), 0);
   assert_int_equal(test_daemon_stop(&dmn), 0);
   /* unreachable daemon */

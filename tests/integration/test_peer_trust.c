@@ -41,6 +41,7 @@
 struct shared {
   ccs_unique_id_t id;
   volatile int attacked, stop;
+  int running; /* busy ranks that completed an op */
   int code[8];
   char text[8][512];
 };
@@ -67,9 +68,10 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-  for (int i = 0; i < ND; i++) test_daemon_stop(&dm[i]);
+  int rc = 0;
+  for (int i = 0; i < ND; i++) rc |= test_daemon_stop(&dm[i]); /* each must stop cleanly */
   test_shared_free(sh, sizeof(*sh));
-  return 0;
+  return rc;
 }
 
 /* The id's root: daemon 0's address for other daemons. */
@@ -97,6 +99,7 @@ static int busy_rank(int rank, int n, void *arg) {
   for (int i = 0, stop = 0; !stop && sh->code[rank] == CCS_OK; i++) {
     double v[6] = {rank, i, -rank, 1, 0.5 * rank, i >= min && sh->stop}, out[6];
     sh->code[rank] = ccs_all_reduce(v, out, 6, CCS_FLOAT64, CCS_SUM, comm, NULL);
+    if (i == 0) __atomic_add_fetch(&sh->running, 1, __ATOMIC_SEQ_CST);
     double want[5] = {n * (n - 1) / 2.0, (double)n * i, -n * (n - 1) / 2.0, n, n * (n - 1) / 4.0};
     if (sh->code[rank] == CCS_OK && memcmp(out, want, sizeof(want))) sh->code[rank] = WRONG_RESULT;
     stop = out[5] > 0;
@@ -123,9 +126,13 @@ static void both_tenants_served(void) {
 static void while_tenants_run(void (*attack)(void)) {
   test_new_id(&sh->id);
   sh->stop = 0;
+  sh->running = 0;
   pid_t pid = fork();
   if (pid == 0) {
-    usleep(300 * 1000); /* the comm is up */
+    /* the comm is up: every rank completed an op */
+    for (double end = test_now() + 60; __atomic_load_n(&sh->running, __ATOMIC_SEQ_CST) < ND;)
+      if (test_now() > end) GIVE_UP(2);
+      else usleep(1000);
     attack();
     sh->stop = 1;
     _exit(0);
@@ -332,6 +339,75 @@ static void meddler(void) {
 
 static void test_words_of_outsiders_change_nothing(void **state) { while_tenants_run(meddler); }
 
+/* --- rules a daemon forwards with a join ------------------------------------------------------ */
+
+static void send_join(struct tconn *c, const ccs_unique_id_t *id, const char *algo) {
+  Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+  Ccs__PeerJoin j = CCS__PEER_JOIN__INIT;
+  j.id = (ProtobufCBinaryData){CCS_UNIQUE_ID_BYTES, (uint8_t *)id->internal};
+  j.nranks = 2;
+  j.rank = 1;
+  j.uid = 0;
+  j.pid = 4242;
+  j.algo = (char *)algo;
+  m.body_case = CCS__PEER_MSG__BODY_JOIN;
+  m.join = &j;
+  send_msg(c, &m);
+}
+
+static uint64_t comms_at(int i) {
+  Ccs__StatsReply *st = raw_stats(dm[i].socket);
+  uint64_t n = st->comms;
+  free(st);
+  return n;
+}
+
+/* A key holder joins comms rooted at daemon 0 for a rank of its own, with
+ * algorithm rules that do not parse (or are too long): each is refused
+ * and makes no comm; the same join without rules, sent after them on the
+ * same connection (so answered after them), makes one. */
+static void test_peer_rules_refused(void **state) {
+  static const char *const bad[] = {":", "all_reduce:ring:nan-1K", "spiral", "ring::0-1K", NULL};
+  static char too_long[700];
+  memset(too_long, 'r', sizeof(too_long) - 1);
+  uint64_t before = comms_at(0);
+  char root[64];
+  test_new_id(&sh->id);
+  root_of(&sh->id, root, sizeof(root));
+  struct transport *t = keyholder();
+  struct tconn *c, *back;
+  char err[256], self[64];
+  /* where the daemon answers (its refusals): here, so that it keeps the
+   * connection and the comm it makes for our rank */
+  assert_int_equal(ccs_transport_tcp.listen(t, "127.0.0.1:0", self, sizeof(self), err, sizeof(err)), 0);
+  assert_int_equal(ccs_transport_tcp.connect(t, root, &c, err, sizeof(err)), 0);
+  say_hello(c, self);
+  for (int i = 0; bad[i]; i++) {
+    test_new_id(&sh->id);
+    send_join(c, &sh->id, bad[i]);
+  }
+  test_new_id(&sh->id);
+  send_join(c, &sh->id, too_long);
+  test_new_id(&sh->id);
+  send_join(c, &sh->id, ""); /* the one that may join */
+  struct tcompletion done[8];
+  static char inbox[4][65536];
+  int accepted = 0;
+  double end = test_now() + 20;
+  while (comms_at(0) < before + 1 && test_now() < end) {
+    ccs_transport_tcp.poll(t, 5, done, 8);
+    while (accepted < 4 && ccs_transport_tcp.accept(t, &back, err, sizeof(err)) == 1) {
+      say_hello(back, self);
+      ccs_transport_tcp.recv(back, NULL, inbox[accepted++], sizeof(inbox[0]), 0, NULL);
+    }
+  }
+  assert_int_equal(comms_at(0), before + 1);
+  ccs_transport_tcp.free(t); /* its comm goes with its connection */
+  for (end = test_now() + 20; comms_at(0) != before && test_now() < end;) usleep(10000);
+  assert_int_equal(comms_at(0), before);
+  both_tenants_served();
+}
+
 /* --- a leaked id, another user, another daemon ------------------------------------------------- */
 
 /* The attacker (uid 65534, on daemon 1) tries the victim's id as it is,
@@ -406,6 +482,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_strangers_get_nowhere, setup, teardown),
       cmocka_unit_test_setup_teardown(test_flood_is_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_words_of_outsiders_change_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_peer_rules_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_leaked_id_gets_another_user_nowhere, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -58,7 +58,7 @@ static int teardown(void **state) {
 
 static void assert_daemon_serves(int n) {
   test_new_id(&sh->id);
-  assert_int_equal(test_run_sum(n, &sh->id, &test_sum_one_int, 0, 60), 0);
+  assert_int_equal(test_run_sum(n, &sh->id, &test_sum_executor, 0, 60), 0);
   test_daemon_assert_clean(&daemon_, &clean);
 }
 

@@ -44,9 +44,9 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-  test_daemon_stop(&dmn);
+  int rc = test_daemon_stop(&dmn); /* not 0: it crashed or reported a race as it stopped */
   test_shared_free(sh, sizeof(*sh));
-  return 0;
+  return rc;
 }
 
 /* rank + 1, 10 * rank, -rank: one checked all_reduce of 3 int64 */

@@ -1,8 +1,9 @@
 /* The engine's proof: every builder x every collective it implements x
  * n = 1..17 compiled by the engine over real buffers (in place and not,
  * chunks of a few elements so nodes pipeline), run with the ready tasks
- * taken in random order, and compared element by element with values
- * computed independently, for every dtype and reduction op. Send buffers
+ * taken in random order, and compared bit for bit, element by element,
+ * with the exact reference (integers over their whole range), for every
+ * dtype and reduction op. Send buffers
  * must come back untouched. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 #include "plan/shape.h"
 #include "plan/pool.h"
 #include "run/engine_run.h"
+#include "algo_table.h"
 #include "harness.h"
 #include "reference.h"
 
@@ -26,10 +28,18 @@ struct bufs {
   size_t send_len, recv_len; /* elements */
 };
 
-/* Rank r's input element i (exact also across daemons, where partial
- * results are rounded at each hop). */
-static double input(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int r, size_t i) {
-  return ref_hop_exact_value(t, op, test_mix(seed, ((uint64_t)r << 40) + i));
+/* Rank r's input element i, as bits: integers over their whole range
+ * (sums and products wrap, in any order the same), floats values exact
+ * also across daemons, where partial results are rounded at each hop. */
+static uint64_t input(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int r, size_t i) {
+  uint64_t h = test_mix(seed, ((uint64_t)r << 40) + i);
+  return ref_is_float(t) ? ref_stored_bits(t, ref_hop_exact_value(t, op, h)) : ref_random_bits(t, h);
+}
+
+static uint64_t reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int n, size_t i) {
+  uint64_t v[17];
+  for (int r = 0; r < n; r++) v[r] = input(t, op, seed, r, i);
+  return ref_reduce_bits(t, op, op == CCS_AVG ? (size_t)n : 0, v, n);
 }
 
 /* Buffers as a caller lays them out; in place as NCCL defines it. */
@@ -56,7 +66,7 @@ static void setup(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t 
       else ranks[r].recv = b->send[r];
     }
     if (ranks[r].send)
-      for (size_t i = 0; i < b->send_len; i++) ref_set(t, ranks[r].send, i, input(t, op, seed, r, i));
+      for (size_t i = 0; i < b->send_len; i++) ref_set_bits(t, ranks[r].send, i, input(t, op, seed, r, i));
     if (ranks[r].send) memcpy(b->copy[r], ranks[r].send, b->send_len * sz);
   }
 }
@@ -79,14 +89,14 @@ static int check(enum sched_coll c, int n, int root, size_t count, ccs_dtype_t t
       struct sched_want w = sched_shape_want(c, root, r, blk);
       /* element off of block k in an input */
 #define IN_AT(k) (splits || !sched_shape_input_whole(c) ? off : (size_t)(k) * count + off)
-      double want = 0;
-      if (w.kind == SCHED_WANT_REDUCED) want = ref_reduced(input, t, op, seed, n, IN_AT(blk));
+      uint64_t want = 0;
+      if (w.kind == SCHED_WANT_REDUCED) want = reduced(t, op, seed, n, IN_AT(blk));
       else if (w.kind == SCHED_WANT_COPY) want = input(t, op, seed, w.from, IN_AT(w.block));
       else continue;
 #undef IN_AT
-      if (ref_get_bits(t, ranks[r].recv, i) != ref_stored_bits(t, want) && wrong++ < 3)
-        fprintf(stderr, "%s: rank %d element %zu: got %g want %g\n", what, r, i,
-                ref_get(t, ranks[r].recv, i), ref_stored(t, want));
+      if (!ref_same_bits(t, ref_get_bits(t, ranks[r].recv, i), want) && wrong++ < 3)
+        fprintf(stderr, "%s: rank %d element %zu: got 0x%llx want 0x%llx\n", what, r, i,
+                (unsigned long long)ref_get_bits(t, ranks[r].recv, i), (unsigned long long)want);
     }
     if (!in_place && ranks[r].send && memcmp(ranks[r].send, b->copy[r], b->send_len * sz) && wrong++ < 3)
       fprintf(stderr, "%s: rank %d's send buffer changed\n", what, r);
@@ -151,14 +161,25 @@ static int compile_run_check(const struct engine_op *ops, int D, int nranks, int
   return 1;
 }
 
+/* Compiled (1) or declined (0) as the table of builders says; fails the
+ * test otherwise. */
+static int as_the_table_says(int ran, int a, int c, const char *what) {
+  int builds = algo_table_builds(sched_algo_name(a), sched_coll_name(c));
+  if (ran != builds)
+    fail_msg("%s: %s, but the table says %s %s %s", what, ran ? "compiled" : "declined",
+             sched_algo_name(a), builds ? "builds" : "does not build", sched_coll_name(c));
+  return ran;
+}
+
 static void test_every_algorithm_on_buffers(void **state) {
   (void)state;
   uint64_t seed = test_seed();
-  int ran = 0, k = 0;
+  int ran = 0, want = 0, k = 0;
   for (int a = 0; a < SCHED_ALGO_COUNT; a++)
     for (int c = 0; c < SCHED_COLL_COUNT; c++)
       for (int n = 1; n <= 17; n++)
         for (int in_place = 0; in_place < 2; in_place++) {
+          want += 4 * algo_table_builds(sched_algo_name(a), sched_coll_name(c));
           size_t sizes[4] = {0, 1, (size_t)n + 3, 1001};
           for (int si = 0; si < 4; si++, k++) {
             ccs_dtype_t t = (ccs_dtype_t)(k % CCS_DTYPE_COUNT);
@@ -173,33 +194,93 @@ static void test_every_algorithm_on_buffers(void **state) {
             snprintf(what, sizeof(what), "%s %s n=%d root=%d count=%zu %s %s %s",
                      sched_algo_name(a), sched_coll_name(c), n, root, sizes[si],
                      ccs_dtype_name(t), ccs_redop_name(op), in_place ? "in place" : "out of place");
-            if (!compile_run_check(&eo, 1, n, root, seed + (uint64_t)k, in_place, &b, ranks, what)) break;
+            if (!as_the_table_says(compile_run_check(&eo, 1, n, root, seed + (uint64_t)k, in_place, &b,
+                                                     ranks, what), a, c, what))
+              break;
             ran++;
           }
         }
   fprintf(stderr, "# %d compiled ops run and checked\n", ran);
-  assert_true(ran > 2000);
+  assert_int_equal(ran, want);
+}
+
+/* What a plan's tasks read and write, element by element, counted as they
+ * run from the ranges their kernels are given (engine_run_task): for each
+ * rank, how often each element of its send buffer was read and each of
+ * its recv buffer written, and the elements touched anywhere else. */
+struct traffic {
+  unsigned *reads[17], *writes[17];
+  size_t elsewhere;
+};
+
+static void count_range(const struct bufs *b, int n, size_t sz, const void *at, size_t len,
+                        int write, struct traffic *tr) {
+  const char *p = at;
+  for (int r = 0; r < n; r++) {
+    const char *base = write ? b->recv[r] : b->send[r];
+    size_t elems = write ? b->recv_len : b->send_len;
+    if (p < base || p >= base + elems * sz) continue;
+    size_t first = (size_t)(p - base) / sz;
+    if (first + len > elems) fail_msg("a task runs past rank %d's buffer", r);
+    for (size_t i = 0; i < len; i++) (write ? tr->writes : tr->reads)[r][first + i]++;
+    return;
+  }
+  tr->elsewhere += len;
+}
+
+static void run_counting(struct engine_plan *pl, const struct bufs *b, int n, struct traffic *tr) {
+  engine_start(pl);
+  while (engine_has_ready(pl)) {
+    size_t t = engine_claim(pl), begin;
+    const struct engine_item *nd = engine_task_item(pl, t);
+    size_t len = engine_task_span(pl, t, &begin), sz = pl->elem_size;
+    for (int k = 0; k < (nd->reduce ? nd->nin : 1); k++)
+      count_range(b, n, sz, (const char *)nd->in[k] + begin * sz, len, 0, tr);
+    for (int k = 0; k < nd->nout; k++) count_range(b, n, sz, (char *)nd->out[k] + begin * sz, len, 1, tr);
+    engine_run_task(pl, t, 0);
+    engine_finish(pl, t);
+  }
+  assert_true(engine_done(pl));
 }
 
 /* Over mapped memory every algorithm's all_reduce reads each contribution
- * once and writes each rank's copy once: the same bytes as direct. */
+ * once and writes each rank's copy once, touching nothing else (no
+ * scratch): the same traffic as direct, counted from the tasks as they
+ * run, and the results are right. */
 static void test_all_reduce_moves_each_byte_once(void **state) {
   (void)state;
   enum { N = 6, COUNT = 4096 };
-  struct bufs b;
-  struct engine_part ranks[N];
-  setup(SCHED_ALL_REDUCE, N, 0, COUNT, CCS_FLOAT32, CCS_SUM, 1, 0, &b, ranks);
   for (int a = 0; a < SCHED_ALGO_COUNT; a++) {
+    struct bufs b;
+    struct engine_part ranks[N];
+    setup(SCHED_ALL_REDUCE, N, 0, COUNT, CCS_FLOAT32, CCS_SUM, 1, 0, &b, ranks);
     struct engine_op eo = {SCHED_ALL_REDUCE, (enum sched_algo)a, N, 0, 1, COUNT, CCS_FLOAT32,
-                           CCS_SUM, ranks, NULL, 1 << 20};
+                           CCS_SUM, ranks, NULL, 1 << 12};
     struct engine_plan pl;
     char err[256];
     assert_int_equal(engine_compile(&eo, &pl, err, sizeof(err)), CCS_OK);
-    assert_int_equal(pl.bytes_moved, (size_t)2 * N * COUNT * sizeof(float));
-    assert_int_equal(pl.nscratch, 0);
+    struct traffic tr = {.elsewhere = 0};
+    for (int r = 0; r < N; r++) {
+      tr.reads[r] = calloc(COUNT, sizeof(unsigned));
+      tr.writes[r] = calloc(COUNT, sizeof(unsigned));
+    }
+    run_counting(&pl, &b, N, &tr);
+    for (int r = 0; r < N; r++)
+      for (size_t i = 0; i < COUNT; i++)
+        if (tr.reads[r][i] != 1 || tr.writes[r][i] != 1)
+          fail_msg("%s all_reduce: rank %d element %zu read %u times, written %u times",
+                   sched_algo_name(a), r, i, tr.reads[r][i], tr.writes[r][i]);
+    if (tr.elsewhere) fail_msg("%s all_reduce: %zu elements touched outside the ranks' buffers",
+                               sched_algo_name(a), tr.elsewhere);
+    assert_int_equal(check(SCHED_ALL_REDUCE, N, 0, COUNT, CCS_FLOAT32, CCS_SUM, 1, 0, &b, ranks,
+                           sched_algo_name(a)), 0);
+    for (int r = 0; r < N; r++) {
+      free(tr.reads[r]);
+      free(tr.writes[r]);
+    }
     engine_plan_free(&pl);
+    free_bufs(&b, N);
   }
-  free_bufs(&b, N);
 }
 
 /* Messages between the daemons of the test below, by identity. */
@@ -287,7 +368,7 @@ static void run_daemons(struct engine_plan *pl, int D, uint64_t seed, const char
 static void test_every_algorithm_across_daemons(void **state) {
   (void)state;
   uint64_t seed = test_seed();
-  int ran = 0, k = 0;
+  int ran = 0, want = 0, k = 0;
   static const int counts[] = {2, 3, 4, 5, 7, 8};
   for (int a = 0; a < SCHED_ALGO_COUNT; a++)
     for (int c = 0; c < SCHED_COLL_COUNT; c++)
@@ -295,6 +376,7 @@ static void test_every_algorithm_across_daemons(void **state) {
         for (int D = 2; D <= 3; D++) {
           int n = counts[ni];
           if (D > n) continue;
+          want += 3 * algo_table_builds(sched_algo_name(a), sched_coll_name(c));
           size_t sizes[3] = {1, (size_t)n + 3, 1001};
           for (int si = 0; si < 3; si++, k++) {
             ccs_dtype_t t = (ccs_dtype_t)(k % CCS_DTYPE_COUNT);
@@ -321,12 +403,14 @@ static void test_every_algorithm_across_daemons(void **state) {
               eo[d] = (struct engine_op){(enum sched_coll)c, (enum sched_algo)a, n, root, 1 + k % 3,
                                          sizes[si], t, op, pr[d], rank_of, (size_t)256 << (k % 5)};
             }
-            if (!compile_run_check(eo, D, n, root_rank, seed + (uint64_t)k, in_place, &b, ranks, what)) break;
+            if (!as_the_table_says(compile_run_check(eo, D, n, root_rank, seed + (uint64_t)k, in_place, &b,
+                                                     ranks, what), a, c, what))
+              break;
             ran++;
           }
         }
   fprintf(stderr, "# %d ops across daemons run and checked\n", ran);
-  assert_true(ran > 500);
+  assert_int_equal(ran, want);
 }
 
 /* Schedules among daemons: participant d stands for daemon d's ranks
@@ -339,12 +423,13 @@ static void test_groups_across_daemons(void **state) {
   static const enum sched_coll colls[] = {SCHED_ALL_REDUCE,     SCHED_REDUCE, SCHED_BROADCAST,
                                           SCHED_ALL_GATHER,     SCHED_GATHER, SCHED_SCATTER,
                                           SCHED_REDUCE_SCATTER};
-  int ran = 0, k = 0;
+  int ran = 0, want = 0, k = 0;
   for (int a = 0; a < SCHED_ALGO_COUNT; a++)
     for (int ci = 0; ci < (int)(sizeof(colls) / sizeof(colls[0])); ci++)
       for (int n = 2; n <= 8; n++)
         for (int D = 2; D <= 3 && D <= n; D++) {
           enum sched_coll c = colls[ci];
+          want += 3 * algo_table_builds(sched_algo_name(a), sched_coll_name(c));
           size_t sizes[3] = {1, (size_t)n + 3, 1001};
           for (int si = 0; si < 3; si++, k++) {
             ccs_dtype_t t = (ccs_dtype_t)(k % CCS_DTYPE_COUNT);
@@ -382,12 +467,14 @@ static void test_groups_across_daemons(void **state) {
                                          parts[d], blocks ? rank_of : NULL, (size_t)256 << (k % 5), (size_t)n,
                                          NULL, blocks ? first : NULL};
             }
-            if (!compile_run_check(eo, D, n, root_rank, seed + (uint64_t)k, in_place, &b, ranks, what)) break;
+            if (!as_the_table_says(compile_run_check(eo, D, n, root_rank, seed + (uint64_t)k, in_place, &b,
+                                                     ranks, what), a, (int)c, what))
+              break;
             ran++;
           }
         }
   fprintf(stderr, "# %d ops of grouped ranks across daemons run and checked\n", ran);
-  assert_true(ran > 100);
+  assert_int_equal(ran, want);
 }
 
 /* Grouped all_gather: a daemon receives each other daemon's ranks' blocks

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "algo_table.h"
 #include "harness.h"
 #include "kernels.h"
 #include "reference.h"
@@ -32,8 +33,9 @@ struct party {
 };
 
 /* dtype x op pairs whose results are exact whatever the order of the
- * reduction and the rounding after each hop (integers wrap; small
- * integers in floats), so any schedule must match the reference exactly. */
+ * reduction and the rounding after each hop (integers wrap, over their
+ * whole range; small integers in floats), so any schedule must match the
+ * reference exactly. */
 static const struct {
   ccs_dtype_t t;
   ccs_redop_t op;
@@ -46,14 +48,21 @@ static const struct {
 };
 #define NCOMBOS (sizeof(combos) / sizeof(combos[0]))
 
-static double input_value(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int p, size_t i) {
+/* As bits: integers over their whole range, floats small integers. */
+static uint64_t input_value(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int p, size_t i) {
   uint64_t h = test_mix(seed, ((uint64_t)p << 40) + i);
+  if (!ref_is_float(t)) return ref_random_bits(t, h);
   if (op == CCS_PROD) {
     int v = (int)(h % 4);
-    return v == 0 ? 2 : v == 1 && ref_is_signed(t) ? -1 : 1;
+    return ref_stored_bits(t, v == 0 ? 2 : v == 1 ? -1 : 1);
   }
-  int v = (int)(h % 9);
-  return ref_is_signed(t) ? v - 4 : v;
+  return ref_stored_bits(t, (double)(int)(h % 9) - 4);
+}
+
+static uint64_t reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t seed, int n, size_t i) {
+  uint64_t v[17];
+  for (int p = 0; p < n; p++) v[p] = input_value(t, op, seed, p, i);
+  return ref_reduce_bits(t, op, op == CCS_AVG ? (size_t)n : 0, v, n);
 }
 
 /* Runs the n schedules on real buffers; fills the parties' work buffers. */
@@ -74,9 +83,9 @@ static void run(enum sched_coll c, int n, int root, const struct schedule *s, si
       int owns = sched_shape_has(c, root, p, b);
       for (size_t i = begin; i < begin + len; i++) {
         /* element i of the whole op; all_gather-like: participant p's own */
-        double v = input_value(t, op, seed, c == SCHED_ALL_TO_ALL ? p * 1000 + (int)b : p, i);
-        if (c == SCHED_ALL_TO_ALL) ref_set(t, pt[p].input, i, v);
-        else if (owns) ref_set(t, pt[p].work, i, v);
+        uint64_t v = input_value(t, op, seed, c == SCHED_ALL_TO_ALL ? p * 1000 + (int)b : p, i);
+        if (c == SCHED_ALL_TO_ALL) ref_set_bits(t, pt[p].input, i, v);
+        else if (owns) ref_set_bits(t, pt[p].work, i, v);
       }
     }
   }
@@ -145,14 +154,15 @@ static int check_results(enum sched_coll c, int n, int root, uint32_t nb, size_t
       struct sched_want w = sched_shape_want(c, root, p, b); /* shape.h */
       if (w.kind == SCHED_WANT_NOTHING) continue;
       for (size_t i = begin; i < begin + len; i++) {
-        double want;
-        if (w.kind == SCHED_WANT_REDUCED) want = ref_reduced(input_value, t, op, seed, n, i);
+        uint64_t want;
+        if (w.kind == SCHED_WANT_REDUCED) want = reduced(t, op, seed, n, i);
         else if (c == SCHED_ALL_TO_ALL) /* participant from's input block `block` */
           want = input_value(t, op, seed, w.from * 1000 + (int)w.block, (size_t)w.block * count + (i - begin));
         else want = input_value(t, op, seed, w.from, i);
-        double got = ref_get(t, pt[p].work, i), exact = ref_stored(t, want);
-        if (got != exact && wrong++ < 3)
-          fprintf(stderr, "%s: participant %d element %zu: got %g want %g\n", what, p, i, got, exact);
+        uint64_t got = ref_get_bits(t, pt[p].work, i);
+        if (!ref_same_bits(t, got, want) && wrong++ < 3)
+          fprintf(stderr, "%s: participant %d element %zu: got 0x%llx want 0x%llx\n", what, p, i,
+                  (unsigned long long)got, (unsigned long long)want);
       }
     }
   return wrong;
@@ -167,14 +177,20 @@ static void test_every_algorithm(void **state) {
         size_t sizes[5] = {0, 1, 7, (size_t)n + 3, 4099};
         int root = (a + c + n) % n, pipeline = 1 + (n + c) % 3;
         struct schedule s[17];
-        int rc = 0;
+        int rc = 0, builds = algo_table_builds(sched_algo_name(a), sched_coll_name(c));
         for (int p = 0; p < n && rc == 0; p++)
           rc = sched_build((enum sched_algo)a, (enum sched_coll)c, n, p, root, pipeline, &s[p]);
-        if (rc == -1) { /* this algorithm does not build this collective (for this n) */
+        if (rc == -1) { /* this algorithm does not build this collective */
+          if (builds)
+            fail_msg("%s does not build %s for n=%d: the table says it does", sched_algo_name(a),
+                     sched_coll_name(c), n);
           unsupported++;
           continue;
         }
         assert_int_equal(rc, 0);
+        if (!builds)
+          fail_msg("%s builds %s for n=%d: the table says it does not", sched_algo_name(a),
+                   sched_coll_name(c), n);
         char what[128], err[256];
         snprintf(what, sizeof(what), "%s %s n=%d root=%d pipeline=%d", sched_algo_name(a),
                  sched_coll_name(c), n, root, pipeline);
@@ -197,7 +213,10 @@ static void test_every_algorithm(void **state) {
         proven++;
       }
   fprintf(stderr, "# %d (algorithm, collective, n) schedules proven; %d not built\n", proven, unsupported);
-  assert_true(proven > 300);
+  assert_int_equal(SCHED_ALGO_COUNT, ALGO_TABLE_ALGOS);
+  assert_int_equal(SCHED_COLL_COUNT, ALGO_TABLE_COLLS);
+  assert_int_equal(proven, algo_table_pairs() * 17);
+  assert_int_equal(unsupported, (ALGO_TABLE_ALGOS * ALGO_TABLE_COLLS - algo_table_pairs()) * 17);
 }
 
 /* The checker itself must catch broken schedules. */

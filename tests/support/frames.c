@@ -35,6 +35,18 @@ struct frame frame_stats(uint64_t req_id) {
   return frame_of(&req);
 }
 
+struct frame frame_admin(uint64_t req_id, const char *command, char **args, size_t nargs, int json) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__Admin a = CCS__ADMIN__INIT;
+  a.command = (char *)command;
+  a.args = args;
+  a.n_args = nargs;
+  a.json = json;
+  req.id = req_id;
+  req.body_case = CCS__REQUEST__BODY_ADMIN, req.admin = &a;
+  return frame_of(&req);
+}
+
 struct frame frame_comm_init(uint64_t req_id, ProtobufCBinaryData id, uint32_t nranks, uint32_t rank) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__CommInit ci = CCS__COMM_INIT__INIT;

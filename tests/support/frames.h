@@ -23,13 +23,15 @@ struct frame frame_of(const Ccs__Request *req);
 struct frame frame_hello(uint64_t req_id, uint32_t protocol);
 struct frame frame_get_unique_id(uint64_t req_id);
 struct frame frame_stats(uint64_t req_id);
+/* An operator command (ccsctl's): command and its nargs args. */
+struct frame frame_admin(uint64_t req_id, const char *command, char **args, size_t nargs, int json);
 /* Joins `rank` of a comm of nranks on the unique id's bytes. */
 struct frame frame_comm_init(uint64_t req_id, ProtobufCBinaryData id, uint32_t nranks, uint32_t rank);
 /* The rings' memfd and the doorbell's eventfd travel beside it (ring.h). */
 struct frame frame_ring_setup(uint64_t req_id);
 /* The memory travels beside the frame, as its descriptor (frame_send). */
 struct frame frame_mem_register(uint64_t req_id);
-/* n_ops ops, waiting on registered events when `events` is not 0. */
+/* n_ops ops. */
 struct frame frame_submit(uint64_t req_id, Ccs__Op **ops, size_t n_ops);
 
 /* len bytes (a frame, or anything) and nfds descriptors with them

@@ -23,22 +23,67 @@
 #error "CCSD_PATH must name the ccsd binary"
 #endif
 
-static struct test_daemon *live[16];
+/* The daemons this process started, by value: a test's struct test_daemon
+ * may live in a stack frame that a failed assertion (cmocka's longjmp)
+ * abandons, so what the exit cleanup kills and removes must not be read
+ * through it. A pid stays here until it is reaped, so it can never name
+ * another process. */
+#define MAX_DAEMONS 64
+static struct {
+  int used;
+  pid_t pid;
+  char dir[64], socket[128];
+  int stats_fd;   /* raw.c's connection for counters, or -1 */
+  pid_t stats_of; /* the process that opened it (forked ones open their own) */
+} live[MAX_DAEMONS];
 static pid_t owner;
 static char key_path[64]; /* the cluster key of this test's daemons */
 
 static void cleanup_at_exit(void) {
   if (getpid() != owner) return; /* forked ranks leave it to the parent */
-  for (int i = 0; i < 16; i++) {
-    if (!live[i]) continue;
-    if (live[i]->pid > 0) {
-      kill(live[i]->pid, SIGKILL);
-      waitpid(live[i]->pid, NULL, 0);
+  for (int i = 0; i < MAX_DAEMONS; i++) {
+    if (!live[i].used) continue;
+    if (live[i].pid > 0) {
+      kill(live[i].pid, SIGKILL);
+      waitpid(live[i].pid, NULL, 0);
     }
-    unlink(live[i]->socket);
-    rmdir(live[i]->dir);
+    unlink(live[i].socket);
+    rmdir(live[i].dir);
   }
   if (key_path[0]) unlink(key_path);
+}
+
+static int entry_of(const struct test_daemon *d) {
+  return d->slot >= 0 && d->slot < MAX_DAEMONS && live[d->slot].used && live[d->slot].pid == d->pid
+             ? d->slot
+             : -1;
+}
+
+int test_daemon_stats_fd(const struct test_daemon *d) {
+  int i = entry_of(d);
+  return i >= 0 && live[i].stats_of == getpid() ? live[i].stats_fd : -1;
+}
+
+void test_daemon_set_stats_fd(const struct test_daemon *d, int fd) {
+  int i = entry_of(d);
+  if (i < 0) {
+    if (fd >= 0) close(fd);
+    return;
+  }
+  if (live[i].stats_fd >= 0 && live[i].stats_of == getpid() && live[i].stats_fd != fd)
+    close(live[i].stats_fd);
+  live[i].stats_fd = fd;
+  live[i].stats_of = getpid();
+}
+
+/* The daemon's pid is gone (reaped): nothing of it is signalled again. */
+static void reaped(struct test_daemon *d) {
+  int i = entry_of(d);
+  if (i >= 0) {
+    test_daemon_set_stats_fd(d, -1);
+    live[i].pid = 0;
+  }
+  d->pid = 0;
 }
 
 double test_now(void) {
@@ -96,16 +141,28 @@ static int daemon_start(struct test_daemon *d, const char *const *wrap, const ch
     _exit(127);
   }
   d->pid = pid;
-  for (int i = 0; i < 16; i++)
-    if (!live[i]) {
-      live[i] = d;
-      break;
+  d->slot = -1;
+  for (int i = 0; i < MAX_DAEMONS && d->slot < 0; i++)
+    if (!live[i].used) {
+      live[i].used = 1;
+      live[i].pid = pid;
+      live[i].stats_fd = -1;
+      snprintf(live[i].dir, sizeof(live[i].dir), "%s", d->dir);
+      snprintf(live[i].socket, sizeof(live[i].socket), "%s", d->socket);
+      d->slot = i;
     }
+  if (d->slot < 0) { /* more daemons than the harness can clean up after */
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    d->pid = 0;
+    return -1;
+  }
   setenv("CCS_SOCKET", d->socket, 1);
   double deadline = test_now() + 20;
   while (test_now() < deadline) {
     if (can_connect(d->socket)) return 0;
     if (waitpid(pid, NULL, WNOHANG) == pid) {
+      live[d->slot].pid = 0;
       d->pid = 0;
       return -1;
     }
@@ -163,8 +220,9 @@ void test_spread_ranks(const struct test_daemon *d, int n) {
 }
 
 static void forget(struct test_daemon *d) {
-  for (int i = 0; i < 16; i++)
-    if (live[i] == d) live[i] = NULL;
+  if (d->slot >= 0 && d->slot < MAX_DAEMONS && live[d->slot].used && live[d->slot].pid == 0 &&
+      !strcmp(live[d->slot].dir, d->dir))
+    live[d->slot].used = 0;
   unlink(d->socket);
   rmdir(d->dir);
 }
@@ -191,7 +249,7 @@ int test_daemon_stop(struct test_daemon *d) {
     } else {
       status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
-    d->pid = 0;
+    reaped(d);
   }
   forget(d);
   return status;
@@ -201,12 +259,17 @@ void test_daemon_kill(struct test_daemon *d) {
   if (d->pid > 0) {
     kill(d->pid, SIGKILL);
     waitpid(d->pid, NULL, 0);
-    d->pid = 0;
+    reaped(d);
   }
 }
 
+/* Asked without reaping it (WNOWAIT): a dead daemon's pid stays ours
+ * until stop or kill reaps it. */
 int test_daemon_alive(const struct test_daemon *d) {
-  return d->pid > 0 && kill(d->pid, 0) == 0 && waitpid(d->pid, NULL, WNOHANG) == 0;
+  if (d->pid <= 0) return 0;
+  siginfo_t si;
+  memset(&si, 0, sizeof(si));
+  return waitid(P_PID, (id_t)d->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == 0;
 }
 
 void *test_shared_new(size_t bytes) {

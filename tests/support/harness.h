@@ -14,6 +14,7 @@ struct test_daemon {
   pid_t pid;
   char dir[64];
   char socket[128];
+  int slot; /* its entry in the harness's own list (harness.c) */
 };
 
 /* Starts ccsd with the extra arguments (NULL-terminated list, may be NULL)
@@ -23,6 +24,11 @@ int test_daemon_start(struct test_daemon *d, const char *const *extra_args);
 int test_daemon_stop(struct test_daemon *d);
 /* Kills the daemon hard (SIGKILL) without cleanup of the socket. */
 void test_daemon_kill(struct test_daemon *d);
+/* The daemon's connection for reading its counters (raw.c), made on first
+ * use and kept, so that readings open and close nothing; -1 when none is
+ * open yet. A forked process gets none of its parent's. */
+int test_daemon_stats_fd(const struct test_daemon *d);
+void test_daemon_set_stats_fd(const struct test_daemon *d, int fd);
 int test_daemon_alive(const struct test_daemon *d);
 /* Open file descriptors of the daemon (from /proc). */
 int test_daemon_fds(const struct test_daemon *d);

@@ -35,6 +35,11 @@ void raw_send_join(int fd, uint64_t id_req, uint64_t init_req, uint32_t nranks);
 uint64_t raw_comm_of_one(int fd);
 /* An in-place all_reduce of count float32 on ref; no wait for the reply. */
 void raw_send_all_reduce(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *ref, uint64_t count);
+/* The same out of place: from send into recv. */
+void raw_send_all_reduce_into(int fd, uint64_t req_id, uint64_t comm, Ccs__BufRef *send, Ccs__BufRef *recv,
+                              uint64_t count);
+/* A memfd's bytes, mapped shared: what the daemon sees of a registered one. */
+void *raw_map(int memfd, size_t bytes);
 
 /* The fast path by hand (proto/ring.h): the rings of a connection, as
  * the client's side sees them. */
@@ -55,6 +60,14 @@ void raw_ring_submit(struct raw_ring *r, uint64_t req_id, const struct ccs__ring
 struct ccs__ring_done;
 void raw_ring_wait(struct raw_ring *r, struct ccs__ring_done *ret, char *text, size_t len);
 void raw_ring_close(struct raw_ring *r);
+
+/* An operator command's answer (as ccsctl prints it), malloc'ed; fails
+ * the test unless the daemon answers CCS_OK. */
+char *raw_admin(const char *socket_path, const char *command);
+/* The value of the Prometheus sample `series` (name and labels exactly as
+ * the daemon writes them, e.g. ccs_ops_total{collective="all_reduce"}) in
+ * metrics text; 0 when absent. */
+double raw_metric(const char *text, const char *series);
 
 /* Counters of the daemon (whole daemon when run as root). */
 Ccs__StatsReply *raw_stats(const char *socket_path);

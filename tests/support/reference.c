@@ -1,5 +1,7 @@
 #include "reference.h"
 
+#include "harness.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +94,21 @@ uint32_t ref_narrow_encode(ccs_dtype_t t, double x) {
   return code;
 }
 
+/* The code whose value is the largest not above a (finite, at most the
+ * largest finite value), found by arithmetic on a's exponent and
+ * significand: where the search of the table below starts (the table,
+ * not this, decides). */
+static int code_below(const struct narrow *f, double a) {
+  if (a == 0) return 0;
+  int e;
+  double m = frexp(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+  int biased = e - 1 + f->bias;
+  double steps = biased >= 1 ? (2 * m - 1) * ldexp(1, f->mbits) : ldexp(a, f->bias - 1 + f->mbits);
+  if (biased < 1) biased = 0;
+  double code = ldexp(biased, f->mbits) + floor(steps);
+  return code >= f->nvals ? f->nvals - 1 : (int)code;
+}
+
 static uint32_t narrow_encode(const struct narrow *f, double x) {
   if (isnan(x)) return f->nan;
   uint32_t sign = signbit(x) ? 1u << (f->nbits - 1) : 0;
@@ -102,11 +119,14 @@ static uint32_t narrow_encode(const struct narrow *f, double x) {
     if (f->saturate || (a < max + half_ulp && !isinf(a))) code = (uint32_t)f->nvals - 1;
     else code = (uint32_t)f->nvals; /* the first code past the finite ones: infinity */
   } else {
-    int lo = 0, hi = f->nvals - 1; /* vals[lo] <= a <= vals[hi] */
-    while (hi - lo > 1) {
-      int mid = (lo + hi) / 2;
-      if (f->vals[mid] <= a) lo = mid;
-      else hi = mid;
+    int lo = code_below(f, a), hi = lo + 1 < f->nvals ? lo + 1 : lo;
+    if (!(f->vals[lo] <= a && a <= f->vals[hi])) { /* not where it should be: search it all */
+      lo = 0, hi = f->nvals - 1;                    /* vals[lo] <= a <= vals[hi] */
+      while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (f->vals[mid] <= a) lo = mid;
+        else hi = mid;
+      }
     }
     double dlo = a - f->vals[lo], dhi = f->vals[hi] - a;
     code = (uint32_t)(dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi));
@@ -114,32 +134,28 @@ static uint32_t narrow_encode(const struct narrow *f, double x) {
   return sign | code;
 }
 
-
-int ref_mantissa_bits(ccs_dtype_t t) {
-  switch (t) {
-  case CCS_FLOAT16: return 10;
-  case CCS_BFLOAT16: return 7;
-  case CCS_FLOAT32: return 23;
-  case CCS_FLOAT64: return 52;
-  case CCS_FLOAT8_E4M3: return 3;
-  case CCS_FLOAT8_E5M2: return 2;
-  default: return 0;
-  }
-}
-
 static const size_t sizes[CCS_DTYPE_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1};
 
 uint64_t ref_get_bits(ccs_dtype_t t, const void *buf, size_t i) {
-  size_t sz = sizes[t];
-  uint64_t v = 0;
-  memcpy(&v, (const char *)buf + i * sz, sz); /* little endian */
-  return v;
+  const char *p = (const char *)buf + i * sizes[t];
+  uint8_t b1;
+  uint16_t b2;
+  uint32_t b4;
+  uint64_t b8;
+  switch (sizes[t]) { /* little endian, zero-extended */
+  case 1: memcpy(&b1, p, 1); return b1;
+  case 2: memcpy(&b2, p, 2); return b2;
+  case 4: memcpy(&b4, p, 4); return b4;
+  default: memcpy(&b8, p, 8); return b8;
+  }
 }
 
 static void set_bits(ccs_dtype_t t, void *buf, size_t i, uint64_t v) {
   size_t sz = sizes[t];
   memcpy((char *)buf + i * sz, &v, sz);
 }
+
+void ref_set_bits(ccs_dtype_t t, void *buf, size_t i, uint64_t bits) { set_bits(t, buf, i, bits); }
 
 void ref_set_int(ccs_dtype_t t, void *buf, size_t i, int64_t v) { set_bits(t, buf, i, (uint64_t)v); }
 
@@ -164,56 +180,6 @@ void ref_set(ccs_dtype_t t, void *buf, size_t i, double v) {
   case CCS_FLOAT8_E5M2: set_bits(t, buf, i, ref_narrow_encode(t, v)); return;
   default: ref_set_int(t, buf, i, (int64_t)v); return;
   }
-}
-
-int ref_close(ccs_dtype_t t, double got, double want) {
-  if (!ref_is_float(t)) return got == want;
-  if (isnan(want) || isnan(got)) return isnan(want) && isnan(got);
-  if (isinf(want) || isinf(got)) return got == want;
-  double tol = ldexp(fabs(want), -ref_mantissa_bits(t));
-  if (t == CCS_FLOAT8_E4M3 || t == CCS_FLOAT8_E5M2 || t == CCS_FLOAT16 || t == CCS_BFLOAT16) {
-    /* the smallest subnormal step bounds the error near zero */
-    double step = t == CCS_FLOAT16 ? 0x1p-24 : t == CCS_BFLOAT16 ? 0x1p-133
-                  : t == CCS_FLOAT8_E4M3 ? 0x1p-9 : 0x1p-16;
-    if (tol < step) tol = step;
-  }
-  return fabs(got - want) <= tol;
-}
-
-int64_t ref_wrap(ccs_dtype_t t, int64_t v) {
-  switch (t) {
-  case CCS_INT8: return (int8_t)v;
-  case CCS_UINT8: return (uint8_t)v;
-  case CCS_INT32: return (int32_t)v;
-  case CCS_UINT32: return (uint32_t)v;
-  default: return v;
-  }
-}
-
-double ref_reduce(ccs_dtype_t t, ccs_redop_t op, const double *values, int n) {
-  double acc = values[0];
-  int64_t iacc = (int64_t)values[0];
-  for (int j = 1; j < n; j++) {
-    double v = values[j];
-    int64_t iv = (int64_t)v;
-    switch (op) {
-    case CCS_SUM:
-    case CCS_AVG: acc += v, iacc = (int64_t)((uint64_t)iacc + (uint64_t)iv); break;
-    case CCS_PROD: acc *= v, iacc = (int64_t)((uint64_t)iacc * (uint64_t)iv); break;
-    case CCS_MAX: acc = v > acc ? v : acc, iacc = iv > iacc ? iv : iacc; break;
-    case CCS_MIN: acc = v < acc ? v : acc, iacc = iv < iacc ? iv : iacc; break;
-    default: break;
-    }
-  }
-  if (ref_is_float(t)) return op == CCS_AVG ? acc / n : acc;
-  return (double)(op == CCS_AVG ? ref_wrap(t, iacc) / n : ref_wrap(t, iacc));
-}
-
-double ref_reduced(ref_input_fn input, ccs_dtype_t t, ccs_redop_t op, uint64_t key, int n, size_t i) {
-  double v[REF_MAX_RANKS];
-  if (n > REF_MAX_RANKS) abort();
-  for (int r = 0; r < n; r++) v[r] = input(t, op, key, r, i);
-  return ref_reduce(t, op, v, n);
 }
 
 uint64_t ref_stored_bits(ccs_dtype_t t, double v) {
@@ -243,4 +209,112 @@ double ref_exact_value(ccs_dtype_t t, ccs_redop_t op, uint64_t h) {
   }
   int v = (int)(h % 17) - 8;
   return ref_is_signed(t) ? v : v + 8;
+}
+
+/* --- exact bits ------------------------------------------------------- */
+
+static uint64_t width_mask(ccs_dtype_t t) {
+  return sizes[t] == 8 ? UINT64_MAX : (UINT64_C(1) << (8 * sizes[t])) - 1;
+}
+
+int64_t ref_int_of(ccs_dtype_t t, uint64_t bits) {
+  bits &= width_mask(t);
+  if (!ref_is_signed(t) || sizes[t] == 8) return (int64_t)bits;
+  uint64_t sign = UINT64_C(1) << (8 * sizes[t] - 1);
+  return (int64_t)((bits ^ sign) - sign);
+}
+
+static double float_of(ccs_dtype_t t, uint64_t bits) {
+  switch (t) {
+  case CCS_FLOAT32: {
+    uint32_t u = (uint32_t)bits;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+  case CCS_FLOAT64: {
+    double d;
+    memcpy(&d, &bits, 8);
+    return d;
+  }
+  default: return ref_narrow_decode(t, (uint32_t)(bits & width_mask(t)));
+  }
+}
+
+int ref_bits_nan(ccs_dtype_t t, uint64_t bits) { return ref_is_float(t) && isnan(float_of(t, bits)); }
+
+int ref_same_bits(ccs_dtype_t t, uint64_t got, uint64_t want) {
+  got &= width_mask(t), want &= width_mask(t);
+  return got == want || (ref_bits_nan(t, got) && ref_bits_nan(t, want));
+}
+
+static uint64_t int_reduce(ccs_dtype_t t, ccs_redop_t op, size_t divisor, const uint64_t *bits, int n) {
+  int sgn = ref_is_signed(t);
+  uint64_t acc = bits[0] & width_mask(t);
+  for (int j = 1; j < n; j++) {
+    uint64_t v = bits[j] & width_mask(t);
+    switch (op) {
+    case CCS_SUM:
+    case CCS_AVG: acc = (acc + v) & width_mask(t); break;
+    case CCS_PROD: acc = (acc * v) & width_mask(t); break;
+    case CCS_MAX:
+      if (sgn ? ref_int_of(t, acc) < ref_int_of(t, v) : acc < v) acc = v;
+      break;
+    case CCS_MIN:
+      if (sgn ? ref_int_of(t, v) < ref_int_of(t, acc) : v < acc) acc = v;
+      break;
+    default: break;
+    }
+  }
+  if (op == CCS_AVG && divisor > 0)
+    acc = sgn ? (uint64_t)(ref_int_of(t, acc) / (int64_t)divisor) : acc / divisor;
+  return acc & width_mask(t);
+}
+
+/* one step in the accumulator type: a float32 accumulator rounds each
+ * result to float */
+static double acc_round(ccs_dtype_t t, double x) { return t == CCS_FLOAT64 ? x : (double)(float)x; }
+
+uint64_t ref_reduce_bits(ccs_dtype_t t, ccs_redop_t op, size_t divisor, const uint64_t *bits, int n) {
+  if (!ref_is_float(t)) return int_reduce(t, op, divisor, bits, n);
+  double acc = float_of(t, bits[0]);
+  for (int j = 1; j < n; j++) {
+    double v = float_of(t, bits[j]);
+    switch (op) {
+    case CCS_SUM:
+    case CCS_AVG: acc = acc_round(t, acc + v); break;
+    case CCS_PROD: acc = acc_round(t, acc * v); break;
+    case CCS_MAX: acc = acc < v ? v : acc; break;
+    case CCS_MIN: acc = v < acc ? v : acc; break;
+    default: break;
+    }
+  }
+  if (op == CCS_AVG && divisor > 0) acc = acc_round(t, acc / (double)divisor);
+  uint64_t out = 0;
+  if (t == CCS_FLOAT32) {
+    float f = (float)acc;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    out = u;
+  } else if (t == CCS_FLOAT64) {
+    memcpy(&out, &acc, 8);
+  } else {
+    out = ref_narrow_encode(t, acc);
+  }
+  return out;
+}
+
+uint64_t ref_random_bits(ccs_dtype_t t, uint64_t h) {
+  uint64_t mask = width_mask(t), r = (h ^ h >> 29) * 0xbf58476d1ce4e5b9ull; /* the value's own bits */
+  if (ref_is_float(t) || h >> 62) return r & mask;
+  int sgn = ref_is_signed(t);
+  uint64_t top = UINT64_C(1) << (8 * sizes[t] - 1);
+  switch ((h >> 56) % 6) {
+  case 0: return 0;
+  case 1: return 1;
+  case 2: return mask; /* -1, or the unsigned maximum */
+  case 3: return sgn ? top - 1 : top;       /* the largest, or the high bit alone */
+  case 4: return sgn ? top : top - 1;       /* the smallest, or the largest below the high bit */
+  default: return sgn ? top + 1 : mask - 1; /* the smallest but one, or the maximum but one */
+  }
 }

@@ -1,8 +1,9 @@
 /* Reference arithmetic for the tests, written apart from kernels/: element
- * access through doubles and 64-bit integers, and narrow float rounding by
- * searching a table of every representable value (round to nearest, ties
- * to the even code), so the kernels' bit tricks are checked against
- * something that shares none of them. */
+ * access by value (doubles) and by bits, reductions computed exactly on
+ * the bits (integers in 64-bit integer arithmetic, never through double),
+ * and narrow float rounding by searching a table of every representable
+ * value (round to nearest, ties to the even code), so the kernels' bit
+ * tricks are checked against something that shares none of them. */
 #ifndef CCS_TEST_REFERENCE_H
 #define CCS_TEST_REFERENCE_H
 
@@ -15,7 +16,6 @@ static inline int ref_is_float(ccs_dtype_t t) { return t >= CCS_FLOAT16; }
 static inline int ref_is_signed(ccs_dtype_t t) {
   return t == CCS_INT8 || t == CCS_INT32 || t == CCS_INT64 || t >= CCS_FLOAT16;
 }
-int ref_mantissa_bits(ccs_dtype_t t); /* explicit bits; 0 for integers */
 
 /* Narrow float codes <-> double. */
 double ref_narrow_decode(ccs_dtype_t t, uint32_t code);
@@ -52,29 +52,37 @@ double ref_exact_value(ccs_dtype_t t, ccs_redop_t op, uint64_t h);
  * +-1 for prod), whose partial sums of up to 8 ranks every one holds. */
 double ref_hop_exact_value(ccs_dtype_t t, ccs_redop_t op, uint64_t h);
 
-/* Integers wrapped to the type's width (sums and products wrap). */
-int64_t ref_wrap(ccs_dtype_t t, int64_t v);
-
-/* values[0..n) reduced with op as the collective defines it, in exact
- * arithmetic: integers wrap and average by truncating division, floats are
- * exact (ref_set rounds them to the type). */
-double ref_reduce(ccs_dtype_t t, ccs_redop_t op, const double *values, int n);
-
-/* Rank r's element i of an op's input; key tells ops apart (a seed, an
- * op's number). */
-typedef double (*ref_input_fn)(ccs_dtype_t t, ccs_redop_t op, uint64_t key, int rank, size_t i);
-#define REF_MAX_RANKS 64
-/* Element i of the reduction over ranks 0..n-1 (n <= REF_MAX_RANKS) of
- * input: what a reducing collective delivers there, in exact arithmetic. */
-double ref_reduced(ref_input_fn input, ccs_dtype_t t, ccs_redop_t op, uint64_t key, int n, size_t i);
-
 /* v as a buffer of type t holds it (rounded, saturated or wrapped): its
  * bits (zero-extended), and its value. */
 uint64_t ref_stored_bits(ccs_dtype_t t, double v);
 double ref_stored(ccs_dtype_t t, double v);
 
-/* Does got match want within one rounding step of the type? (exact for
- * integers, NaN matches NaN) */
-int ref_close(ccs_dtype_t t, double got, double want);
+/* --- exact bits --------------------------------------------------------
+ * Elements as the bits a buffer holds (zero-extended), and reductions
+ * computed on them exactly, with nothing of kernels/: integers in 64-bit
+ * two's complement, cut to the width (sums and products wrap), compared
+ * signed or unsigned as the type is, avg the wrapped sum divided by the
+ * divisor, truncating; floats decoded exactly (narrow ones by the table),
+ * combined from the first input to the last in the accumulator type
+ * (float for float32 and the narrow types, double for float64: each step
+ * computed in double and rounded to float by the C cast, which for +, *
+ * and / is float arithmetic exactly), max and min as `acc < v ? v : acc`
+ * and `v < acc ? v : acc`, avg divided once at the end, and a narrow
+ * result rounded once, by the table. */
+#define REF_MAX_RANKS 64 /* the most inputs of one reduction the tests make */
+void ref_set_bits(ccs_dtype_t t, void *buf, size_t i, uint64_t bits);
+uint64_t ref_reduce_bits(ccs_dtype_t t, ccs_redop_t op, size_t divisor, const uint64_t *bits, int n);
+/* bits as an integer of the type (sign-extended for signed types) */
+int64_t ref_int_of(ccs_dtype_t t, uint64_t bits);
+/* Is the element with these bits a NaN? */
+int ref_bits_nan(ccs_dtype_t t, uint64_t bits);
+/* The same element: equal bits, or both NaN (a NaN's sign and payload are
+ * whichever operand's the compiled code kept). */
+int ref_same_bits(ccs_dtype_t t, uint64_t got, uint64_t want);
+/* A random element for hash h, over the type's whole range: for integers
+ * any bits, a quarter of them the edges (0, 1, -1 or the maximum, the
+ * minimum, the largest and smallest of the other sign); for floats any
+ * bits: NaNs, infinities and subnormals included. */
+uint64_t ref_random_bits(ccs_dtype_t t, uint64_t h);
 
 #endif

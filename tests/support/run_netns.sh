@@ -3,7 +3,10 @@
 # <prefix><i> has 10.231.0.<i+1>/24 on a veth whose other end, <link><i>,
 # sits on a private bridge. The command sees CCS_TEST_NETNS=<prefix> and
 # CCS_TEST_NETNS_LINK=<link> (test_daemons_start starts daemon i in
-# namespace i). Everything is removed when it exits, also on failure.
+# namespace i). Everything is removed when it exits, also on failure or a
+# signal; what a run killed outright left (ctest's SIGKILL at a timeout)
+# is removed by the next run: the names carry the pid of the run that
+# made them, and those of runs no longer alive are swept first.
 #   run_netns.sh D COMMAND [ARGS...]
 set -euo pipefail
 n=$1; shift
@@ -15,6 +18,19 @@ cleanup() {
   ip link del "$bridge" 2>/dev/null || true
 }
 trap cleanup EXIT
+# namespaces ccs<pid>n<i> and bridges cb<pid> of runs that are gone
+sweep() {
+  local name pid
+  for name in $(ip netns list | sed -n 's/^\(ccs[0-9]*n[0-9]*\).*/\1/p'); do
+    pid=${name#ccs}; pid=${pid%%n*}
+    [ "$pid" != "$tag" ] && ! kill -0 "$pid" 2>/dev/null && ip netns del "$name" 2>/dev/null || true
+  done
+  for name in $(ip -o link show type bridge | sed -n 's/^[0-9]*: \(cb[0-9]*\)[:@].*/\1/p'); do
+    pid=${name#cb}
+    [ "$pid" != "$tag" ] && ! kill -0 "$pid" 2>/dev/null && ip link del "$name" 2>/dev/null || true
+  done
+}
+sweep
 ip link add "$bridge" type bridge
 ip link set "$bridge" up
 for i in $(seq 0 $((n - 1))); do
@@ -26,4 +42,10 @@ for i in $(seq 0 $((n - 1))); do
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
 done
-CCS_TEST_NETNS=$prefix CCS_TEST_NETNS_LINK=$link "$@"
+# in the background, so that a signal to this script cleans up at once
+# (bash runs traps only between commands, and wait is one)
+CCS_TEST_NETNS=$prefix CCS_TEST_NETNS_LINK=$link "$@" &
+child=$!
+trap 'kill "$child" 2>/dev/null; exit 130' INT
+trap 'kill "$child" 2>/dev/null; exit 143' TERM
+wait "$child"

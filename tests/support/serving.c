@@ -31,6 +31,9 @@ int test_daemon_start_clean(struct test_daemon *d, const char *const *args, ccs_
 static double rank_plus_one(int rank, size_t i) { return rank + 1; }
 const struct test_sum test_sum_one_int = {CCS_INT32, 1, rank_plus_one};
 
+static double rank_and_index(int rank, size_t i) { return (double)(rank + 1) * 1000003.0 + (double)(i % 977); }
+const struct test_sum test_sum_executor = {CCS_INT64, 40000, rank_and_index};
+
 struct sum_run {
   const ccs_unique_id_t *id;
   const struct test_sum *sum;

@@ -32,6 +32,10 @@ struct test_sum {
   double (*input)(int rank, size_t i);
 };
 extern const struct test_sum test_sum_one_int; /* one int32: rank + 1 */
+/* 40000 int64 (320 KB): past inline_bytes (64 KiB by default), so the op
+ * runs on the executor's threads and, across daemons, over the network,
+ * not on the control loop: what "still serving" means. */
+extern const struct test_sum test_sum_executor;
 
 /* n forked ranks join a comm on *id, as the other tenant when asked, and
  * check sum's result element by element. Returns how many failed (could

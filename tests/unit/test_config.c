@@ -23,8 +23,11 @@ static void write_file(const char *text) {
   fclose(f);
 }
 
-static void test_every_key(void **state) {
-  write_file("# comment\n[ccsd]\nsocket = /tmp/x.sock\nsocket_mode = 0666\nthreads = 3\n"
+/* The file below names every key the daemon has (checked against what it
+ * prints: a new key without a value here fails this test), each with a
+ * value other than its default. */
+static const char every_key[] =
+    "# comment\n[ccsd]\nsocket = /tmp/x.sock\nsocket_mode = 0666\nthreads = 3\n"
              "chunk_bytes = 1M\nstream_bytes = 0\ninline_bytes = 4096\ninit_timeout = 1.5\n"
              "op_timeout = 30\nio_timeout = 2\nquota_connections = 7\nquota_comms = 8\n"
              "quota_registered_bytes = 2G\nquota_ops = 9\nallow_uids = 0, 1000,1001\n"
@@ -32,7 +35,14 @@ static void test_every_key(void **state) {
              "admin_gids = root, 4242\nquota_ranks = 64\nquota_buffers = 99\nid_ttl = 3600\n"
              "metrics_tenant_labels = true\nmetrics_max_connections = 3\n"
              "cluster_key_file = /tmp/k\npeer_encrypt = 1\npeer_max_connections = 17\n"
-             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\ntransport = tcp\n");
+             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\ntransport = tcp\n"
+             "scratch_keep = 3M\nalgo = all_reduce:ring;broadcast:tree:0-64K\nlisten = 127.0.0.1:7100\n"
+             "advertise = 10.0.0.5:7100\npeer_connections = 3\nheartbeat = 0.25\npeer_timeout = 2.5\n"
+             "cuda_legacy_ipc = true\npoll_spin_us = 77\ntenant_weights = root:2.5,4242:3\n"
+             "tenant_max_share = 0.5\n";
+
+static void test_every_key(void **state) {
+  write_file(every_key);
   struct ccsd_config c;
   char err[512];
   ccsd_config_defaults(&c);
@@ -65,9 +75,38 @@ static void test_every_key(void **state) {
   assert_true(c.peer_encrypt && c.peer_max_connections == 17);
   assert_true(c.peer_unexpected_bytes == 8u << 20 && c.peer_unexpected_total == 1u << 30);
   assert_string_equal(c.transport, "tcp");
-  /* what it prints reads back the same */
-  char text[8192];
+  assert_true(c.scratch_keep == 3u << 20);
+  assert_string_equal(c.algo, "all_reduce:ring;broadcast:tree:0-64K");
+  assert_string_equal(c.listen, "127.0.0.1:7100");
+  assert_string_equal(c.advertise, "10.0.0.5:7100");
+  assert_int_equal(c.peer_connections, 3);
+  assert_true(c.heartbeat_s == 0.25 && c.peer_timeout_s == 2.5);
+  assert_int_equal(c.cuda_legacy_ipc, 1);
+  assert_int_equal(c.poll_spin_us, 77);
+  assert_int_equal(c.nweights, 2);
+  assert_true(c.weight_uids[0] == 0 && c.weights[0] == 2.5);
+  assert_true(c.weight_uids[1] == 4242 && c.weights[1] == 3);
+  assert_true(c.tenant_max_share == 0.5);
+  /* what it prints reads back the same, and names no key the file above
+   * does not */
+  char text[16384];
   ccsd_config_format(&c, text, sizeof(text));
+  int keys = 0;
+  for (char *line = text, *next; line && *line; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = 0;
+    char key[64];
+    if (line[0] == '#' || line[0] == '[' || sscanf(line, "%63[a-z_] =", key) != 1) {
+      if (next) next[-1] = '\n';
+      continue;
+    }
+    char want[80];
+    snprintf(want, sizeof(want), "\n%s = ", key);
+    if (!strstr(every_key, want)) fail_msg("the daemon has a key '%s' this test gives no value", key);
+    keys++;
+    if (next) next[-1] = '\n';
+  }
+  assert_int_equal(keys, 41);
   write_file(text);
   struct ccsd_config back;
   ccsd_config_defaults(&back);
@@ -96,6 +135,9 @@ static void test_bad_values_and_unknown_keys(void **state) {
   expect_error("op_timeout = -1\n", "for op_timeout");
   expect_error("op_timeout = nan\n", "for op_timeout");
   expect_error("chunk_bytes = 12Q\n", "for chunk_bytes");
+  expect_error("chunk_bytes = nan\n", "for chunk_bytes"); /* what strtod takes but is no size */
+  expect_error("quota_ops = inf\n", "for quota_ops");
+  expect_error("peer_timeout = nan\n", "for peer_timeout");
   expect_error("log_level = LOUD\n", "for log_level");
   expect_error("log_subsys = INIT,NOISE\n", "for log_subsys");
   expect_error("allow_uids = 1,x\n", "for allow_uids");

@@ -1,8 +1,13 @@
-/* Host reduction kernels against the reference, for every dtype, op,
- * input count and awkward count, with fresh random data; in place too.
- * float16, which has a path of its own where the CPU converts (F16C), is
- * held to the portable conversions bit for bit (ctest runs this file also
- * with CCS_NO_F16C=1, which keeps the portable path). */
+/* Host reduction kernels against the exact reference (reference.c), bit
+ * for bit, for every dtype, op, input count and awkward count, in place
+ * and out, streamed and not, in the engine's two ranges: integers over
+ * their whole range (wraparound, the high bit of unsigned max/min, 64-bit
+ * values past 2^53), floats as random bit patterns (NaN, infinities and
+ * subnormals included) and as values whose narrow sums need rounding, so
+ * that a narrow result rounded more than once shows. float16, which has a
+ * path of its own where the CPU converts (F16C), is held to the same
+ * reference (ctest runs this file also with CCS_NO_F16C=1, which keeps the
+ * portable path). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,70 +18,57 @@
 
 #include <cmocka.h>
 
-#include "dtype.h"
 #include "harness.h"
 #include "kernels.h"
 #include "reference.h"
 
-/* Random element: integer-valued (exact in every type) or, for floats,
- * real-valued with tolerance. */
-static double gen(ccs_dtype_t t, ccs_redop_t op, uint64_t h, int real) {
-  if (real && ref_is_float(t)) return ((double)(h % 2000001) - 1000000) / 250000.0; /* +-4 */
-  return ref_exact_value(t, op, h);
+/* Random element of hash h: whole-range bits (kind 0), or for floats a
+ * value of a few bits near 1 (kind 1), whose sums of a few land between
+ * the narrow types' codes. */
+static uint64_t gen(ccs_dtype_t t, uint64_t h, int kind) {
+  if (kind == 0 || !ref_is_float(t)) return ref_random_bits(t, h);
+  double v = ldexp((double)(h % 4096), -(int)(8 + (h >> 12) % 6)) * (h >> 20 & 1 ? -1 : 1);
+  uint64_t cell = 0;
+  ref_set(t, &cell, 0, v);
+  return cell;
 }
 
-static void check(ccs_dtype_t t, ccs_redop_t op, int nin, int nout, size_t count, int real,
+static void check(ccs_dtype_t t, ccs_redop_t op, int nin, int nout, size_t count, int kind,
                   int in_place, int streaming, uint64_t seed) {
   size_t sz = ccs_dtype_size(t);
   void *in[8], *out[2];
-  double *want = calloc(count + 1, sizeof(double));
-  double *sum_abs = calloc(count + 1, sizeof(double));
+  uint64_t *want = calloc(count + 1, sizeof(uint64_t));
   for (int k = 0; k < nin; k++) in[k] = malloc(count * sz + 1);
   out[0] = in_place ? in[0] : malloc(count * sz + 1);
   out[1] = malloc(count * sz + 1);
+  size_t divisor = op == CCS_AVG ? (size_t)nin + (seed % 3) : 0; /* the engine's rank count */
   for (size_t i = 0; i < count; i++) {
-    double v[8];
+    uint64_t v[8];
     for (int k = 0; k < nin; k++) {
-      ref_set(t, in[k], i, gen(t, op, test_mix(seed, i * 8 + (size_t)k), real));
-      v[k] = ref_get(t, in[k], i); /* what the type holds */
-      sum_abs[i] += fabs(v[k]);
+      v[k] = gen(t, test_mix(seed, i * 8 + (size_t)k), kind);
+      ref_set_bits(t, in[k], i, v[k]);
     }
-    want[i] = ref_reduce(t, op, v, nin);
+    want[i] = ref_reduce_bits(t, op, divisor, v, nin);
   }
   /* in two ranges, as the engine runs chunks: elements [0, split), then the rest */
   size_t split = count / 3;
-  ccs__reduce_host(t, op, (size_t)nin, (const void *const *)in, nin, out, nout, 0, split, streaming);
-  ccs__reduce_host(t, op, (size_t)nin, (const void *const *)in, nin, out, nout, split, count - split,
+  ccs__reduce_host(t, op, divisor, (const void *const *)in, nin, out, nout, 0, split, streaming);
+  ccs__reduce_host(t, op, divisor, (const void *const *)in, nin, out, nout, split, count - split,
                    streaming);
   ccs__stream_fence();
   for (int o = 0; o < nout; o++)
     for (size_t i = 0; i < count; i++) {
-      double got = ref_get(t, out[o], i);
-      double w = want[i];
-      int ok;
-      if (ref_is_float(t)) { /* what the type can hold: rounded, saturated */
-        uint64_t cell = 0;
-        ref_set(t, &cell, 0, w);
-        w = ref_get(t, &cell, 0);
-      }
-      if (ref_is_float(t)) {
-        /* the rounding of the result, plus float accumulation (2^-24 per step) */
-        double eps = t == CCS_FLOAT64 ? 0x1p-52 : 0x1p-24;
-        double scale = op == CCS_PROD ? fabs(w) : sum_abs[i];
-        double tol = ldexp(fabs(w), -ref_mantissa_bits(t)) + nin * eps * scale;
-        ok = ref_close(t, got, w) || fabs(got - w) <= tol;
-      } else {
-        ok = got == w;
-      }
-      if (!ok)
-        fail_msg("%s %s nin=%d count=%zu real=%d in_place=%d out %d [%zu]: got %.9g want %.9g",
-                 ccs_dtype_name(t), ccs_redop_name(op), nin, count, real, in_place, o, i, got, w);
+      uint64_t got = ref_get_bits(t, out[o], i);
+      if (!ref_same_bits(t, got, want[i]))
+        fail_msg("%s %s nin=%d count=%zu kind=%d in_place=%d streaming=%d out %d [%zu]: got 0x%llx "
+                 "want 0x%llx (seed %llu)", ccs_dtype_name(t), ccs_redop_name(op), nin, count, kind,
+                 in_place, streaming, o, i, (unsigned long long)got, (unsigned long long)want[i],
+                 (unsigned long long)seed);
     }
   for (int k = 0; k < nin; k++) free(in[k]);
   if (!in_place) free(out[0]);
   free(out[1]);
   free(want);
-  free(sum_abs);
 }
 
 static void test_every_dtype_and_op(void **state) {
@@ -87,49 +79,73 @@ static void test_every_dtype_and_op(void **state) {
     for (int op = 0; op < CCS_REDOP_COUNT; op++)
       for (size_t a = 0; a < sizeof(nins) / sizeof(nins[0]); a++)
         for (size_t b = 0; b < sizeof(counts) / sizeof(counts[0]); b++)
-          for (int real = 0; real < 2; real++)
-            check((ccs_dtype_t)t, (ccs_redop_t)op, nins[a], 1 + (int)((a + b + (size_t)real) % 2), counts[b],
-                  real, (int)(b & 1), (int)(a & 1), test_mix(seed, (uint64_t)(t * 1000 + op * 100 + (int)a * 10 + (int)b)));
+          for (int kind = 0; kind < 2; kind++)
+            check((ccs_dtype_t)t, (ccs_redop_t)op, nins[a], 1 + (int)((a + b + (size_t)kind) % 2), counts[b],
+                  kind, (int)(b & 1), (int)(a & 1), test_mix(seed, (uint64_t)(t * 1000 + op * 100 + (int)a * 10 + (int)b + kind * 7)));
 }
 
-/* Random bit patterns (NaN, inf, subnormals included): every result bit
- * as the element-by-element conversions and float arithmetic give it (NaNs
- * stored as 0x7e00 with a sign). */
-static void test_half_bits(void **state) {
+/* Cases whose answers are known by heart, so the reference itself is
+ * checked: wraparound, the high bit of unsigned max and min, 64-bit values
+ * that double cannot hold, and a narrow sum rounded once (rounding after
+ * each input gives another answer). */
+static void test_known_answers(void **state) {
   (void)state;
-  enum { COUNT = 2 * 2048 + 13 };
-  static uint16_t in[5][COUNT], out[2][COUNT];
+  static const struct {
+    ccs_dtype_t t;
+    ccs_redop_t op;
+    uint64_t a, b, c, want;
+  } cases[] = {
+      {CCS_INT8, CCS_SUM, 0x7f, 0x01, 0x00, 0x80},               /* 127 + 1 wraps to -128 */
+      {CCS_UINT8, CCS_SUM, 0xff, 0x02, 0x00, 0x01},              /* 255 + 2 wraps to 1 */
+      {CCS_INT32, CCS_PROD, 0x10000, 0x10000, 0x1, 0x0},         /* 2^32 wraps to 0 */
+      {CCS_UINT32, CCS_MAX, 0x80000000, 0x7fffffff, 0x1, 0x80000000}, /* the high bit is the largest */
+      {CCS_UINT32, CCS_MIN, 0x80000000, 0xffffffff, 0x90000000, 0x80000000},
+      {CCS_INT32, CCS_MIN, 0x80000000, 0x7fffffff, 0x0, 0x80000000}, /* signed: the smallest */
+      {CCS_UINT64, CCS_MAX, 0x8000000000000001, 0x8000000000000000, 0x7fffffffffffffff, 0x8000000000000001},
+      {CCS_INT64, CCS_SUM, 0x20000000000001, 0x20000000000001, 0x0, 0x40000000000002}, /* past 2^53 */
+      {CCS_INT64, CCS_SUM, 0x7fffffffffffffff, 0x1, 0x0, 0x8000000000000000},
+      {CCS_UINT64, CCS_PROD, 0xffffffffffffffff, 0xffffffffffffffff, 0x1, 0x1},
+      {CCS_INT8, CCS_AVG, 0x7f, 0x7f, 0x7f, 0x29},               /* (381 wrapped: 125) / 3 = 41 */
+      {CCS_INT32, CCS_AVG, 0xfffffffb, 0x0, 0x0, 0xffffffff},    /* -5 / 3 truncates to -1 */
+      {CCS_UINT8, CCS_AVG, 0xff, 0xff, 0x03, 0x00},              /* (513 wrapped: 1) / 3 = 0 */
+      /* float16: 2048 + 1 + 1: rounded once 2050, after each input 2048 */
+      {CCS_FLOAT16, CCS_SUM, 0x6800, 0x3c00, 0x3c00, 0x6801},
+      /* bfloat16: 256 + 1 + 1 the same */
+      {CCS_BFLOAT16, CCS_SUM, 0x4380, 0x3f80, 0x3f80, 0x4381},
+      /* e4m3: 16 + 1 + 1 = 18 (after each input 16) */
+      {CCS_FLOAT8_E4M3, CCS_SUM, 0x58, 0x38, 0x38, 0x59},
+      {CCS_FLOAT8_E4M3, CCS_SUM, 0x7e, 0x7e, 0x00, 0x7e},        /* 448 + 448 saturates */
+      {CCS_FLOAT16, CCS_SUM, 0x7bff, 0x7bff, 0x0, 0x7c00},       /* 65504 + 65504: infinity */
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    uint64_t v[3] = {cases[i].a, cases[i].b, cases[i].c};
+    size_t d = cases[i].op == CCS_AVG ? 3 : 0;
+    uint64_t ref = ref_reduce_bits(cases[i].t, cases[i].op, d, v, 3);
+    if (ref != cases[i].want)
+      fail_msg("case %zu: the reference says 0x%llx, want 0x%llx", i, (unsigned long long)ref,
+               (unsigned long long)cases[i].want);
+    char in[3][8], out[8];
+    for (int k = 0; k < 3; k++) ref_set_bits(cases[i].t, in[k], 0, v[k]);
+    const void *ins[3] = {in[0], in[1], in[2]};
+    void *outs[1] = {out};
+    ccs__reduce_host(cases[i].t, cases[i].op, d, ins, 3, outs, 1, 0, 1, 0);
+    if (ref_get_bits(cases[i].t, out, 0) != cases[i].want)
+      fail_msg("case %zu (%s %s): the kernel says 0x%llx, want 0x%llx", i, ccs_dtype_name(cases[i].t),
+               ccs_redop_name(cases[i].op), (unsigned long long)ref_get_bits(cases[i].t, out, 0),
+               (unsigned long long)cases[i].want);
+  }
+}
+
+/* Random bit patterns over several blocks (the F16C path converts 8 at a
+ * time), 1..6 inputs, two outputs, streamed and not. */
+static void test_random_bits_over_blocks(void **state) {
+  (void)state;
   uint64_t seed = test_seed();
-  for (int op = 0; op < CCS_REDOP_COUNT; op++)
-    for (int nin = 1; nin <= 5; nin++)
-      for (int streaming = 0; streaming < 2; streaming++) {
-        for (int k = 0; k < nin; k++)
-          for (size_t i = 0; i < COUNT; i++)
-            in[k][i] = (uint16_t)test_mix(seed, ((uint64_t)op << 40) ^ ((uint64_t)nin << 32) ^ ((uint64_t)k << 24) ^ i);
-        const void *ins[5] = {in[0], in[1], in[2], in[3], in[4]};
-        void *outs[2] = {out[0], out[1]};
-        size_t d = op == CCS_AVG ? (size_t)nin : 0;
-        ccs__reduce_host(CCS_FLOAT16, (ccs_redop_t)op, d, ins, nin, outs, 2, 0, COUNT, streaming);
-        ccs__stream_fence();
-        for (size_t i = 0; i < COUNT; i++) {
-          float acc = ccs__half_to_float(in[0][i]);
-          for (int k = 1; k < nin; k++) {
-            float v = ccs__half_to_float(in[k][i]);
-            if (op == CCS_SUM || op == CCS_AVG) acc = acc + v;
-            else if (op == CCS_PROD) acc = acc * v;
-            else if (op == CCS_MAX) acc = acc < v ? v : acc;
-            else acc = v < acc ? v : acc;
-          }
-          if (d) acc = acc / (float)d;
-          uint16_t want = ccs__float_to_half(acc);
-          /* a NaN's sign is whichever NaN operand the compiled code kept */
-          uint16_t mask = (want & 0x7fff) == 0x7e00 ? 0x7fff : 0xffff;
-          for (int o = 0; o < 2; o++)
-            if ((out[o][i] & mask) != (want & mask))
-              fail_msg("half %s, %d inputs, element %zu: 0x%04x, want 0x%04x", ccs_redop_name((ccs_redop_t)op),
-                       nin, i, out[o][i], want);
-        }
-      }
+  for (int t = 0; t < CCS_DTYPE_COUNT; t++)
+    for (int op = 0; op < CCS_REDOP_COUNT; op++)
+      for (int nin = 1; nin <= 6; nin++)
+        check((ccs_dtype_t)t, (ccs_redop_t)op, nin, 2, 2 * 2048 + 13, 0, 0, nin & 1,
+              test_mix(seed, (uint64_t)(t << 16 | op << 8 | nin)));
 }
 
 static void test_copy(void **state) {
@@ -151,8 +167,9 @@ static void test_copy(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_known_answers),
       cmocka_unit_test(test_every_dtype_and_op),
-      cmocka_unit_test(test_half_bits),
+      cmocka_unit_test(test_random_bits_over_blocks),
       cmocka_unit_test(test_copy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
