@@ -71,6 +71,7 @@ static const struct key keys[] = {
     {"peer_unexpected_bytes", K_BYTES, AT(peer_unexpected_bytes), 1 << 20, 1.8e19, "bytes a connection from another daemon may hold before their receive is posted; beyond, it is closed"},
     {"peer_unexpected_total", K_BYTES, AT(peer_unexpected_total), 1 << 20, 1.8e19, "the same, over all connections"},
     {"transport", K_TRANSPORT, AT(transport), 0, 0, "how data moves between daemons (tcp)"},
+    {"link_capacity", K_BYTES, AT(link_capacity), 0, 1.8e19, "bytes a second this daemon can send to each other daemon, for tenant_max_share on links; 0: the fastest rate measured"},
     {"tenant_weights", K_WEIGHTS, AT(tenant_weights), 0.01, 1000, "each user's weight in the shares of executor time, links and GPUs: USER:WEIGHT,... (names or uids; everyone else 1); reloadable"},
     {"tenant_max_share", K_FRACTION, AT(tenant_max_share), 0.01, 1, "the most of the executor's and each link's capacity one tenant may take, even when the others are idle; reloadable"},
     {"poll_spin_us", K_COUNT, AT(poll_spin_us), 0, 1e6, "microseconds the loop keeps polling the clients' rings after their last op, before it sleeps (0: never spins)"},

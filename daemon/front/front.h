@@ -79,6 +79,7 @@ struct ccsd_config {
   char cluster_key_file[108];  /* daemons prove they hold this key to each other */
   int peer_encrypt;            /* data between daemons encrypted too */
   char transport[16];          /* how data moves between daemons (transport.h) */
+  uint64_t link_capacity;      /* bytes a second to each daemon; 0: measured */
   int poll_spin_us;            /* the loop spins on the rings this long after their last work */
   int peer_max_connections;
   uint64_t peer_unexpected_bytes, peer_unexpected_total; /* held before their receive */

@@ -94,7 +94,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
         .max_connections = (size_t)c->peer_max_connections,
         .unexpected_bytes = c->peer_unexpected_bytes, .unexpected_total = c->peer_unexpected_total,
         .heartbeat_s = c->heartbeat_s, .peer_timeout_s = c->peer_timeout_s,
-        .io_timeout_s = c->io_timeout_s,
+        .io_timeout_s = c->io_timeout_s, .link_capacity = (double)c->link_capacity,
         /* an op across daemons waits a round trip or two for its data */
         .spin_ns = (uint64_t)c->poll_spin_us * 1000 * 10};
     snprintf(opt.transport, sizeof(opt.transport), "%s", c->transport);

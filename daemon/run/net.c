@@ -17,12 +17,14 @@
 #include "base/log.h"
 #include "run/engine_run.h"
 #include "run/executor.h"
+#include "run/link.h"
 #include "run/net.h"
 #include "transport.h"
 #include "wire.h"
 
 #define CONTROL_MAX (1u << 20) /* a control connection's largest message (a rank map) */
 #define DATA_CONTROL_MAX 4096  /* a data connection's: its greeting */
+#define LINK_WINDOW (8u << 20) /* bytes of sends posted at once to one daemon (run/link.h) */
 
 enum cmd_kind { CMD_CONTROL, CMD_COMM_OPEN, CMD_COMM_CLOSE, CMD_COMM_FREE };
 
@@ -84,6 +86,7 @@ struct net_comm {
 struct net_task {
   struct list link; /* taken, waiting for its connection, or deferred */
   struct run_op *x;
+  struct link_send send; /* a SEND task's place in its link's shares */
   double fail_at;   /* deferred: a failed data connection, why, and */
   const char *why;
   int status;       /* the transport's error (negative errno), or 0 */
@@ -120,6 +123,8 @@ struct peers {
   struct list conns, comms;
   struct list deferred; /* transfers of failed data connections */
   struct list taken;    /* tasks this thread took, not yet run (posted, or computed) */
+  struct net_links links; /* sends by link and tenant */
+  int draining;           /* drain() is running: a send that fails inside does not recurse */
   double last_beat;
   double last_refusal_log;
 };
@@ -128,6 +133,12 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 uint64_t ccsd_peer_tag(uint64_t seq, uint64_t sig_key, int from, int to, uint32_t msg,
@@ -296,12 +307,23 @@ static void take(struct executor *e, struct run_op *x, size_t task, int handover
   } while (n == BATCH); /* more may wait: x lives while any does */
 }
 
-/* run_taken runs what this takes, so a chain of completions never recurses. */
+static void drain(struct peers *p, struct net_link *l);
+
+/* run_taken runs what this takes, so a chain of completions never
+ * recurses. A send that is over gives its link's room to the next. */
 static void take_tasks(struct peers *p, struct run_op *x, size_t task, int handover) {
+  if (task != CCSD_NO_TASK) {
+    struct link_send *s = &x->net_tasks[task].send;
+    struct net_link *l = s->on;
+    ccsd_link_done(s, now_ns());
+    if (l) drain(p, l);
+  }
   take(p->exec, x, task, handover, &p->taken);
 }
 
 static void run_task(struct peers *p, struct net_task *rec);
+static void post(struct peers *p, struct net_task *rec);
+static int queue_send(struct peers *p, struct net_task *rec);
 
 static void run_taken(struct peers *p) {
   while (!list_empty(&p->taken)) {
@@ -427,13 +449,20 @@ static struct tmem *region_of(const struct net_mem *nm, const void *buf, size_t 
   return NULL;
 }
 
+/* A transfer task's chunk of its item: where it starts, and its bytes. */
+static size_t transfer_bytes(const struct net_task *rec, size_t *chunk, size_t *off) {
+  const struct engine_plan *pl = &rec->x->plan;
+  const struct engine_item *nd = engine_task_item(pl, task_of(rec));
+  *chunk = task_of(rec) - nd->first_task;
+  size_t begin = *chunk * pl->chunk_elems;
+  *off = begin * pl->elem_size;
+  return (nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems) * pl->elem_size;
+}
+
 static void transfer_start(struct peers *p, struct pconn *c, struct net_task *rec) {
   struct run_op *x = rec->x;
-  const struct engine_plan *pl = &x->plan;
-  const struct engine_item *nd = engine_task_item(pl, task_of(rec));
-  size_t chunk = task_of(rec) - nd->first_task, begin = chunk * pl->chunk_elems;
-  size_t elems = nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems;
-  size_t off = begin * pl->elem_size, len = elems * pl->elem_size;
+  const struct engine_item *nd = engine_task_item(&x->plan, task_of(rec));
+  size_t chunk, off, len = transfer_bytes(rec, &chunk, &off);
   uint64_t tag = ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
   if (!x->net_mem && !(x->net_mem = register_op(p, x))) {
     transfer_fail(p, rec, CCS_ERR_NO_MEMORY, "its buffers cannot be registered with the transport");
@@ -452,6 +481,38 @@ static void transfer_start(struct peers *p, struct pconn *c, struct net_task *re
   if (rc) transfer_fail_later(p, rec, "its data connection is closed", 0);
 }
 
+/* rec goes on its data connection, or waits for it to come. */
+static void post(struct peers *p, struct net_task *rec) {
+  struct run_op *x = rec->x;
+  struct net_comm *nc = x->net;
+  int node = ccsd_run_op_peer_node(x, task_of(rec));
+  if (!nc || nc->closed || node < 0 || node >= nc->nnodes) {
+    transfer_fail(p, rec, CCS_ERR_PEER_LOST, "the communicator's connections are closed");
+    return;
+  }
+  struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
+  if (c) transfer_start(p, c, rec);
+  else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection", 0);
+  else list_insert_tail(&nc->waiting, &rec->link);
+}
+
+/* A send waits its tenant's turn on the link to its daemon (run/link.h)
+ * and goes when it comes; 0: post it now (its comm is closed, post fails
+ * it; or the link found no memory). */
+static int queue_send(struct peers *p, struct net_task *rec) {
+  struct net_comm *nc = rec->x->net;
+  int node = ccsd_run_op_peer_node(rec->x, task_of(rec));
+  if (!nc || nc->closed || node < 0 || node >= nc->nnodes) return 0;
+  size_t chunk, off;
+  rec->send.share = rec->x->share;
+  rec->send.prio = rec->x->prio;
+  rec->send.bytes = transfer_bytes(rec, &chunk, &off);
+  struct net_link *l = ccsd_links_queue(&p->links, nc->addrs[node], &rec->send, now_ns());
+  if (!l) return 0;
+  drain(p, l);
+  return 1;
+}
+
 /* A task this thread took: skipped once the comm failed or the daemon
  * stops, computed here (a small op's, x->on_net), or posted. */
 static void run_task(struct peers *p, struct net_task *rec) {
@@ -467,16 +528,30 @@ static void run_task(struct peers *p, struct net_task *rec) {
     take_tasks(p, x, task, 0);
     return;
   }
-  struct net_comm *nc = x->net;
-  int node = ccsd_run_op_peer_node(x, task);
-  if (!nc || nc->closed || node < 0 || node >= nc->nnodes) {
-    transfer_fail(p, rec, CCS_ERR_PEER_LOST, "the communicator's connections are closed");
-    return;
+  if (engine_task_item(&x->plan, task)->kind == ENGINE_SEND && queue_send(p, rec)) return;
+  post(p, rec);
+}
+
+/* Sends that may go on l now, posted (or skipped: their comm failed, or
+ * the daemon stops). */
+static void drain(struct peers *p, struct net_link *l) {
+  if (p->draining) return; /* the outer drain goes on */
+  p->draining = 1;
+  uint64_t now = now_ns();
+  for (struct link_send *s; (s = ccsd_link_next(l, now));) {
+    struct net_task *rec = LIST_ENTRY(s, struct net_task, send);
+    if (p->stopped || atomic_load_explicit(&rec->x->cancelled, memory_order_relaxed))
+      take_tasks(p, rec->x, task_of(rec), 0);
+    else
+      post(p, rec);
   }
-  struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
-  if (c) transfer_start(p, c, rec);
-  else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection", 0);
-  else list_insert_tail(&nc->waiting, &rec->link);
+  p->draining = 0;
+}
+
+static void drain_each(void *arg, struct net_link *l) { drain(arg, l); }
+
+static int queued_of_comm(void *arg, struct link_send *s) {
+  return LIST_ENTRY(s, struct net_task, send)->x->net == arg;
 }
 
 static void comm_open(struct peers *p, struct net_comm *nc) {
@@ -518,6 +593,14 @@ static void comm_open(struct peers *p, struct net_comm *nc) {
 
 static void comm_close(struct peers *p, struct net_comm *nc) {
   nc->closed = 1;
+  struct list queued;
+  list_init(&queued);
+  ccsd_links_take(&p->links, queued_of_comm, nc, &queued);
+  while (!list_empty(&queued)) {
+    struct net_task *rec = LIST_ENTRY(queued.next, struct net_task, send.link);
+    list_remove(&rec->send.link);
+    transfer_fail(p, rec, CCS_ERR_PEER_LOST, "the communicator failed");
+  }
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->deferred) {
     struct net_task *rec = LIST_ENTRY(it, struct net_task, link);
@@ -679,10 +762,7 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
     return;
   }
   if (!tc->is_send) { /* whole chunks only: a short one means the ranks disagree */
-    const struct engine_plan *pl = &rec->x->plan;
-    const struct engine_item *nd = engine_task_item(pl, task_of(rec));
-    size_t begin = (task_of(rec) - nd->first_task) * pl->chunk_elems;
-    size_t want = (nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems) * pl->elem_size;
+    size_t chunk, off, want = transfer_bytes(rec, &chunk, &off);
     if (tc->bytes != want) {
       char why[160];
       snprintf(why, sizeof(why), "a message of %zu bytes where %zu were expected: the ranks called "
@@ -814,6 +894,7 @@ static int step(struct peers *p) {
   for (int i = 0; i < n; i++) on_completion(p, &done[i]);
   run_taken(p);
   housekeeping(p);
+  ccsd_links_each(&p->links, drain_each, p); /* capped tenants' turns come with time */
   run_taken(p);
   return work + (n > 0 ? n : 0);
 }
@@ -988,6 +1069,7 @@ static void hand_over_cb(void *arg, struct run_op *x) { hand_over(arg, x); }
 
 static void peers_free(struct peers *p) {
   if (p->t) p->ops->free(p->t);
+  ccsd_links_close(&p->links);
   pthread_mutex_destroy(&p->mu);
   pthread_mutex_destroy(&p->drive);
   free(p->fds);
@@ -1022,6 +1104,7 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   list_init(&p->conns);
   list_init(&p->comms);
   list_init(&p->deferred);
+  ccsd_links_init(&p->links, LINK_WINDOW, opt->link_capacity);
   struct transport_params params = {
       .encrypt_data = opt->encrypt,
       .max_conns = opt->max_connections,

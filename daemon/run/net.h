@@ -44,6 +44,7 @@ struct peers_options {
   /* after a hand-over or a completion the thread polls its connections
    * without sleeping this long (0: it always sleeps in poll) */
   uint64_t spin_ns;
+  double link_capacity; /* bytes a second to each daemon, for caps; 0: measured */
 };
 
 /* News for the layer above, on the loop thread: a control message from

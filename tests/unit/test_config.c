@@ -35,7 +35,7 @@ static const char every_key[] =
              "admin_gids = root, 4242\nquota_ranks = 64\nquota_buffers = 99\nid_ttl = 3600\n"
              "metrics_tenant_labels = true\nmetrics_max_connections = 3\n"
              "cluster_key_file = /tmp/k\npeer_encrypt = 1\npeer_max_connections = 17\n"
-             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\ntransport = tcp\n"
+             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\ntransport = tcp\nlink_capacity = 10G\n"
              "scratch_keep = 3M\nalgo = all_reduce:ring;broadcast:tree:0-64K\nlisten = 127.0.0.1:7100\n"
              "advertise = 10.0.0.5:7100\npeer_connections = 3\nheartbeat = 0.25\npeer_timeout = 2.5\n"
              "cuda_legacy_ipc = true\npoll_spin_us = 77\ntenant_weights = root:2.5,4242:3\n"
@@ -75,6 +75,7 @@ static void test_every_key(void **state) {
   assert_true(c.peer_encrypt && c.peer_max_connections == 17);
   assert_true(c.peer_unexpected_bytes == 8u << 20 && c.peer_unexpected_total == 1u << 30);
   assert_string_equal(c.transport, "tcp");
+  assert_true(c.link_capacity == 10ull << 30);
   assert_true(c.scratch_keep == 3u << 20);
   assert_string_equal(c.algo, "all_reduce:ring;broadcast:tree:0-64K");
   assert_string_equal(c.listen, "127.0.0.1:7100");
@@ -106,7 +107,7 @@ static void test_every_key(void **state) {
     keys++;
     if (next) next[-1] = '\n';
   }
-  assert_int_equal(keys, 41);
+  assert_int_equal(keys, 42);
   write_file(text);
   struct ccsd_config back;
   ccsd_config_defaults(&back);
