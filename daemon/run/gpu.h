@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "base/fair.h"
 #include "base/list.h"
 #include "ccs.h"
 #include "run/op.h"
@@ -130,6 +131,20 @@ struct gpu_streams {
 struct gpu_stream *ccsd_gpu_stream_for(struct gpu_streams *t, uint64_t key);
 int ccsd_gpu_streams_retire(struct gpu_streams *t, uint64_t now_ms, uint64_t idle_ms,
                             void **handles, int max);
+
+/* gpu_queue.c: a GPU's ops waiting to be queued on it, under the GPU
+ * threads' lock. A comm's ops keep their order: only its first in the
+ * queue may go, and only when it gets the comm's stream; among the comms'
+ * first ops, tenants go by weight (base/fair.c, charged the bytes their
+ * kernels move, CCSD_GPU_QUANTUM ahead at most when they come back),
+ * classes within a tenant by theirs. next: the op to go now, with its
+ * stream claimed (*stream NULL: it was cancelled and goes back); NULL:
+ * none may. remove: it leaves the queue, counted to its tenant. */
+#define CCSD_GPU_QUANTUM (64.0 * 1048576)
+void ccsd_gpu_queue_add(struct list *queue, struct fair *f, struct run_op *x);
+struct run_op *ccsd_gpu_queue_next(struct list *queue, struct fair *f, struct gpu_streams *streams,
+                                   struct gpu_stream **stream);
+void ccsd_gpu_queue_remove(struct fair *f, struct run_op *x);
 
 /* gpu_watch.c: what the watchdog does about an op on a GPU, each tick:
  * while it is cancelled (its comm failed, its client went), let its

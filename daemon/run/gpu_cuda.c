@@ -34,7 +34,8 @@ struct device {
   struct gpu *g;
   int index;
   struct gpu_streams streams;
-  struct list queue;  /* ops to queue on the GPU (link) */
+  struct list queue;  /* ops to queue on the GPU (link), in arrival order */
+  struct fair fair;   /* whose op goes next: tenants by weight, bytes moved */
   struct list queued; /* on the GPU, not yet back (gpu_link) */
   pthread_cond_t cv;
   pthread_t submitter;
@@ -216,43 +217,19 @@ static int queue_op(struct device *dv, struct run_op *x, cudaStream_t st) {
   return 1;
 }
 
-/* Under g->mu: the first op of dv's queue that may go now, with its
- * stream. A comm's ops keep their order: one of a comm whose earlier op
- * waits for a stream waits too; other comms' ops pass it. */
-static struct run_op *next_op(struct device *dv, struct gpu_stream **ret_stream) {
-  enum { MOST_WAITING = 64 };
-  uint64_t waiting[MOST_WAITING];
-  int nwaiting = 0;
-  struct list *it, *tmp;
-  LIST_FOREACH_SAFE(it, tmp, &dv->queue) {
-    struct run_op *x = LIST_ENTRY(it, struct run_op, link);
-    int behind = 0;
-    for (int i = 0; i < nwaiting && !behind; i++) behind = waiting[i] == x->stream_key;
-    if (behind) continue;
-    if (atomic_load(&x->cancelled)) { /* its comm failed before it got here */
-      *ret_stream = NULL;
-      return x;
-    }
-    if ((*ret_stream = ccsd_gpu_stream_for(&dv->streams, x->stream_key)) != NULL) return x;
-    if (nwaiting == MOST_WAITING) break;
-    waiting[nwaiting++] = x->stream_key;
-  }
-  return NULL;
-}
-
 static void *submitter(void *arg) {
   struct device *dv = arg;
   struct gpu *g = dv->g;
   pthread_mutex_lock(&g->mu);
   for (;;) {
     struct gpu_stream *s = NULL;
-    struct run_op *x = next_op(dv, &s);
+    struct run_op *x = ccsd_gpu_queue_next(&dv->queue, &dv->fair, &dv->streams, &s);
     if (!x) { /* nothing, or every stream runs other comms' ops: a freed one wakes this */
       if (g->stop && list_empty(&dv->queue)) break;
       pthread_cond_wait(&dv->cv, &g->mu);
       continue;
     }
-    list_remove(&x->link);
+    ccsd_gpu_queue_remove(&dv->fair, x);
     if (!s) {
       back_to_loop_locked(g, x);
       continue;
@@ -503,6 +480,7 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
     dv->g = g;
     dv->index = i;
     list_init(&dv->queue);
+    fair_init(&dv->fair, CCSD_GPU_QUANTUM, 0);
     list_init(&dv->queued);
     pthread_cond_init(&dv->cv, NULL);
     for (int k = 0; k < CCSD_GPU_STREAMS; k++) dv->streams.s[k].owner = dv;
@@ -588,7 +566,10 @@ void ccsd_gpu_stop(struct gpu *g) {
   if (g->reaping) pthread_join(g->reaper, NULL); /* after what the pools let go */
   if (!g->stuck) {
     retire_streams(g, UINT64_MAX);
-    for (int i = 0; i < g->ndevices; i++) pthread_cond_destroy(&g->dev[i].cv);
+    for (int i = 0; i < g->ndevices; i++) {
+      pthread_cond_destroy(&g->dev[i].cv);
+      fair_close(&g->dev[i].fair);
+    }
   }
   uv_close((uv_handle_t *)&g->async, on_closed);
 }
@@ -602,7 +583,7 @@ void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len) {
 void ccsd_gpu_submit(struct gpu *g, struct run_op *x) {
   struct device *dv = &g->dev[x->device];
   pthread_mutex_lock(&g->mu);
-  list_insert_tail(&dv->queue, &x->link);
+  ccsd_gpu_queue_add(&dv->queue, &dv->fair, x);
   pthread_cond_broadcast(&dv->cv);
   pthread_mutex_unlock(&g->mu);
 }

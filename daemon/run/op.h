@@ -79,6 +79,7 @@ struct run_op {
     int warned;
   } gpu_watch;
   struct list gpu_link;          /* on its GPU's list of ops queued there */
+  struct fair_flow *gpu_flow;    /* its tenant's in its GPU's shares, while it waits to go */
 };
 
 /* Frees what the launcher and the layer gave x (its plan, regions,
