@@ -333,7 +333,7 @@ CCS__API ccs_result_t ccs_comm_shrink(ccs_comm_t *comm, const int *exclude, int 
     ccs__set_error("out of memory");
     return CCS_ERR_NO_MEMORY;
   }
-  memcpy(out, exclude, sizeof(int) * (size_t)nexclude);
+  if (nexclude) memcpy(out, exclude, sizeof(int) * (size_t)nexclude);
   qsort(out, (size_t)nexclude, sizeof(int), cmp_int);
   int kept = 0;
   for (int i = 0; i < nexclude; i++) {

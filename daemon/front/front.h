@@ -98,6 +98,7 @@ struct tenant {
   uid_t uid;
   uint64_t used[TENANT_COUNTERS];
   uint64_t charges; /* outstanding charges; freed at zero */
+  struct run_share *share; /* its weight, and what it was given (run/share.h) */
 };
 
 /* metrics.c */
@@ -201,6 +202,7 @@ struct session {
   int said_hello;
   int closing;
   struct tenant *tenant;
+  double credit; /* its part of a read this turn (ccsd_tenant_turns) */
   uint64_t connected_ms, last_rx_ms, last_tx_ms;
   struct ccs__frame_reader rd;
   uint64_t rx_total;      /* bytes received */
@@ -259,6 +261,15 @@ void ccsd_client_post_free(struct client_post *p); /* never submitted */
 ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter k,
                                 uint64_t amount, struct tenant **ret, char *err, size_t errlen);
 void ccsd_tenant_release(struct tenant *t, enum tenant_counter k, uint64_t amount);
+/* The control path's turns: how many times (reads of a socket, batches
+ * of a ring) one of t's connections may be served this round of the
+ * loop: `per` times t's weight, shared among t's connections, so that
+ * tenants, not connections, share the loop by weight. What is not a whole
+ * turn waits in *credit while the connection stays busy; one with
+ * nothing left to take loses it (ccsd_tenant_idle). */
+int ccsd_tenant_turns(struct tenant *t, double *credit, double per);
+double ccsd_tenant_weight(const struct tenant *t);
+static inline void ccsd_tenant_idle(double *credit) { *credit = 0; }
 const char *ccsd_tenant_counter_name(enum tenant_counter k);
 /* coll's quota hooks (arg: the daemon) */
 void *ccsd_tenant_coll_charge(void *arg, uid_t uid, enum coll_charge what, ccs_result_t *rc,

@@ -31,10 +31,11 @@ struct ring {
   int bell_fd;
   uint32_t sub_head;  /* ours: submission entries taken */
   uint32_t done_tail; /* ours: completions published */
+  double credit;      /* its part of a batch this round (ccsd_tenant_turns) */
 };
 
-/* A busy connection gives way to the others, and to the sockets, after
- * this many batches. */
+/* A round of the rings serves the heaviest tenant this many batches (the
+ * others by their weights), and then gives way to the sockets. */
 #define BATCHES_PER_ROUND 16
 
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
@@ -224,15 +225,37 @@ static int take_batch(struct ring *r) {
   return r->session && !r->session->closing ? 1 : -1;
 }
 
+static int has_work(const struct ring *r) {
+  return r->session && atomic_load_explicit(&r->sh->sub_tail, memory_order_acquire) != r->sub_head;
+}
+
+/* Tenants take turns by weight (ccsd_tenant_turns): a round passes over
+ * the rings again while some have work and none got a whole turn yet, so
+ * that light tenants are not kept waiting when nobody else wants the loop. */
 int ccsd_rings_poll(struct daemon *d) {
-  int taken = 0;
+  int taken = 0, pending = 1;
+  double heaviest = 0.01; /* the lightest weight there is */
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &d->rings) {
     struct ring *r = LIST_ENTRY(it, struct ring, link);
-    for (int k = 0; k < BATCHES_PER_ROUND && r->session; k++) {
-      int got = take_batch(r);
-      if (got <= 0) break;
-      taken++;
+    if (has_work(r) && ccsd_tenant_weight(r->session->tenant) > heaviest)
+      heaviest = ccsd_tenant_weight(r->session->tenant);
+  }
+  for (int pass = 0; pass < 64 && !taken && pending; pass++) {
+    pending = 0;
+    LIST_FOREACH_SAFE(it, tmp, &d->rings) {
+      struct ring *r = LIST_ENTRY(it, struct ring, link);
+      if (!has_work(r)) {
+        ccsd_tenant_idle(&r->credit);
+        continue;
+      }
+      pending = 1;
+      struct tenant *t = r->session->tenant;
+      for (int k = ccsd_tenant_turns(t, &r->credit, BATCHES_PER_ROUND / heaviest); k > 0; k--) {
+        if (take_batch(r) <= 0) break;
+        atomic_fetch_add_explicit(&t->share->requests, 1, memory_order_relaxed);
+        taken++;
+      }
     }
   }
   return taken;

@@ -271,9 +271,14 @@ void ccsd_session_protocol_error(struct session *s, const char *what) {
   ccsd_session_close(s, what);
 }
 
+/* Reads per wake-up of a connection of a tenant of weight 1, shared
+ * among the tenant's connections (ccsd_tenant_turns; one at least). */
+#define READS_PER_TURN 16
+
 static void on_readable(struct session *s) {
   /* Bound the work per wake-up so one busy client cannot starve others. */
-  for (int rounds = 0; rounds < 16 && !s->closing; rounds++) {
+  int turns = ccsd_tenant_turns(s->tenant, &s->credit, READS_PER_TURN);
+  for (int rounds = 0; rounds < (turns > 0 ? turns : 1) && !s->closing; rounds++) {
     uint8_t *space;
     size_t room;
     if (ccs__frame_reader_space(&s->rd, &space, &room)) {
@@ -289,6 +294,7 @@ static void on_readable(struct session *s) {
                          .msg_controllen = sizeof(ctl.buf)};
     ssize_t n = recvmsg(s->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) {
+      if (errno == EAGAIN) ccsd_tenant_idle(&s->credit); /* read it all */
       if (errno == EAGAIN || errno == EINTR) return;
       ccsd_session_close(s, strerror(errno));
       return;
@@ -310,6 +316,7 @@ static void on_readable(struct session *s) {
     int r = 0;
     while (!s->closing && (r = ccs__frame_reader_next(&s->rd, &payload, &len)) == 1) {
       s->rx_frame_end += CCS__FRAME_HEADER + len;
+      atomic_fetch_add_explicit(&s->tenant->share->requests, 1, memory_order_relaxed);
       ccsd_dispatch(s, payload, len);
       /* An fd not claimed by its frame is a protocol violation. */
       if (!s->closing && s->nfds && s->fds[0].read_end <= s->rx_frame_end) {

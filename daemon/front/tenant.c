@@ -3,6 +3,7 @@
  * to its tenant when made and released when freed; past the quota the
  * request fails with CCS_ERR_QUOTA and nothing else changes. A tenant
  * lives while anything is charged to it. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -43,6 +44,7 @@ ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter
     }
     t->uid = uid;
     t->d = d;
+    t->share = ccsd_run_share_of(d->coll.shares, uid);
     list_insert_tail(&d->tenants, &t->link);
     HASH_ADD(hh, d->tenants_by_uid, uid, sizeof(t->uid), t);
   }
@@ -75,4 +77,19 @@ void *ccsd_tenant_coll_charge(void *arg, uid_t uid, enum coll_charge what, ccs_r
 
 void ccsd_tenant_coll_release(void *arg, void *token, enum coll_charge what) {
   ccsd_tenant_release(token, counter_of(what), 1);
+}
+
+double ccsd_tenant_weight(const struct tenant *t) {
+  return atomic_load_explicit(&t->share->weight, memory_order_relaxed);
+}
+
+int ccsd_tenant_turns(struct tenant *t, double *credit, double per) {
+  double weight = ccsd_tenant_weight(t);
+  uint64_t conns = t->used[TENANT_SESSIONS] ? t->used[TENANT_SESSIONS] : 1;
+  double grant = per * weight / (double)conns;
+  *credit += grant;
+  if (*credit > 2 * grant + 1) *credit = 2 * grant + 1; /* nothing banked beyond a round's worth */
+  int turns = (int)*credit;
+  *credit -= turns;
+  return turns;
 }
