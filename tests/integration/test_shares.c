@@ -80,7 +80,7 @@ static int flooding_rank(int rank, int n, void *arg) {
   double end = test_now() + FLOOD_S;
   for (int k = 0, more = 1; more; k++) {
     for (size_t i = 0; i < count; i++) x[i] = (float)(me + 1);
-    x[count] = me == 0 && test_now() < end;
+    x[count] = me == 0 && (k < 3 || test_now() < end); /* 4 at least, however slow the build */
     if (ccs_all_reduce(x, x, count + 1, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK) return 3;
     for (size_t i = 0; i < count; i += 4099)
       if (x[i] != 3) return 4;
@@ -108,7 +108,7 @@ static void flood(double share[2]) {
   for (int t = 0; t < 2; t++) share[t] = (after[t] - before[t]) / total;
   fprintf(stderr, "# weights %g:%g: root %.1f%% (%d ops), other %.1f%% (%d ops)\n", wr, w, 100 * share[0], sh->done[0],
           100 * share[1], sh->done[1]);
-  assert_true(sh->done[0] >= 2 && sh->done[1] >= 2); /* both progress */
+  assert_true(sh->done[0] >= 4 && sh->done[1] >= 4); /* every op's data checked */
 }
 
 static void test_weights_and_reload_move_the_split(void **state) {
