@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/fair.h"
 #include "base/log.h"
 #include "run/engine_run.h"
@@ -53,12 +54,6 @@ struct executor {
   _Atomic uint64_t busy_ns;     /* time spent in tasks, for utilisation */
 };
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 double ccsd_executor_busy_seconds(struct executor *e) { return (double)atomic_load(&e->busy_ns) / 1e9; }
 
 struct claim {
@@ -84,7 +79,7 @@ static struct run_op *claim(struct executor *e, size_t *ret_task, double *charge
                             uint64_t *retry_ns) {
   struct claim c = {NULL};
   int cls;
-  uint64_t now = now_ns();
+  uint64_t now = ccsd_now_ns();
   struct fair_flow *fl = fair_pick(&e->fair, now, claimable, &c, &cls, retry_ns);
   if (!fl) return NULL;
   struct run_op *x = c.x;
@@ -120,7 +115,7 @@ static int finish_locked(struct executor *e, struct run_op *x, size_t task, int 
   engine_finish(&x->plan, task);
   if (x->plan.ready_tail != compute_before && !x->on_net) pthread_cond_broadcast(&e->cv);
   if (engine_done(&x->plan)) {
-    if (x->exec_flow) fair_unref(x->exec_flow, now_ns());
+    if (x->exec_flow) fair_unref(x->exec_flow, ccsd_now_ns());
     x->exec_flow = NULL;
     list_insert_tail(&e->done, &x->done_link);
     uv_async_send(&e->async);
@@ -176,10 +171,10 @@ static void *worker(void *arg) {
     }
     pthread_mutex_unlock(&e->mu);
 
-    uint64_t t0 = now_ns();
+    uint64_t t0 = ccsd_now_ns();
     if (!atomic_load_explicit(&x->cancelled, memory_order_relaxed))
       engine_run_task(&x->plan, task, x->streaming);
-    uint64_t took = now_ns() - t0;
+    uint64_t took = ccsd_now_ns() - t0;
     atomic_fetch_add(&e->busy_ns, took);
     pthread_mutex_lock(&e->mu);
     e->running--;
@@ -274,7 +269,7 @@ void ccsd_executor_submit(struct executor *e, struct run_op *x) {
   fair_ref(fl);
   x->exec_flow = fl;
   x->exec_estimate_ns = FIRST_ESTIMATE_NS;
-  x->submitted_ns = now_ns();
+  x->submitted_ns = ccsd_now_ns();
   list_insert_tail(&fl->items[x->prio], &x->link);
   e->queued++;
   pthread_cond_broadcast(&e->cv);

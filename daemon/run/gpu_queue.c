@@ -3,17 +3,12 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "run/gpu.h"
 #include "run/share.h"
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void ccsd_gpu_queue_add(struct list *queue, struct fair *f, struct run_op *x) {
-  x->submitted_ns = now_ns();
+  x->submitted_ns = ccsd_now_ns();
   if ((x->gpu_flow = fair_flow_get(f, x->share->uid)) != NULL) {
     fair_flow_set(x->gpu_flow, atomic_load(&x->share->weight), 1);
     fair_ref(x->gpu_flow);
@@ -67,14 +62,14 @@ struct run_op *ccsd_gpu_queue_next(struct list *queue, struct fair *f, struct gp
   }
   int cls;
   uint64_t retry;
-  if (!c.n || !fair_pick(f, now_ns(), startable, &c, &cls, &retry)) return NULL;
+  if (!c.n || !fair_pick(f, ccsd_now_ns(), startable, &c, &cls, &retry)) return NULL;
   *ret_stream = c.stream;
   return c.picked;
 }
 
 void ccsd_gpu_queue_remove(struct fair *f, struct run_op *x) {
   list_remove(&x->link);
-  uint64_t now = now_ns();
+  uint64_t now = ccsd_now_ns();
   if (!atomic_load(&x->cancelled)) {
     atomic_fetch_add_explicit(&x->share->gpu_ops, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&x->share->gpu_bytes, x->plan.bytes_moved, memory_order_relaxed);

@@ -48,9 +48,7 @@ static struct net_link *link_of(struct net_links *ls, const char *addr) {
   return l;
 }
 
-struct net_link *ccsd_links_queue(struct net_links *ls, const char *addr, struct link_send *s,
-                                  uint64_t now_ns) {
-  (void)now_ns;
+struct net_link *ccsd_links_queue(struct net_links *ls, const char *addr, struct link_send *s) {
   struct net_link *l = link_of(ls, addr);
   struct fair_flow *fl = l ? fair_flow_get(&l->fair, s->share->uid) : NULL;
   if (!fl) return NULL;

@@ -42,8 +42,7 @@ void ccsd_links_close(struct net_links *ls);
 
 /* s, to the daemon at addr, waits on its link; the link, or NULL: no
  * memory (post s at once, outside the shares). */
-struct net_link *ccsd_links_queue(struct net_links *ls, const char *addr, struct link_send *s,
-                                  uint64_t now_ns);
+struct net_link *ccsd_links_queue(struct net_links *ls, const char *addr, struct link_send *s);
 /* The next send l lets go at now_ns, taken off its queue and holding the
  * window until ccsd_link_done; NULL: none may now. */
 struct link_send *ccsd_link_next(struct net_link *l, uint64_t now_ns);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "addr.h"
 #include "auth.h"
 #include "base/log.h"
@@ -133,12 +134,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 uint64_t ccsd_peer_tag(uint64_t seq, uint64_t sig_key, int from, int to, uint32_t msg,
@@ -315,7 +310,7 @@ static void take_tasks(struct peers *p, struct run_op *x, size_t task, int hando
   if (task != CCSD_NO_TASK) {
     struct link_send *s = &x->net_tasks[task].send;
     struct net_link *l = s->on;
-    ccsd_link_done(s, now_ns());
+    ccsd_link_done(s, ccsd_now_ns());
     if (l) drain(p, l);
   }
   take(p->exec, x, task, handover, &p->taken);
@@ -507,7 +502,7 @@ static int queue_send(struct peers *p, struct net_task *rec) {
   rec->send.share = rec->x->share;
   rec->send.prio = rec->x->prio;
   rec->send.bytes = transfer_bytes(rec, &chunk, &off);
-  struct net_link *l = ccsd_links_queue(&p->links, nc->addrs[node], &rec->send, now_ns());
+  struct net_link *l = ccsd_links_queue(&p->links, nc->addrs[node], &rec->send);
   if (!l) return 0;
   drain(p, l);
   return 1;
@@ -537,7 +532,7 @@ static void run_task(struct peers *p, struct net_task *rec) {
 static void drain(struct peers *p, struct net_link *l) {
   if (p->draining) return; /* the outer drain goes on */
   p->draining = 1;
-  uint64_t now = now_ns();
+  uint64_t now = ccsd_now_ns();
   for (struct link_send *s; (s = ccsd_link_next(l, now));) {
     struct net_task *rec = LIST_ENTRY(s, struct net_task, send);
     if (p->stopped || atomic_load_explicit(&rec->x->cancelled, memory_order_relaxed))

@@ -55,7 +55,7 @@ static void drive(struct net_links *ls, const char *addr, const int *who, int nw
                   double rate, double seconds, double *sent) {
   struct net_link *l = NULL;
   for (int w = 0; w < nwho; w++)
-    for (int k = 0; k < PER_TENANT; k++) l = ccsd_links_queue(ls, addr, &sends[who[w]][k], *now);
+    for (int k = 0; k < PER_TENANT; k++) l = ccsd_links_queue(ls, addr, &sends[who[w]][k]);
   assert_non_null(l);
   struct link_send *posted[2 * PER_TENANT];
   int n = 0;
@@ -77,7 +77,7 @@ static void drive(struct net_links *ls, const char *addr, const int *who, int nw
     sent[done->share - shares] += (double)done->bytes;
     in_window -= done->bytes;
     ccsd_link_done(done, *now);
-    assert_ptr_equal(ccsd_links_queue(ls, addr, done, *now), l);
+    assert_ptr_equal(ccsd_links_queue(ls, addr, done), l);
   }
   /* what is still queued or posted goes back */
   for (int i = 0; i < n; i++) ccsd_link_done(posted[i], *now);
@@ -124,13 +124,13 @@ static void test_latency_send_overtakes_bulk(void **state) {
   ccsd_links_init(&ls, WINDOW, 0);
   tenants(1, 1, 1);
   struct net_link *l = NULL;
-  for (int k = 0; k < PER_TENANT; k++) l = ccsd_links_queue(&ls, "x:1", &sends[0][k], 1);
+  for (int k = 0; k < PER_TENANT; k++) l = ccsd_links_queue(&ls, "x:1", &sends[0][k]);
   struct link_send *posted[PER_TENANT], *s;
   int n = 0;
   while ((s = ccsd_link_next(l, 2))) posted[n++] = s; /* the window fills */
   assert_true(n < PER_TENANT);
   struct link_send urgent = {.share = &shares[0], .bytes = 8, .prio = FAIR_LATENCY};
-  ccsd_links_queue(&ls, "x:1", &urgent, 3);
+  ccsd_links_queue(&ls, "x:1", &urgent);
   assert_null(ccsd_link_next(l, 3)); /* the window holds it too */
   for (int i = 0; !(s = ccsd_link_next(l, 4)); i++) ccsd_link_done(posted[i], 4);
   assert_ptr_equal(s, &urgent);
@@ -147,7 +147,7 @@ static void test_queued_sends_taken_back(void **state) {
   tenants(1, 1, 1);
   struct net_link *l = NULL;
   for (int i = 0; i < 2; i++)
-    for (int k = 0; k < PER_TENANT; k++) l = ccsd_links_queue(&ls, "x:1", &sends[i][k], 1);
+    for (int k = 0; k < PER_TENANT; k++) l = ccsd_links_queue(&ls, "x:1", &sends[i][k]);
   struct list back;
   list_init(&back);
   ccsd_links_take(&ls, of_tenant, &shares[0], &back);
