@@ -184,11 +184,116 @@ static ccs_result_t copy_out(struct op *ops, size_t n, const struct ccs__staging
   return rc;
 }
 
+/* The call listed while it is out (restart.c): its ops numbered (given,
+ * or new). NULL when nothing is listed (no journal), and CCS_OK; with
+ * CCS_ERR_DAEMON_UNAVAILABLE when c broke and its keeper moves the comms. */
+static struct ccs__call *track(struct ccs__conn *c, const struct op *ops, size_t n,
+                               const uint64_t *numbers, ccs_result_t *rc) {
+  *rc = CCS_OK;
+  ccs_comm_t **comms = malloc(n * sizeof(*comms));
+  uint32_t *kinds = malloc(n * sizeof(*kinds));
+  int *peers = malloc(n * sizeof(*peers)), *unsafe = malloc(n * sizeof(*unsafe)), moving = 0;
+  struct ccs__call *call = NULL;
+  if (comms && kinds && peers && unsafe) {
+    for (size_t i = 0; i < n; i++) {
+      const struct op *o = &ops[i];
+      comms[i] = o->comm, kinds[i] = o->kind, peers[i] = o->root;
+      /* run again, an in-place op on registered memory would read what it
+       * wrote; a device op: what its GPU did is not known */
+      unsafe[i] = o->device >= 0 || (o->send_len && o->recv_len && !o->stage_lo &&
+                                     o->send < o->recv + o->recv_len && o->recv < o->send + o->send_len);
+    }
+    call = ccs__call_new(c, comms, kinds, peers, unsafe, n, numbers, &moving);
+  }
+  free(comms), free(kinds), free(peers), free(unsafe);
+  if (moving) {
+    *rc = CCS_ERR_DAEMON_UNAVAILABLE;
+    ccs__set_error("the connection to ccsd closed");
+  }
+  return call;
+}
+
+/* A call the daemon went under, settled by the keeper (each op finished,
+ * to resubmit, or to be repeated by the caller): the finished ops'
+ * staged results copied out; ops[0..*n) left with those to resubmit,
+ * numbers with their numbers; CCS_ERR_RETRY when the caller must repeat
+ * the call. The call is freed. */
+static ccs_result_t after_restart(struct ccs__call *call, struct op *ops, size_t *n,
+                                  uint64_t *numbers, const struct ccs__staging *st) {
+  int finished = 0, repeat = 0;
+  for (size_t i = 0; i < *n; i++) {
+    finished += call->op[i].verdict == CCS__FINISHED;
+    repeat += call->op[i].verdict == CCS__REPEAT;
+  }
+  ccs_result_t rc = CCS_OK;
+  if (repeat && finished) { /* repeating it would run the finished ops twice */
+    for (size_t i = 0; i < *n; i++)
+      ccs__comm_failed(ops[i].comm, CCS_ERR_DAEMON_UNAVAILABLE,
+                       "ccsd restarted in the middle of a group: part of it finished, part must be "
+                       "repeated; its communicators cannot go on");
+    for (size_t i = 0; i < *n; i++)
+      if (ops[i].comm->async_error == CCS_OK) ops[i].comm->async_error = CCS_ERR_DAEMON_UNAVAILABLE;
+    ccs__set_error("%s", ops[0].comm->last_error);
+    rc = CCS_ERR_DAEMON_UNAVAILABLE;
+  } else if (repeat) {
+    rc = fail(ops[0].comm, CCS_ERR_RETRY, "%s",
+              "ccsd restarted while this call ran: repeat it (its outputs are undefined, and an "
+              "in-place call's inputs may be overwritten: restore them first)");
+    for (size_t i = 1; i < *n; i++)
+      snprintf(ops[i].comm->last_error, sizeof(ops[i].comm->last_error), "%s", ccs__error());
+  } else {
+    size_t kept = 0;
+    for (size_t i = 0; i < *n && rc == CCS_OK; i++) {
+      if (call->op[i].verdict == CCS__FINISHED) { /* its answer was lost with the daemon */
+        rc = copy_out(&ops[i], 1, st);
+        continue;
+      }
+      numbers[kept] = call->op[i].number;
+      ops[kept++] = ops[i];
+    }
+    if (rc == CCS_OK) *n = kept;
+  }
+  if (rc != CCS_OK) *n = 0;
+  ccs__call_free(call);
+  return rc;
+}
+
+/* A call on connection c; numbers: its ops' numbers when resubmitted
+ * (given), else filled. *again: MOVED, the call did not go out and goes
+ * on the connection the keeper makes; RESUBMITTED, the daemon went under
+ * it and its ops left in ops[0..*n) go again under their numbers. */
+enum again { DONE, MOVED, RESUBMITTED };
+static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops, uint64_t *numbers,
+                              int given, enum again *again);
+
 static ccs_result_t submit(struct op *ops, size_t n) {
-  struct ccs__conn *c = ops[0].comm->conn;
+  uint64_t *numbers = malloc(sizeof(*numbers) * (n ? n : 1));
+  if (!numbers) return fail(ops[0].comm, CCS_ERR_NO_MEMORY, "%s", "out of memory");
+  int given = 0;
+  ccs_result_t rc;
+  for (;;) {
+    struct ccs__conn *c = ccs__comm_conn(ops[0].comm);
+    enum again again;
+    rc = submit_on(c, ops, &n, numbers, given, &again);
+    ccs__conn_put(c);
+    if (again == DONE) break;
+    given |= again == RESUBMITTED; /* the resubmitted ops keep theirs */
+  }
+  free(numbers);
+  return rc;
+}
+
+static int moving(struct ccs__conn *c) { return ccs__conn_moving(c); }
+
+static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops, uint64_t *numbers,
+                              int given, enum again *again) {
+  size_t n = *n_ops;
   int device = ops[0].device;
+  *again = DONE;
   for (size_t i = 0; i < n; i++) {
-    if (ops[i].comm->conn != c)
+    struct ccs__conn *ci = ccs__comm_conn(ops[i].comm);
+    ccs__conn_put(ci);
+    if (ci != c)
       return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
                   "a group mixes communicators of different daemon connections");
     if (ops[i].device != device || ops[i].stream != ops[0].stream ||
@@ -200,6 +305,7 @@ static ccs_result_t submit(struct op *ops, size_t n) {
   }
   size_t staged_bytes;
   ccs_result_t rc = resolve(c, ops, n, &staged_bytes);
+  if (rc != CCS_OK && moving(c)) *again = MOVED;
   if (rc != CCS_OK) return rc;
   struct ccs__host_stream *hs = ops[0].host_stream;
   int debug = 0, one_comm = 1, p2p = 0; /* how ops ran comes back only over the socket */
@@ -218,11 +324,27 @@ static ccs_result_t submit(struct op *ops, size_t n) {
    * does not follow them through the rings waits for them */
   if (hs && (!async || (hs->inflight && hs->comm != ops[0].comm))) ccs__host_stream_drain(hs);
   for (size_t i = 0; i < n && !async && !flagged; i++)
-    if (ops[i].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[i].comm->inflight)) != CCS_OK)
+    if (ops[i].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[i].comm->inflight)) != CCS_OK) {
+      if (moving(c)) *again = MOVED;
       return fail(ops[i].comm, rc, "%s", ccs__error());
+    }
   struct ccs__staging *st = NULL;
-  if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, device, &st)) != CCS_OK)
+  if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, device, &st)) != CCS_OK) {
+    if (moving(c)) *again = MOVED;
     return fail(ops[0].comm, rc, "%s", ccs__error());
+  }
+  /* a blocking call on host buffers is listed while it is out: a daemon
+   * restart resubmits it, or finds it finished (restart.c) */
+  struct ccs__call *call = NULL;
+  if (!async && !flagged) {
+    call = track(c, ops, n, given ? numbers : NULL, &rc);
+    if (rc != CCS_OK) { /* the daemon went: on the next connection */
+      ccs__staging_release(st, NULL);
+      *again = MOVED;
+      return rc;
+    }
+    for (size_t i = 0; call && i < n; i++) numbers[i] = call->op[i].number;
+  }
 
   Ccs__Op *msgs = calloc(n, sizeof(*msgs));
   Ccs__Op **ptrs = calloc(n, sizeof(*ptrs));
@@ -295,12 +417,23 @@ static ccs_result_t submit(struct op *ops, size_t n) {
   req.submit = &sub;
   Ccs__Reply *reply = NULL;
   if (async) { /* its answer goes to the stream */
-    if ((rc = ccs__ring_post(c, ptrs, n, hs, ops[0].comm)) != CCS_OK)
-      ccs__comm_failed(ops[0].comm, rc, ccs__error());
+    if ((rc = ccs__ring_post(c, ptrs, n, hs, ops[0].comm)) != CCS_OK && moving(c)) *again = MOVED;
+    else if (rc != CCS_OK) ccs__comm_failed(ops[0].comm, rc, ccs__error());
     goto out;
   }
-  if (!debug && ccs__ring_takes(c, n)) rc = ccs__ring_call(c, ptrs, n);
-  else rc = ccs__conn_call(c, &req, -1, &reply);
+  if (!debug && ccs__ring_takes(c, n)) rc = ccs__ring_call(c, ptrs, n, call);
+  else rc = call ? ccs__conn_call_tracked(c, &req, call, &reply) : ccs__conn_call(c, &req, -1, &reply);
+  if (call && rc == CCS_ERR_DAEMON_UNAVAILABLE && (rc = ccs__call_await(call)) == CCS_OK) {
+    rc = after_restart(call, ops, n_ops, numbers, st);
+    call = NULL;
+    if (rc == CCS_OK && *n_ops) *again = RESUBMITTED;
+    goto out;
+  }
+  if (call) {
+    ccs__call_answered(call, rc);
+    ccs__call_free(call);
+    call = NULL;
+  }
   if (rc == CCS_OK) {
     if (reply && ops[0].comm->debug && reply->info && reply->info[0])
       fprintf(stderr, "ccs INFO rank %d: %s\n", ops[0].comm->rank, reply->info);
@@ -316,6 +449,7 @@ copy_failed:
   for (size_t i = 0; i < n; i++)
     snprintf(ops[i].comm->last_error, sizeof(ops[i].comm->last_error), "%s", ccs__error());
 out:
+  ccs__call_free(call);
   free(msgs);
   free(ptrs);
   free(refs);

@@ -95,9 +95,15 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
   }
   cm->priority = priority;
   ccs_result_t rc = CCS_OK;
-  if (j->parent) ccs__conn_ref(cm->conn = j->parent->conn); /* the parent's connection knows it */
+  if (j->parent) cm->conn = ccs__comm_conn((ccs_comm_t *)j->parent); /* it knows the parent */
   else rc = ccs__conn_get(&cm->conn);
+  if (rc == CCS_OK && ccs__chan_of(cm, -1, 0) != 0) { /* [0]: its collectives */
+    ccs__conn_put(cm->conn);
+    ccs__set_error("out of memory");
+    rc = CCS_ERR_NO_MEMORY;
+  }
   if (rc != CCS_OK) {
+    free(cm->chans);
     free(cm);
     return rc;
   }
@@ -135,13 +141,24 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
   }
   if (rc != CCS_OK) {
     ccs__conn_put(cm->conn);
+    free(cm->chans);
     free(cm);
     return rc;
   }
   cm->handle = reply->comm_init->comm;
   cm->nranks = nranks;
   cm->rank = rank;
+  /* what rejoins it after a restart (restart.c) */
+  if (reply->comm_init->id.len == sizeof(cm->id)) {
+    memcpy(cm->id, reply->comm_init->id.data, sizeof(cm->id));
+    cm->has_id = 1;
+  }
+  cm->spans = reply->comm_init->spans;
+  cm->op_timeout_ms = m.op_timeout_ms;
+  cm->algo = strdup(m.algo);
   ccs__reply__free_unpacked(reply, NULL);
+  ccs__comm_track(cm);
+  ccs__keeper_start(cm->conn);
   *comm = cm;
   return CCS_OK;
 }
@@ -201,6 +218,8 @@ static ccs_result_t comm_leave(ccs_comm_t *comm, int abort) {
     ccs__set_error("communicator is NULL");
     return CCS_ERR_INVALID_ARGUMENT;
   }
+  ccs__comm_untrack(comm);
+  ccs__conn_put(ccs__comm_conn(comm)); /* (after a restart: on the connection its keeper made) */
   /* its streams' calls first (an abort lets them end as they will) */
   if (!abort && comm->inflight) ccs__ring_wait_idle(comm->conn, &comm->inflight);
   ccs__ring_forget_comm(comm->conn, comm);
@@ -223,6 +242,8 @@ static ccs_result_t comm_leave(ccs_comm_t *comm, int abort) {
       ccs__reply__free_unpacked(reply, NULL);
   }
   ccs__conn_put(comm->conn);
+  free(comm->algo);
+  free(comm->chans);
   free(comm);
   return CCS_OK;
 }
@@ -247,11 +268,13 @@ CCS__API ccs_result_t ccs_comm_get_async_error(ccs_comm_t *comm, ccs_result_t *a
   if (comm->async_error == CCS_OK) {
     Ccs__Request req = CCS__REQUEST__INIT;
     Ccs__CommQuery q = CCS__COMM_QUERY__INIT;
+    struct ccs__conn *c = ccs__comm_conn(comm);
     q.comm = comm->handle;
     req.body_case = CCS__REQUEST__BODY_COMM_QUERY;
     req.comm_query = &q;
     Ccs__Reply *reply;
-    ccs_result_t rc = ccs__conn_call(comm->conn, &req, -1, &reply);
+    ccs_result_t rc = ccs__conn_call(c, &req, -1, &reply);
+    ccs__conn_put(c);
     if (rc == CCS_OK) ccs__reply__free_unpacked(reply, NULL);
     else {
       comm->async_error = rc;
@@ -378,11 +401,13 @@ CCS__API ccs_result_t ccs_comm_revoke(ccs_comm_t *comm) {
   }
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__CommRevoke m = CCS__COMM_REVOKE__INIT;
+  struct ccs__conn *c = ccs__comm_conn(comm);
   m.comm = comm->handle;
   req.body_case = CCS__REQUEST__BODY_COMM_REVOKE;
   req.comm_revoke = &m;
   Ccs__Reply *reply;
-  ccs_result_t rc = ccs__conn_call(comm->conn, &req, -1, &reply);
+  ccs_result_t rc = ccs__conn_call(c, &req, -1, &reply);
+  ccs__conn_put(c);
   if (rc == CCS_OK) ccs__reply__free_unpacked(reply, NULL);
   return rc;
 }
@@ -408,7 +433,9 @@ CCS__API ccs_result_t ccs_comm_finalize(ccs_comm_t *comm) {
     ccs__set_error("ccs_comm_finalize: comm is NULL");
     return CCS_ERR_INVALID_ARGUMENT;
   }
-  ccs_result_t rc = comm->inflight ? ccs__ring_wait_idle(comm->conn, &comm->inflight) : CCS_OK;
+  struct ccs__conn *c = ccs__comm_conn(comm);
+  ccs_result_t rc = comm->inflight ? ccs__ring_wait_idle(c, &comm->inflight) : CCS_OK;
+  ccs__conn_put(c);
   if (rc == CCS_OK && comm->async_error != CCS_OK) {
     ccs__set_error("%s", comm->last_error);
     rc = comm->async_error;

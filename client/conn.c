@@ -7,10 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
+#include "journal.h"
 
 struct ccs__reply_slot {
   uint64_t id;
@@ -51,14 +54,31 @@ void ccs__conn_ref(struct ccs__conn *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
+int ccs__conn_ref_live(struct ccs__conn *c) {
+  pthread_mutex_lock(&c->mu);
+  int live = c->refs > 0;
+  c->refs += live;
+  pthread_mutex_unlock(&c->mu);
+  return live;
+}
+
 void ccs__conn_put(struct ccs__conn *c) {
   if (!c) return;
   pthread_mutex_lock(&c->mu);
   int last = --c->refs == 0;
+  /* the keeper's own reference is the last: it is told to go, and goes
+   * with the connection */
+  if (c->refs == 1 && c->keeper_started && c->keeper_stop >= 0 && c->pid == getpid()) {
+    uint64_t one = 1;
+    if (write(c->keeper_stop, &one, sizeof(one)) < 0) { /* it stops anyway at the hang-up */ }
+  }
   pthread_mutex_unlock(&c->mu);
   if (!last) return;
   ccs__ring_free(c->ring); /* its guard thread watches c->fd: gone first */
   c->ring = NULL;
+  ccs__journal_free(c);
+  if (c->keeper_stop >= 0) close(c->keeper_stop);
+  if (c->successor) ccs__conn_put(c->successor);
   if (c->fd >= 0) close(c->fd);
   while (c->replies) {
     struct ccs__reply_slot *s = c->replies;
@@ -74,7 +94,7 @@ void ccs__conn_put(struct ccs__conn *c) {
   free(c);
 }
 
-static ccs_result_t conn_open(struct ccs__conn **ret) {
+static ccs_result_t conn_open(struct ccs__conn **ret, int resume) {
   const char *path = socket_path();
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof(addr.sun_path)) {
@@ -102,14 +122,21 @@ static ccs_result_t conn_open(struct ccs__conn **ret) {
   c->fd = fd;
   c->pid = getpid();
   c->refs = 1;
+  c->keeper_stop = -1;
   pthread_mutex_init(&c->send_mu, NULL);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   ccs__frame_reader_init(&c->rd, CCS__REPLY_MAX);
 
+  /* back after the daemon went, the socket unit may hold the listening
+   * socket of a daemon that never comes: the hello is not waited for
+   * forever (its keeper tries again until its deadline) */
+  struct timeval patience = {resume ? 5 : 0, 0};
+  if (resume) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__Hello hello = CCS__HELLO__INIT;
   hello.protocol = CCS__PROTOCOL_VERSION;
+  hello.resume = resume;
   req.body_case = CCS__REQUEST__BODY_HELLO;
   req.hello = &hello;
   Ccs__Reply *reply;
@@ -118,11 +145,19 @@ static ccs_result_t conn_open(struct ccs__conn **ret) {
     ccs__conn_put(c);
     return rc;
   }
+  patience.tv_sec = 0;
+  if (resume) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+  /* an older daemon (protocol 4) says so: it keeps no journal */
+  c->protocol = reply->body_case == CCS__REPLY__BODY_HELLO && reply->hello->protocol
+                    ? reply->hello->protocol : CCS__PROTOCOL_OLDEST;
   ccs__reply__free_unpacked(reply, NULL);
   ccs__ring_open(c);
+  ccs__journal_open(c);
   *ret = c;
   return CCS_OK;
 }
+
+ccs_result_t ccs__conn_open(struct ccs__conn **ret, int resume) { return conn_open(ret, resume); }
 
 /* A daemon that died or restarted has hung up: seen without a round trip,
  * so calls that need no existing comm go straight to the new daemon. */
@@ -145,13 +180,27 @@ ccs_result_t ccs__conn_get(struct ccs__conn **ret) {
     inherited = current; /* the parent's references live in the parent */
     current = NULL;
   }
-  if (current && !current->broken && peer_hung_up(current)) current->broken = CCS_ERR_DAEMON_UNAVAILABLE;
+  if (current && !current->broken && peer_hung_up(current)) {
+    pthread_mutex_lock(&current->mu);
+    if (!current->broken) current->broken = CCS_ERR_DAEMON_UNAVAILABLE;
+    pthread_mutex_unlock(&current->mu);
+  }
+  if (current && current->broken && current->keeper_started) {
+    /* its keeper makes the next one: the comms' and ours alike */
+    struct ccs__conn *old = current, *next = ccs__conn_successor(old);
+    if (current == old) {
+      current = next;
+      ccs__conn_put(old);
+    } else if (next) {
+      ccs__conn_put(next);
+    }
+  }
   if (current && current->broken) {
     ccs__conn_put(current);
     current = NULL;
   }
   ccs_result_t rc = CCS_OK;
-  if (!current) rc = conn_open(&current);
+  if (!current) rc = conn_open(&current, 0);
   if (rc == CCS_OK) {
     ccs__conn_ref(current);
     *ret = current;
@@ -222,7 +271,10 @@ static Ccs__Reply *take_reply(struct ccs__conn *c, uint64_t id) {
   return NULL;
 }
 
-/* Under c->mu: a reply read by whichever thread reads, for its caller. */
+/* Under c->mu: a reply read by whichever thread reads, for its caller.
+ * A connection it breaks is shut down too: whatever broke it (the daemon's
+ * end closed, its last word, a reply that does not parse, no memory), its
+ * keeper then sees it end. */
 static void file_reply(struct ccs__conn *c, Ccs__Reply *r) {
   struct ccs__reply_slot *slot = r ? malloc(sizeof(*slot)) : NULL;
   if (r && r->id == 0) {
@@ -240,6 +292,7 @@ static void file_reply(struct ccs__conn *c, Ccs__Reply *r) {
     slot->next = c->replies;
     c->replies = slot;
   }
+  if (c->broken) shutdown(c->fd, SHUT_RDWR);
 }
 
 ccs_result_t ccs__conn_check(struct ccs__conn *c) {
@@ -288,10 +341,89 @@ ccs_result_t ccs__conn_call(struct ccs__conn *c, Ccs__Request *req, int pass_fd,
   return ccs__conn_call_fds(c, req, &pass_fd, pass_fd >= 0, ret);
 }
 
+static ccs_result_t call_fds(struct ccs__conn *c, Ccs__Request *req, const int *fds, int nfds,
+                             struct ccs__call *call, Ccs__Reply **ret);
+
 ccs_result_t ccs__conn_call_fds(struct ccs__conn *c, Ccs__Request *req, const int *fds, int nfds,
                                 Ccs__Reply **ret) {
+  return call_fds(c, req, fds, nfds, NULL, ret);
+}
+
+ccs_result_t ccs__conn_call_tracked(struct ccs__conn *c, Ccs__Request *req, struct ccs__call *call,
+                                    Ccs__Reply **ret) {
+  return call_fds(c, req, NULL, 0, call, ret);
+}
+
+/* Under c->mu: one reply read (or the end of the stream) by this thread,
+ * for whoever waits for it. */
+static void read_one(struct ccs__conn *c) {
+  c->reading = 1;
+  pthread_mutex_unlock(&c->mu);
+  Ccs__Reply *r = read_reply(c);
+  pthread_mutex_lock(&c->mu);
+  c->reading = 0;
+  file_reply(c, r);
+  pthread_cond_broadcast(&c->cv);
+}
+
+void ccs__conn_call_all(struct ccs__conn *c, Ccs__Request *const *reqs, size_t n,
+                        uint64_t deadline_ns, Ccs__Reply **replies, ccs_result_t *status,
+                        char (*text)[CCS__ERROR_TEXT_MAX]) {
+  pthread_mutex_lock(&c->send_mu);
+  for (size_t i = 0; i < n; i++) {
+    reqs[i]->id = ++c->next_id;
+    size_t len;
+    uint8_t *frame = ccs__frame_pack(&reqs[i]->base, &len);
+    if (frame && !c->broken) (void)send_all(c, frame, len, NULL, 0);
+    free(frame);
+    replies[i] = NULL;
+    status[i] = frame ? CCS_OK : CCS_ERR_INVALID_ARGUMENT;
+    if (!frame) snprintf(text[i], CCS__ERROR_TEXT_MAX, "request too large for one frame");
+  }
+  pthread_mutex_unlock(&c->send_mu);
+  pthread_mutex_lock(&c->mu);
+  for (size_t i = 0; i < n; i++) {
+    while (status[i] == CCS_OK && !(replies[i] = take_reply(c, reqs[i]->id)) && !c->broken) {
+      struct timespec now;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      uint64_t t = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+      if (t >= deadline_ns) break;
+      if (c->reading) { /* another thread reads: wake at the deadline at the latest */
+        struct timespec until = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+        pthread_cond_timedwait(&c->cv, &c->mu, &until);
+        continue;
+      }
+      if (ccs__frame_reader_pending(&c->rd)) { /* a reply came with the last one read */
+        read_one(c);
+        continue;
+      }
+      struct pollfd p = {c->fd, POLLIN, 0};
+      pthread_mutex_unlock(&c->mu);
+      int ready = poll(&p, 1, (int)((deadline_ns - t) / 1000000u) + 1);
+      pthread_mutex_lock(&c->mu);
+      if (ready > 0 && !c->reading) read_one(c);
+    }
+    if (status[i] != CCS_OK) continue;
+    if (!replies[i]) {
+      status[i] = c->broken ? c->broken : CCS_ERR_TIMEOUT;
+      snprintf(text[i], CCS__ERROR_TEXT_MAX, "%s", c->broken ? "the connection to ccsd closed again"
+                                                            : "ccsd did not answer in time");
+    } else if (replies[i]->status != CCS_OK) {
+      status[i] = (ccs_result_t)replies[i]->status;
+      snprintf(text[i], CCS__ERROR_TEXT_MAX, "%s", replies[i]->error && *replies[i]->error
+                                                       ? replies[i]->error : ccs_strerror(status[i]));
+      ccs__reply__free_unpacked(replies[i], NULL);
+      replies[i] = NULL;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
+static ccs_result_t call_fds(struct ccs__conn *c, Ccs__Request *req, const int *fds, int nfds,
+                             struct ccs__call *call, Ccs__Reply **ret) {
   pthread_mutex_lock(&c->send_mu);
   uint64_t id = req->id = ++c->next_id;
+  if (call) ccs__call_keyed(call, ccs__journal_key(id, 0));
   size_t len;
   uint8_t *frame = ccs__frame_pack(&req->base, &len);
   /* A failed send is not the end yet: a daemon that refused us (quota,
@@ -312,13 +444,7 @@ ccs_result_t ccs__conn_call_fds(struct ccs__conn *c, Ccs__Request *req, const in
       pthread_cond_wait(&c->cv, &c->mu);
       continue;
     }
-    c->reading = 1;
-    pthread_mutex_unlock(&c->mu);
-    Ccs__Reply *r = read_reply(c);
-    pthread_mutex_lock(&c->mu);
-    c->reading = 0;
-    file_reply(c, r);
-    pthread_cond_broadcast(&c->cv);
+    read_one(c);
   }
   ccs_result_t broken = reply ? CCS_OK : broken_error(c);
   pthread_mutex_unlock(&c->mu);

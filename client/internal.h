@@ -19,11 +19,12 @@
  * finds no reader becomes the reader and hands other threads' replies over
  * (leader/follower), so threads never block each other's replies. */
 struct ccs__reply_slot;
+struct ccs__call;
 struct ccs__conn {
   int fd;
   pid_t pid; /* a forked child must not share its parent's connection */
   int refs;  /* the process's current-connection pointer, comms, calls */
-  int broken;            /* a ccs_result_t once the connection is unusable */
+  _Atomic int broken;    /* a ccs_result_t once the connection is unusable (read anywhere) */
   char broken_text[256]; /* the daemon's last word, if it said one */
   uint64_t next_id;
   pthread_mutex_t send_mu;
@@ -33,13 +34,48 @@ struct ccs__conn {
   struct ccs__reply_slot *replies;
   struct ccs__frame_reader rd;
   struct ccs__ring *ring; /* the fast path (ring.c), or NULL */
+  uint32_t protocol;      /* the daemon's (its hello's reply) */
+  struct ccs__journal *journal; /* where the daemon marks our calls (restart.c), or NULL */
+  /* restart.c: calls not yet answered, oldest first (under mu); the
+   * keeper thread that rejoins the comms when the daemon goes; the
+   * connection it made then (NULL while it works, or when it failed:
+   * `moved` says which); arriving: a keeper still moves comms here */
+  struct ccs__call *calls;
+  int keeper_started, moved, arriving;
+  int keeper_stop; /* an eventfd that ends the keeper; -1: none */
+  pthread_t keeper;
+  struct ccs__conn *successor;
 };
 
 /* The current connection, connecting (and saying hello) if there is none,
  * the last one broke, or the process forked. Takes a reference. */
 ccs_result_t ccs__conn_get(struct ccs__conn **ret);
+/* A new connection (resume: after the daemon went, to rejoin comms). */
+ccs_result_t ccs__conn_open(struct ccs__conn **ret, int resume);
+/* c broke and its keeper works: waits for it, and returns the connection
+ * it made (a reference), or NULL when there is none (it failed, or no
+ * keeper runs). */
+struct ccs__conn *ccs__conn_successor(struct ccs__conn *c);
+/* The connection comm uses now (a reference: put it): its own, or the one
+ * its keeper moved it to after the daemon went (waiting for that). */
+struct ccs__conn *ccs__comm_conn(ccs_comm_t *comm);
+/* c broke, and its keeper moves its comms to a new connection: a call
+ * that did not go out goes there (ccs__comm_conn). */
+int ccs__conn_moving(struct ccs__conn *c);
+/* Sends every request (ids assigned here) before waiting for any reply:
+ * replies[i] is request i's (NULL, with status[i] and text[i], where it
+ * failed). Waits at most until deadline_ns (CLOCK_MONOTONIC); past it the
+ * rest fail with CCS_ERR_TIMEOUT. */
+void ccs__conn_call_all(struct ccs__conn *c, Ccs__Request *const *reqs, size_t n,
+                        uint64_t deadline_ns, Ccs__Reply **replies, ccs_result_t *status,
+                        char (*text)[CCS__ERROR_TEXT_MAX]);
+/* As ccs__conn_call, the call's journal key set before it is sent. */
+ccs_result_t ccs__conn_call_tracked(struct ccs__conn *c, Ccs__Request *req, struct ccs__call *call,
+                                    Ccs__Reply **ret);
 void ccs__conn_ref(struct ccs__conn *c);
 void ccs__conn_put(struct ccs__conn *c);
+/* A reference on c unless its last one went (it is being freed): 0 then. */
+int ccs__conn_ref_live(struct ccs__conn *c);
 /* Sends req (its id is assigned here) with an optional fd, waits for the
  * reply. On any result other than CCS_OK the reply is NULL and the text is
  * in ccs__error(). A reply with an error status is returned as that status
@@ -63,8 +99,15 @@ void ccs__ring_free(struct ccs__ring *r);
 /* Can a call of nops host ops go through the rings? */
 int ccs__ring_takes(const struct ccs__conn *c, size_t nops);
 /* Submits the ops as one call and waits for its answer: as ccs__conn_call
- * would answer a Submit without info. */
-ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n);
+ * would answer a Submit without info. call (or NULL) gets its journal key. */
+ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct ccs__call *call);
+/* After a restart: each host stream's call of comm still out on c (each
+ * numbered, collectives) is settled: finished where number < finished,
+ * else failed with CCS_ERR_RETRY. Their streams leave c. */
+void ccs__ring_settle_streams(struct ccs__conn *c, ccs_comm_t *comm, uint64_t finished);
+/* The numbers of comm's host stream calls still out on c: [first, end);
+ * returns how many of its CUDA stream calls are out. */
+int ccs__ring_stream_numbers(struct ccs__conn *c, const ccs_comm_t *comm, uint64_t *first, uint64_t *end);
 /* Submits the ops of comm as one call of host stream s and returns: the
  * daemon runs them after the comm's earlier ops; their answer goes to s
  * (and to comm when it failed). */
@@ -105,7 +148,7 @@ void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k, int
  * registry's link, change under their connection's ring lock. */
 struct ccs__host_stream {
   struct ccs__host_stream *next; /* the registry */
-  struct ccs__conn *conn;        /* of the calls in flight, while there are some */
+  struct ccs__conn *_Atomic conn; /* of the calls in flight, while there are some */
   ccs_comm_t *comm;              /* of the calls in flight */
   uint32_t inflight;
   ccs_result_t error; /* the first since the last synchronize */
@@ -185,6 +228,15 @@ int ccs__gpu_capturing(void *stream);
 ccs_result_t ccs__gpu_sync(void *stream);
 void ccs__mem_deregister(struct ccs__conn *c, uint64_t id);
 
+/* A comm's calls of one channel (restart.c): its collectives (peer -1),
+ * or its sends to or receives from one peer. Calls are numbered from 0 as
+ * they go out; they are answered in order. */
+struct ccs__chan {
+  int peer, send;
+  uint64_t next; /* the number of the next call */
+  uint64_t done; /* calls answered with a result (they ran) */
+};
+
 struct ccs_comm {
   struct ccs__conn *conn;
   uint64_t handle;
@@ -195,6 +247,81 @@ struct ccs_comm {
   char last_error[CCS__ERROR_TEXT_MAX];
   uint32_t inflight; /* host streams' calls not yet answered (under the ring's lock) */
   uint32_t derived;  /* comms split or shrunk from it so far (their names count them) */
+  /* what rejoins it after a restart (restart.c): its identity as the
+   * daemon gave it, what it was made with, and its channels (under the
+   * connection's mu) */
+  uint8_t id[CCS_UNIQUE_ID_BYTES];
+  int has_id;
+  int spans; /* ranks on other daemons: not rejoined (they failed it when the daemon went) */
+  uint32_t op_timeout_ms;
+  char *algo;
+  struct ccs__chan *chans; /* [0]: its collectives */
+  size_t nchans;
 };
+
+/* --- restart.c: riding through a daemon restart (docs/restart.md) --- */
+
+/* Whether this process rejoins its comms when its daemon goes
+ * (CCS_RECONNECT_TIMEOUT, seconds, default 30; 0: no). */
+double ccs__reconnect_timeout(void);
+/* The journal for a new connection (protocol 5 daemons): made, mapped,
+ * passed. Quietly none when that fails (calls then resubmit less). */
+void ccs__journal_open(struct ccs__conn *c);
+void ccs__journal_free(struct ccs__conn *c);
+/* The keeper of c: started with its first comm, rejoins c's comms on a
+ * new connection when the daemon's end closes. */
+void ccs__keeper_start(struct ccs__conn *c);
+/* A comm's channel (peer -1: the collectives), made on first use; -1
+ * when out of memory. Under the connection's mu. */
+int ccs__chan_of(ccs_comm_t *comm, int peer, int send);
+
+/* A blocking call's record while it is out: its ops' channels and
+ * numbers, which ops could not run again once started (in place on
+ * registered memory: their inputs overwritten; on device memory: what the
+ * GPU did is not known), the journal key its request went under, and,
+ * after a restart, what became of each op. */
+enum ccs__verdict { CCS__OUT, CCS__FINISHED, CCS__RESUBMIT, CCS__REPEAT };
+struct ccs__call_op {
+  ccs_comm_t *comm;
+  int chan;
+  uint64_t number;
+  int unsafe_to_rerun;
+  int verdict; /* enum ccs__verdict */
+};
+struct ccs__call {
+  struct ccs__call *next, *prev; /* in conn->calls */
+  struct ccs__conn *conn;
+  uint64_t key; /* ccs__journal_key */
+  int keyed;
+  int settled;             /* the keeper decided every op's verdict (or the comms failed) */
+  ccs_result_t failed;     /* not CCS_OK: the comms could not rejoin */
+  char text[CCS__ERROR_TEXT_MAX];
+  size_t n;
+  struct ccs__call_op op[];
+};
+/* Numbers the ops (numbers: the ones they had, when resubmitted) and
+ * lists the call as out on c. NULL when c keeps no journal or memory runs
+ * out (the call then goes out untracked), or, with *moving set, when c
+ * broke and its keeper is at work (call again on the comm's connection). */
+struct ccs__call *ccs__call_new(struct ccs__conn *c, ccs_comm_t *const *comms, const uint32_t *kinds,
+                                const int *peers, const int *unsafe_to_rerun, size_t n,
+                                const uint64_t *numbers, int *moving);
+/* The registry of comms the keeper rejoins (comm.c keeps it current). */
+void ccs__comm_track(ccs_comm_t *comm);
+void ccs__comm_untrack(ccs_comm_t *comm);
+/* The request key it goes out under: set before it is sent. */
+void ccs__call_keyed(struct ccs__call *call, uint64_t key);
+/* Its answer came: its ops ran (status CCS_OK or CCS_ERR_MISMATCH) or not. */
+void ccs__call_answered(struct ccs__call *call, ccs_result_t status);
+/* The connection went under it: waits until the keeper settled it.
+ * CCS_OK with each op's verdict, or the failure (its text set). */
+ccs_result_t ccs__call_await(struct ccs__call *call);
+void ccs__call_free(struct ccs__call *call);
+/* A host stream's ops numbered (under the connection's mu). */
+uint64_t ccs__chan_take(ccs_comm_t *comm, int chan, uint64_t count);
+/* Calls [first, first+count) of a channel answered with status: they ran
+ * (CCS_OK, CCS_ERR_MISMATCH) or not (their numbers given back). */
+void ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count,
+                       ccs_result_t status);
 
 #endif

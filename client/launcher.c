@@ -92,10 +92,15 @@ int ccs__launch_read(ccs__getenv_fn get, void *arg, struct ccs__launch *l, char 
   memset(l, 0, sizeof(*l));
   const struct launcher *by = NULL;
   long rank = 0, size = 0, local = -1;
+  const struct launcher *sizeless = NULL; /* gave a rank but no size: a later one may */
   for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]) && !by; i++) {
     const char *r = get(launchers[i].rank, arg);
     if (!r || !*r) continue;
     const char *s = get(launchers[i].size, arg);
+    if (!s && !sizeless) { /* PMIx hands the size out by a call, not the environment */
+      sizeless = &launchers[i];
+      continue;
+    }
     if (number(s, 1, 1 << 20, &size) || number(r, 0, size - 1, &rank)) {
       snprintf(err, errlen, "%s: %s=%s, %s=%s: a rank from 0 to the size - 1 expected",
                launchers[i].name, launchers[i].rank, r, launchers[i].size, s ? s : "(unset)");
@@ -104,6 +109,12 @@ int ccs__launch_read(ccs__getenv_fn get, void *arg, struct ccs__launch *l, char 
     by = &launchers[i];
     const char *ls = by->local_size ? get(by->local_size, arg) : NULL;
     if (number(ls, 1, size, &local)) local = -1;
+  }
+  if (!by && sizeless) {
+    snprintf(err, errlen, "%s: %s=%s but %s=(unset), and no other launcher gives the job's size: "
+             "set CCS_RANK and CCS_NRANKS", sizeless->name, sizeless->rank,
+             get(sizeless->rank, arg), sizeless->size);
+    return -1;
   }
   if (!by) {
     snprintf(err, errlen, "no launcher's rank in the environment (CCS_RANK and CCS_NRANKS, Open "
@@ -129,7 +140,9 @@ int ccs__launch_read(ccs__getenv_fn get, void *arg, struct ccs__launch *l, char 
   if (root && *root) return root_of(root, l, "CCS_ROOT", err, errlen);
   const char *nodes = get("SLURM_JOB_NUM_NODES", arg), *list = get("SLURM_JOB_NODELIST", arg);
   long nnodes = 1;
-  if (!strcmp(by->name, "Slurm") && nodes && !number(nodes, 1, 1 << 20, &nnodes) && nnodes > 1) {
+  /* a job of several Slurm nodes, whichever launcher Slurm's srun (or an
+   * mpirun inside the allocation) speaks through: its first node's daemon */
+  if (nodes && !number(nodes, 1, 1 << 20, &nnodes) && nnodes > 1) {
     char host[256], hostport[300];
     if (!list || ccs__slurm_first_host(list, host, sizeof(host))) {
       snprintf(err, errlen, "Slurm: SLURM_JOB_NODELIST=%s names no first host: set CCS_ROOT",

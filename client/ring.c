@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "journal.h"
 #include "ring.h"
 
 #define SLEEP_CHECK_NS 50000000L /* a sleeper looks at the socket this often */
@@ -44,6 +45,8 @@ struct call {
   /* a host stream's call: nobody waits; its answer goes to them */
   struct ccs__host_stream *stream;
   ccs_comm_t *comm;
+  uint64_t number; /* a host stream's: its ops' numbers among comm's collectives (restart.c) */
+  uint32_t nops;
   int device; /* a CUDA stream's call (its flags): nobody waits; its answer goes to comm */
   int draining; /* answered, its stream not yet past it (flags.passed): not free yet */
 };
@@ -168,9 +171,13 @@ static void stream_call_done(struct ccs__ring *r, uint32_t slot) {
     s->error = call->status;
     snprintf(s->error_text, sizeof(s->error_text), "%s", text);
   }
-  if (--s->inflight == 0) s->conn = NULL, s->comm = NULL;
+  if (--s->inflight == 0) {
+    s->conn = NULL;
+    s->comm = NULL;
+  }
   if (call->comm) {
     call->comm->inflight--;
+    ccs__chan_settled(call->comm, 0, call->number, call->nops, call->status);
     if (call->status != CCS_OK) ccs__comm_failed(call->comm, call->status, text);
   }
   slot_free(r, slot);
@@ -216,6 +223,7 @@ static void device_call_done(struct ccs__ring *r, uint32_t slot) {
   struct call *call = &r->calls[slot];
   if (call->comm) {
     call->comm->inflight--;
+    ccs__chan_settled(call->comm, 0, call->number, call->nops, call->status);
     if (call->status != CCS_OK) { /* nobody saw the call fail: every failure is the comm's */
       ccs__comm_failed(call->comm, call->status, call->text ? call->text : ccs_strerror(call->status));
       if (call->comm->async_error == CCS_OK) call->comm->async_error = call->status;
@@ -312,9 +320,9 @@ static int wait_for(struct ccs__conn *c, int slot, size_t n) {
 }
 
 /* Under r->mu: a free slot becomes the call's (a host stream's when s, a
- * CUDA stream's when device). */
+ * CUDA stream's when device; nops: its ops, a host stream's numbered). */
 static uint32_t take_slot(struct ccs__conn *c, struct ccs__host_stream *s, ccs_comm_t *comm,
-                          int device) {
+                          int device, size_t nops) {
   struct ccs__ring *r = c->ring;
   uint32_t slot = r->free_slots[--r->nfree];
   struct call *call = &r->calls[slot];
@@ -328,6 +336,10 @@ static uint32_t take_slot(struct ccs__conn *c, struct ccs__host_stream *s, ccs_c
     s->inflight++;
     s->conn = c;
     s->comm = comm;
+  }
+  if (s || device) { /* numbered: its ops are collectives of comm (restart.c) */
+    call->nops = (uint32_t)nops;
+    call->number = ccs__chan_take(comm, 0, nops);
   }
   if (s || device) comm->inflight++;
   return slot;
@@ -352,19 +364,28 @@ static void put(struct ccs__conn *c, uint32_t slot, Ccs__Op *const *ops, size_t 
   }
 }
 
+static uint64_t r_req_id(const struct ccs__ring *r, uint32_t slot) {
+  return r->calls[slot].gen * CCS__RING_ENTRIES + slot;
+}
+
 /* Publishes the ops as one call (a host stream's when s): its slot, or -1
- * when the connection broke meanwhile. */
+ * when the connection broke meanwhile. call (or NULL) gets its key. */
 static int publish(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct ccs__host_stream *s,
-                   ccs_comm_t *comm) {
+                   ccs_comm_t *comm, struct ccs__call *call) {
   if (wait_for(c, 1, n)) return -1;
-  uint32_t slot = take_slot(c, s, comm, 0);
+  if (c->broken) { /* its keeper reports what is out: nothing more goes */
+    pthread_mutex_unlock(&c->ring->mu);
+    return -1;
+  }
+  uint32_t slot = take_slot(c, s, comm, 0, n);
+  if (call) ccs__call_keyed(call, ccs__journal_key(r_req_id(c->ring, slot), 1));
   put(c, slot, ops, n, s ? CCS__RING_OP_ORDERED : 0);
   return (int)slot;
 }
 
 ccs_result_t ccs__ring_post(struct ccs__conn *c, Ccs__Op *const *ops, size_t n,
                             struct ccs__host_stream *s, ccs_comm_t *comm) {
-  return publish(c, ops, n, s, comm) < 0 ? ccs__conn_broken_error(c) : CCS_OK;
+  return publish(c, ops, n, s, comm, NULL) < 0 ? ccs__conn_broken_error(c) : CCS_OK;
 }
 
 ccs_result_t ccs__ring_wait_idle(struct ccs__conn *c, const uint32_t *count) {
@@ -385,6 +406,49 @@ ccs_result_t ccs__ring_wait_idle(struct ccs__conn *c, const uint32_t *count) {
   return rc == CCS_OK ? CCS_OK : ccs__conn_broken_error(c);
 }
 
+int ccs__ring_stream_numbers(struct ccs__conn *c, const ccs_comm_t *comm, uint64_t *first, uint64_t *end) {
+  struct ccs__ring *r = c->ring;
+  int device = 0;
+  *first = UINT64_MAX, *end = 0;
+  if (!r) return 0;
+  pthread_mutex_lock(&r->mu);
+  for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) {
+    const struct call *call = &r->calls[i];
+    if (!call->busy || call->done || call->comm != comm) continue;
+    device += call->device != 0;
+    if (!call->stream) continue;
+    if (call->number < *first) *first = call->number;
+    if (call->number + call->nops > *end) *end = call->number + call->nops;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return device;
+}
+
+void ccs__ring_settle_streams(struct ccs__conn *c, ccs_comm_t *comm, uint64_t finished) {
+  struct ccs__ring *r = c->ring;
+  if (!r) return;
+  pthread_mutex_lock(&r->mu);
+  for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) {
+    struct call *call = &r->calls[i];
+    if (!call->busy || call->done || call->comm != comm || !call->stream) continue;
+    call->done = 1;
+    if (call->number + call->nops <= finished) {
+      call->status = CCS_OK; /* its answer was lost with the daemon */
+    } else if (call->number < finished) { /* repeating it would run its first ops twice */
+      call->status = CCS_ERR_DAEMON_UNAVAILABLE;
+      call->text = strdup("ccsd restarted in the middle of a host stream's call: part of it "
+                          "finished, part must be repeated; the communicator cannot go on");
+      if (comm->async_error == CCS_OK) comm->async_error = CCS_ERR_DAEMON_UNAVAILABLE;
+    } else {
+      call->status = CCS_ERR_RETRY;
+      call->text = strdup("ccsd restarted before this call of the host stream finished: repeat "
+                          "it (its outputs, and the inputs of an in-place call, are undefined)");
+    }
+    stream_call_done(r, i);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
 void ccs__ring_forget_comm(struct ccs__conn *c, const ccs_comm_t *comm) {
   struct ccs__ring *r = c->ring;
   if (!r) return;
@@ -394,9 +458,9 @@ void ccs__ring_forget_comm(struct ccs__conn *c, const ccs_comm_t *comm) {
   pthread_mutex_unlock(&r->mu);
 }
 
-ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n) {
+ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct ccs__call *rec) {
   struct ccs__ring *r = c->ring;
-  int slot = publish(c, ops, n, NULL, NULL);
+  int slot = publish(c, ops, n, NULL, NULL, rec);
   if (slot < 0) return ccs__conn_broken_error(c);
   struct call *call = &r->calls[slot];
   ccs_result_t rc = CCS_OK;
@@ -513,7 +577,7 @@ ccs_result_t ccs__ring_claim(struct ccs__conn *c, ccs_comm_t *comm, struct ccs__
     ccs__set_error("the connection to ccsd closed");
     return CCS_ERR_DAEMON_UNAVAILABLE;
   }
-  uint32_t slot = take_slot(c, NULL, comm, 1);
+  uint32_t slot = take_slot(c, NULL, comm, 1, 1);
   struct ccs__ring_flags *f = &r->sh->flags;
   *ret = (struct ccs__ring_claim){slot, (uint32_t)r->calls[slot].gen, &f->ready[slot], &f->done[slot],
                                   &f->passed[slot]};
@@ -545,6 +609,7 @@ void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k, int
     let_go(r, k->slot);
     if (!queued) atomic_store(&r->sh->flags.passed[k->slot], k->gen); /* no stream write to wait for */
     if (call->comm) call->comm->inflight--;
+    if (call->comm) ccs__chan_settled(call->comm, 0, call->number, call->nops, CCS_ERR_INVALID_USAGE); /* never out */
     device_slot_free(r, k->slot);
   }
   pthread_mutex_unlock(&r->mu);

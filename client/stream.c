@@ -28,13 +28,28 @@ struct ccs__host_stream *ccs__host_stream_of(const void *s) {
 }
 
 ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s) {
+  /* a reference for the wait: a restart's keeper may free the connection
+   * meanwhile (the registry's lock keeps it until it is taken or seen
+   * going) */
+  if (!s->conn) return CCS_OK; /* nothing in flight: no lock taken */
+  pthread_mutex_lock(&registry_mu);
   struct ccs__conn *c = s->conn;
-  if (!c || !c->ring) return CCS_OK;
-  ccs_result_t rc = ccs__ring_wait_idle(c, &s->inflight);
+  if (c && !ccs__conn_ref_live(c)) c = NULL;
+  pthread_mutex_unlock(&registry_mu);
+  if (!c) return CCS_OK;
+  ccs_result_t rc = c->ring ? ccs__ring_wait_idle(c, &s->inflight) : CCS_OK;
+  if (rc != CCS_OK && ccs__conn_moving(c)) {
+    /* the daemon went, and c's keeper settles the stream's calls (each
+     * finished, or to repeat): its verdicts are the answers */
+    struct ccs__conn *next = ccs__conn_successor(c);
+    if (next) ccs__conn_put(next);
+    if (s->conn != c || !s->inflight) rc = s->error;
+  }
   if (rc != CCS_OK && s->error == CCS_OK) {
     s->error = rc;
     snprintf(s->error_text, sizeof(s->error_text), "%s", ccs__error());
   }
+  ccs__conn_put(c);
   return rc;
 }
 

@@ -9,7 +9,15 @@
 #include "ccs.h"
 #include "ccs.pb-c.h"
 
-#define CCS__PROTOCOL_VERSION 4u /* 3: RingSetup; 4: stream flags instead of interprocess events */
+#define CCS__PROTOCOL_VERSION 5u /* 3: RingSetup; 4: stream flags instead of interprocess events;
+                                    5: the journal, rejoining comms after a restart */
+/* The oldest protocol still served: its clients, the ids and rings they
+ * bring, and daemons that speak it (a rolling upgrade: docs/restart.md).
+ * 5 only adds to 4: a client of 4 never asks for what it lacks. */
+#define CCS__PROTOCOL_OLDEST 4u
+static inline int ccs__protocol_served(uint32_t p) {
+  return p >= CCS__PROTOCOL_OLDEST && p <= CCS__PROTOCOL_VERSION;
+}
 
 /* A frame is a 4-byte little-endian length and that many bytes of protobuf.
  * The cap is checked before anything is allocated for the payload: a

@@ -6,11 +6,12 @@
 # time over the rounds, and after/before is their ratio: a change that
 # should not change speed shows ratios within the rounds' spread.
 #   git worktree add /tmp/before REV && (cd /tmp/before && scripts/setup.sh build)
-#   scripts/compare_builds.sh /tmp/before/build [ROUNDS]
+#   scripts/compare_builds.sh /tmp/before/build [ROUNDS] [SIZES]   (SIZES default "8 1M 64M")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 before=${1:?usage: scripts/compare_builds.sh BEFORE_BUILD_DIR [ROUNDS]}
 rounds=${2:-5}
+sizes=${3:-8 1M 64M}
 after=build
 scripts/setup.sh "$after" >/dev/null
 dir=$(mktemp -d)
@@ -67,7 +68,7 @@ echo "# all_reduce, float sum, out of place; median us of $rounds rounds (builds
 echo "# before: $before ($(git -C "$before/.." log -1 --format=%h 2>/dev/null || echo '?')), after: $after ($(git log -1 --format=%h))"
 printf '%-9s %6s %12s %8s %12s %8s %8s\n' setup size before spread after spread after/before
 for setup in np2 np4 2daemons; do
-  for size in 8 1M 64M; do
+  for size in $sizes; do
     b_times="" a_times=""
     for ((k = 0; k < rounds; k++)); do
       b_times+=" $(one "$before" "$setup" "$size")"

@@ -5,7 +5,10 @@
 # (rings, the default) and ccs with CCS_RING=0 (every call over the
 # socket); each cell the median of RUNS runs of ITERS calls. Then the same
 # two ops with one rank on each of two daemons on loopback, against Open
-# MPI over TCP on loopback. Then what an idle daemon costs: its CPU time over the 2 s from 1 s after the last op.
+# MPI over TCP on loopback. Then one rank whose daemon has a CPU of its
+# own (pinned apart with taskset): the rings' round trip where the poller
+# need not share. Then what idle costs: the daemon's and the ranks' CPU
+# time over the 2 s from 1 s after the last op.
 #   scripts/compare_small.sh [ITERS] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,7 @@ mpirun_() {
     mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$@"
 }
 median() { printf '%s\n' "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {print s}'; } # every thread's, in ns
 
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
 echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl vader); 8 B = one float64, sum"
@@ -86,9 +89,35 @@ done
 kill "${two[@]}" 2>/dev/null; wait "${two[@]}" 2>/dev/null || true
 
 echo
-hz=$(getconf CLK_TCK)
-sleep 1
-t0=$(cpu_ticks "$daemon_pid")
-sleep 2
-t1=$(cpu_ticks "$daemon_pid")
-echo "idle daemon: $(echo "$t0 $t1 $hz" | awk '{printf "%.2f", ($2 - $1) / $3 / 2 * 100}')% of a CPU over 2 s, from 1 s after the last op"
+echo "# one rank, the daemon's poller on a CPU of its own (daemon on the last CPU, the rank on"
+echo "# the first, taskset): the rings' round trip alone; rank 0's median of $((iters * 4)) calls, median of $runs runs, us"
+last_cpu=$(( $(nproc) - 1 ))
+taskset -c "$last_cpu" build/daemon/ccsd --socket "$key_dir/pinned.sock" 2>/dev/null &
+pinned=$!
+for _ in $(seq 200); do [ -S "$key_dir/pinned.sock" ] && break; sleep 0.05; done
+printf '%-16s %6s %10s\n' op ranks ccs
+for op in all_reduce barrier; do
+  c=()
+  for _ in $(seq "$runs"); do
+    c+=("$(CCS_SOCKET=$key_dir/pinned.sock taskset -c 0 build/tests/ccs-latency $((iters * 4)) "$op" 1)")
+  done
+  printf '%-16s %6s %10s\n' "$op" 1 "$(median "${c[@]}")"
+done
+kill "$pinned" 2>/dev/null; wait "$pinned" 2>/dev/null || true
+
+echo
+# the ranks sleep 1 s after their last op, then count their CPU time over
+# 2 s (the comm open, every library thread counted); the daemon is sampled
+# over about the same 2 s
+for np in 2 4; do
+  build/tests/ccs-latency "$iters" idle "$np" > "$key_dir/idle" &
+  clients=$!
+  sleep 1.1
+  t0=$(cpu_ns "$daemon_pid")
+  sleep 2
+  t1=$(cpu_ns "$daemon_pid")
+  wait "$clients"
+  echo "idle, $np ranks: daemon $(echo "$t0 $t1" | awk '{printf "%.3f", ($2 - $1) / 2e9 * 100}')%," \
+       "the ranks together $(cat "$key_dir/idle")% of a CPU over 2 s, from 1 s after the last op"
+  rm -f "$key_dir/idle"
+done

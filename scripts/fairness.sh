@@ -8,14 +8,17 @@
 # total against one alone; plots bandwidth and latency over time (PNG,
 # with gnuplot where installed: apt-get install gnuplot-nox).
 #
-#   sudo scripts/fairness.sh [BUILD_DIR] [SECONDS]      (default build, 10)
+#   sudo scripts/fairness.sh [BUILD_DIR] [SECONDS] [CCSD ARGS...]  (default build, 10)
 #
+# e.g. `sudo scripts/fairness.sh build 10 --executor-priority idle`.
 # Needs root: it makes throwaway users (removed at the end) so that the
 # daemon sees three tenants. Output in $OUT (default fairness-out/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=$(realpath "${1:-build}")
 SECS=${2:-10}
+shift $(($# < 2 ? $# : 2))
+EXTRA=("$@")
 OUT=$(realpath -m "${OUT:-fairness-out}")
 PERF="$BUILD/client/ccs-perf"
 CTL="$BUILD/client/ccsctl"
@@ -41,7 +44,7 @@ for u in "${USERS[@]}"; do
 done
 
 SOCK="$dir/ccsd.sock"
-"$CCSD" --socket "$SOCK" --socket-mode 0666 --tenant-weights ccsfair-a:3,ccsfair-b:1 \
+"$CCSD" --socket "$SOCK" --socket-mode 0666 --tenant-weights ccsfair-a:3,ccsfair-b:1 "${EXTRA[@]}" \
   >"$OUT/ccsd.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
@@ -54,9 +57,10 @@ bulk() { as "$1" all_reduce --np "$2" -b 64M --duration "$SECS" --priority bulk 
 latency() { as ccsfair-l all_reduce --np 2 -b 8 --duration "$SECS" --priority latency --trace "$dir/t/$1"; }
 snapshot() { "$CTL" --socket "$SOCK" tenants raw >"$1"; }
 
-echo "# $(date -u +%F) $(nproc) CPUs, $SECS s a phase; output in $OUT"
+echo "# $(date -u +%F) $(nproc) CPUs, $SECS s a phase, ccsd ${EXTRA[*]:-(defaults)}; output in $OUT"
 latency "latency_alone.tr" >"$OUT/latency_alone.out"
 bulk ccsfair-a 2 "alone.tr" >"$OUT/alone.out"
+bulk ccsfair-a 4 "alone4.tr" >"$OUT/alone4.out"
 for run in 2v2 4v2; do
   na=2; [ $run = 4v2 ] && na=4
   snapshot "$OUT/$run.before"
@@ -80,7 +84,7 @@ def trace(name):  # lines: end (s) latency (s) calls
         if len(f) == 3: rows.append((float(f[0]), float(f[1]), int(f[2])))
     return rows
 def busbw(rows, ranks, size=64 << 20):  # GB/s, nccl-tests' all_reduce factor
-    t = sum(r[1] * r[2] for r in rows); n = sum(r[2] for r in rows)
+    t = sum(r[1] for r in rows); n = sum(r[2] for r in rows)  # a line's latency covers its calls
     return 2 * (ranks - 1) / ranks * size * n / t / 1e9 if t else 0
 def pct(rows, p):
     lat = sorted(r[1] / max(r[2], 1) for r in rows)
@@ -96,7 +100,7 @@ def shares(run):  # uid -> (weight, executor seconds) over the run
     return {u: (w, e - a.get(u, (w, 0))[1]) for u, (w, e) in b.items()}
 import pwd
 uid = {n: pwd.getpwnam(n).pw_uid for n in ("ccsfair-a", "ccsfair-b")}
-alone = busbw(trace("alone.tr"), 2)
+alone = {2: busbw(trace("alone.tr"), 2), 4: busbw(trace("alone4.tr"), 4)}
 print("\n| run | tenant | weight | ranks | busbw GB/s | share of executor | weight's share |")
 print("|---|---|---|---|---|---|---|")
 for run, na in (("2v2", 2), ("4v2", 4)):
@@ -111,7 +115,8 @@ for run, na in (("2v2", 2), ("4v2", 4)):
         x.append((e / tot) / (w / wt))
     jain = sum(x) ** 2 / (len(x) * sum(v * v for v in x))
     total = sum(busbw(trace(f"{run}.{n[-1]}.tr"), r) for n, r in (("ccsfair-a", na), ("ccsfair-b", 2)))
-    print(f"| {run} | Jain's index over share/weight {jain:.3f} | | | total {total:.2f} = {100 * total / alone:.0f}% of one tenant alone ({alone:.2f}) | | |")
+    one = alone[na]
+    print(f"| {run} | Jain's index over share/weight {jain:.3f} | | | total {total:.2f} = {100 * total / one:.0f}% of one {na}-rank tenant alone ({one:.2f}) | | |")
 la, lf = trace("latency_alone.tr"), trace("latency_flood.tr")
 print(f"\nlatency tenant, 8 B all_reduce: p50 {pct(la, 50):.1f} us / p99 {pct(la, 99):.1f} us alone; "
       f"p50 {pct(lf, 50):.1f} us / p99 {pct(lf, 99):.1f} us under the flood "

@@ -14,9 +14,11 @@ fi
 (cd build && ctest --output-on-failure -j "$jobs")
 
 # The Python package as a user installs it: pip into a fresh environment
-# (NumPy and pytest from Debian's packages), then its tests.
+# (pytest from Debian's packages; ml_dtypes, with the NumPy it is built
+# for, from PyPI: bfloat16 and float8 arrays), then its tests.
 rm -rf build/pyenv
 /usr/bin/python3 -m venv --system-site-packages build/pyenv
+build/pyenv/bin/pip install -q ml_dtypes
 build/pyenv/bin/pip install -q --no-build-isolation --no-deps ./python
 (cd build && CCS_LIBRARY="$PWD/client/libccs.so.0" CCSD_PATH="$PWD/daemon/ccsd" \
    pyenv/bin/python -m pytest -q -p no:cacheprovider ../python/tests)
@@ -31,14 +33,27 @@ scripts/setup.sh build-asan -DCCS_SANITIZE=ON
 # code through the loopback runs across daemons and test_nodes)
 # (Python loads libccs into an interpreter built without the sanitizers:
 # its tests run above only.)
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs" -LE "algo|netns|python")
+# (the collectives' matrix runs here with 1-4 ranks on the rings and with 3
+# ranks over two daemons; 7 ranks and the socket submission path run above
+# only: the daemon code they reach is the same, and they would double the
+# time)
+matrix_above_only='^test_collectives_(7|[0-9]+_socket|2daemons_3_socket)$'
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j "$jobs" -LE "algo|netns|python" \
+   -E "$matrix_above_only")
 
 # ThreadSanitizer on the daemon (the multi-threaded party): the integration
-# and fault tests again, against a TSan-built ccsd that exits on any race.
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCCS_TSAN=ON -DCCS_TESTS=OFF >/dev/null
-cmake --build build-tsan -j "$jobs" --target ccsd
+# and fault tests again (the matrix at 1-3 ranks), against a TSan-built
+# ccsd that exits on any race.
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCCS_TSAN=ON -DCCS_TESTS=ON >/dev/null
+cmake --build build-tsan -j "$jobs" --target ccsd test_streams test_restart chaos_ranks
 (cd build && CCSD_PATH="$PWD/../build-tsan/daemon/ccsd" TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
-   ctest --output-on-failure -j "$jobs" -L "integration|fault|ops|nodes" -LE netns)
+   ctest --output-on-failure -j "$jobs" -L "integration|fault|ops|nodes" -LE netns \
+     -E "$matrix_above_only|^test_collectives_4$|^gpu_check_dry_run$")
+# ... and on the client's threads: its rings, host streams and the keeper
+# that rejoins comms after a restart (the restart tests and the chaos run),
+# in ranks built with TSan themselves
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
+   ctest --output-on-failure -j "$jobs" -R "^(test_streams|test_restart|chaos)$")
 
 # The fuzzers, briefly, where clang can build them (the corpus replays above).
 if command -v clang >/dev/null; then scripts/fuzz.sh 30; fi

@@ -5,7 +5,12 @@
 
 #include "transport.h"
 
-static const struct transport_ops *const transports[] = {&ccs_transport_tcp};
+static const struct transport_ops *const transports[] = {
+    &ccs_transport_tcp,
+#ifdef CCS_HAVE_VERBS
+    &ccs_transport_ib,
+#endif
+};
 #define NTRANSPORTS (sizeof(transports) / sizeof(transports[0]))
 
 const struct transport_ops *ccs_transport_find(const char *name) {

@@ -98,7 +98,20 @@ struct transport {
   size_t nconns;
   uint64_t held_total; /* held bytes over every connection */
   struct op *done, *done_tail; /* completed, not yet polled: nothing to allocate */
+  struct lingering *lingering;
 };
+
+/* A socket closed by this side: its FIN is sent, what still arrives is
+ * read and dropped until the peer's FIN or LINGER_S, so that the close
+ * never resets the connection (a reset loses what this side had sent and
+ * the peer not yet received: the last message of an op). */
+#define LINGER_S 2.0
+struct lingering {
+  struct lingering *next;
+  int fd;
+  double until;
+};
+static void linger_step(struct transport *t);
 
 static double now_s(void) {
   struct timespec ts;
@@ -175,6 +188,7 @@ static int hs_flush(struct tconn *c) {
 }
 
 static void flush_sends(struct tconn *c);
+static void read_messages(struct tconn *c);
 
 /* Feeds what arrived of the greeting to auth.h; opens the connection when
  * both ends proved the key. */
@@ -263,7 +277,11 @@ static void flush_sends(struct tconn *c) {
     iov[n++] = (struct iovec){c->smac + mfrom, CCS_AUTH_TAG - mfrom};
     ssize_t w = writev(c->fd, iov, n);
     if (w < 0) {
-      if (errno != EAGAIN && errno != EINTR) fail(c, -errno);
+      if (errno != EAGAIN && errno != EINTR) {
+        int status = -errno;
+        read_messages(c); /* what the peer sent before it closed still arrives */
+        fail(c, status);
+      }
       return;
     }
     c->sent += (size_t)w;
@@ -636,11 +654,14 @@ static int tcp_wait_fds(struct transport *t, struct pollfd *fds, int max) {
   for (struct tconn *c = t->conns; c; c = c->next)
     if (!c->dead && n++ < max) fds[n - 1] = (struct pollfd){c->fd, events_of(c), 0};
   if (listener_ready(t) && n++ < max) fds[n - 1] = (struct pollfd){t->listen_fd, POLLIN, 0};
+  for (struct lingering *l = t->lingering; l; l = l->next)
+    if (n++ < max) fds[n - 1] = (struct pollfd){l->fd, POLLIN, 0};
   return n;
 }
 
 static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out, int max) {
   check_deadlines(t);
+  if (t->lingering) linger_step(t);
   if (!t->done) {
     size_t n = 0;
     for (struct tconn *c = t->conns; c; c = c->next) n += !c->dead;
@@ -697,7 +718,31 @@ static int tcp_poll(struct transport *t, int timeout_ms, struct tcompletion *out
   return n;
 }
 
+/* Reads and drops what came on lingering sockets; closes those done. */
+static void linger_step(struct transport *t) {
+  double now = now_s();
+  for (struct lingering **p = &t->lingering, *l; (l = *p);) {
+    char sink[4096];
+    ssize_t n;
+    while ((n = read(l->fd, sink, sizeof(sink))) > 0) {}
+    if ((n < 0 && errno == EAGAIN && now < l->until) || (n < 0 && errno == EINTR)) {
+      p = &l->next;
+      continue;
+    }
+    close(l->fd);
+    *p = l->next;
+    free(l);
+  }
+}
+
 static void tcp_close(struct tconn *c) {
+  struct lingering *l = c->fd >= 0 && !c->dead ? malloc(sizeof(*l)) : NULL;
+  if (l) {
+    shutdown(c->fd, SHUT_WR);
+    *l = (struct lingering){c->t->lingering, c->fd, now_s() + LINGER_S};
+    c->t->lingering = l;
+    c->fd = -1; /* fail() leaves it */
+  }
   fail(c, -ECANCELED);
   for (struct umsg *u = c->unexp, *next; u; u = next) next = u->next, free_umsg(c, u);
   c->unexp = c->unexp_tail = NULL;
@@ -719,6 +764,7 @@ static void tcp_free(struct transport *t) {
   if (!t) return;
   while (t->conns) tcp_close(t->conns);
   if (t->listen_fd >= 0) close(t->listen_fd);
+  for (struct lingering *l = t->lingering, *next; l; l = next) next = l->next, close(l->fd), free(l);
   ccs_accept_reserve_close(&t->reserve);
   close(t->wake_fd);
   for (struct op *op = t->done, *next; op; op = next) next = op->next, free(op);
@@ -733,6 +779,10 @@ static void tcp_wake(struct transport *t) {
 
 static void tcp_peer_name(struct tconn *c, char *buf, size_t len) {
   snprintf(buf, len, "%s", c->peer[0] ? c->peer : "?");
+}
+
+static void tcp_describe(struct transport *t, char *buf, size_t len) {
+  snprintf(buf, len, "TCP%s", t->params.encrypt_data ? ", data encrypted" : "");
 }
 
 const struct transport_ops ccs_transport_tcp = {
@@ -751,4 +801,5 @@ const struct transport_ops ccs_transport_tcp = {
     .free = tcp_free,
     .wake = tcp_wake,
     .peer_name = tcp_peer_name,
+    .describe = tcp_describe,
 };

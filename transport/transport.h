@@ -32,6 +32,16 @@ struct transport_params {
   size_t max_conns;           /* connections at once; more are refused */
   uint64_t unexpected_per_conn, unexpected_total; /* bytes held before their receive */
   double greeting_timeout_s;  /* a connection not authenticated by then fails */
+  /* verbs ("ib") only */
+  const char *ib_library;     /* libibverbs to load (NULL: libibverbs.so.1) */
+  const char *ib_devices;     /* "dev[:port],..." to choose from (NULL or "": every active port) */
+  int ib_gid_index;           /* the GID table entry to use; -1: chosen by type and address family */
+};
+
+/* Registered messages sent, by the way they went (verbs: written into the
+ * receiver's buffer, or eager over TCP because no answer came in time). */
+struct transport_counters {
+  uint64_t rdma_messages, rdma_bytes, eager_messages, eager_bytes;
 };
 
 struct transport_ops {
@@ -57,7 +67,9 @@ struct transport_ops {
   /* A send or receive names the registration its buffer lies in, one outside it
    * is refused with -EFAULT: a miscomputed offset can never make the
    * network read or write other memory. m NULL: a small message of the
-   * caller's own (control), which fabrics copy. */
+   * caller's own (control). A tag's sends and receives all name a
+   * registration or none does (verbs moves the former by RDMA). Tags
+   * 0x1bcc5b1b00000001-4 are the verbs transport's own. */
   int (*send)(struct tconn *c, struct tmem *m, const void *buf, size_t len, uint64_t tag,
               void *user);
   int (*recv)(struct tconn *c, struct tmem *m, void *buf, size_t len, uint64_t tag, void *user);
@@ -75,9 +87,12 @@ struct transport_ops {
   void (*wake)(struct transport *t);
   void (*free)(struct transport *t);
   void (*peer_name)(struct tconn *c, char *buf, size_t len); /* "ADDR:PORT" of the other end */
+  void (*describe)(struct transport *t, char *buf, size_t len); /* for the log: what it runs on */
+  void (*counters)(struct transport *t, struct transport_counters *out); /* NULL: none kept */
 };
 
 extern const struct transport_ops ccs_transport_tcp;
+extern const struct transport_ops ccs_transport_ib; /* where built with rdma-core's headers */
 
 /* The transport called name (registry.c), or NULL. */
 const struct transport_ops *ccs_transport_find(const char *name);

@@ -39,7 +39,8 @@ extern "C" {
   X(CCS_ERR_PERMISSION, 15, "permission denied")                                   \
   X(CCS_ERR_QUOTA, 16, "quota exceeded")                                           \
   X(CCS_ERR_ABORTED, 17, "communicator aborted")                                  \
-  X(CCS_ERR_REVOKED, 18, "communicator revoked")
+  X(CCS_ERR_REVOKED, 18, "communicator revoked")                                   \
+  X(CCS_ERR_RETRY, 19, "daemon restarted mid-call: repeat the call")
 
 typedef enum {
 #define CCS__RESULT_ENUM(name, value, text) name = value,

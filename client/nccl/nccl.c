@@ -42,7 +42,7 @@ static ncclResult_t result_of(ccs_result_t rc) {
   case CCS_ERR_CUDA: return ncclUnhandledCudaError;
   case CCS_ERR_NO_MEMORY: case CCS_ERR_SYSTEM: return ncclSystemError;
   case CCS_ERR_PEER_LOST: case CCS_ERR_TIMEOUT: case CCS_ERR_TRANSPORT: case CCS_ERR_ABORTED:
-  case CCS_ERR_DAEMON_UNAVAILABLE: case CCS_ERR_REVOKED: return ncclRemoteError;
+  case CCS_ERR_DAEMON_UNAVAILABLE: case CCS_ERR_REVOKED: case CCS_ERR_RETRY: return ncclRemoteError;
   default: return ncclInternalError;
   }
 }
@@ -177,7 +177,8 @@ API ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist
 }
 
 API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  return comm ? ncclSuccess : ncclInvalidArgument; /* calls are complete or on their streams */
+  if (!comm) return ncclInvalidArgument;
+  return done(ccs_comm_finalize(comm->c), comm->c); /* host calls complete, errors said */
 }
 
 API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
@@ -391,14 +392,15 @@ static void *premultiplied(const struct premul *p, const void *in, size_t count)
   return out;
 }
 
-/* The reduction for ccs; a PreMulSum's multiplied input in *scaled (to
- * free) when op is one. -1 when neither. */
-static int redop_of(ncclRedOp_t op, ncclDataType_t t, ncclComm_t comm, const void *send,
-                    size_t count, ccs_redop_t *ret, void **scaled) {
+/* The type and reduction for ccs; a PreMulSum's multiplied input in
+ * *scaled (to free) when op is one. */
+static ncclResult_t args_of(ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm, const void *send,
+                            size_t count, ccs_dtype_t *dt, ccs_redop_t *ret, void **scaled) {
   *scaled = NULL;
+  if (dtype_of(t, dt)) return ncclInvalidArgument;
   if ((int)op >= 0 && op < ncclNumOps) {
     *ret = (ccs_redop_t)op; /* the same numbers */
-    return 0;
+    return ncclSuccess;
   }
   int k = (int)op - ncclNumOps;
   pthread_mutex_lock(&premul_mu);
@@ -406,18 +408,15 @@ static int redop_of(ncclRedOp_t op, ncclDataType_t t, ncclComm_t comm, const voi
   pthread_mutex_unlock(&premul_mu);
   if (!p.used || p.comm != comm || p.dtype != t) {
     say("reduction %d is not an operator of this communicator and type", (int)op);
-    return -1;
+    return ncclInvalidArgument;
   }
-  if (ccs_mem_device_of(send) >= 0) {
-    say("a PreMulSum reduction on device memory: not supported by ccs");
-    return -1;
-  }
+  if (ccs_mem_device_of(send) >= 0) return unsupported("a PreMulSum reduction on device memory");
   if (!(*scaled = premultiplied(&p, send, count))) {
     say("out of memory");
-    return -1;
+    return ncclSystemError;
   }
   *ret = CCS_SUM;
-  return 0;
+  return ncclSuccess;
 }
 
 /* --- collectives --- */
@@ -439,7 +438,8 @@ API ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclD
   ccs_dtype_t dt;
   ccs_redop_t ro;
   void *scaled;
-  if (dtype_of(t, &dt) || redop_of(op, t, comm, send, count, &ro, &scaled)) return ncclInvalidArgument;
+  ncclResult_t bad = args_of(t, op, comm, send, count, &dt, &ro, &scaled);
+  if (bad != ncclSuccess) return bad;
   ccs_result_t rc = ccs_all_reduce(scaled ? scaled : send, recv, count, dt, ro, comm->c,
                                    stream_for(send, recv, s));
   free(scaled);
@@ -452,7 +452,8 @@ API ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclData
   ccs_dtype_t dt;
   ccs_redop_t ro;
   void *scaled;
-  if (dtype_of(t, &dt) || redop_of(op, t, comm, send, count, &ro, &scaled)) return ncclInvalidArgument;
+  ncclResult_t bad = args_of(t, op, comm, send, count, &dt, &ro, &scaled);
+  if (bad != ncclSuccess) return bad;
   ccs_result_t rc = ccs_reduce(scaled ? scaled : send, recv, count, dt, ro, root, comm->c,
                                stream_for(send, recv, s));
   free(scaled);
@@ -467,8 +468,8 @@ API ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcoun
   void *scaled;
   int n;
   ccs_comm_count(comm->c, &n);
-  if (dtype_of(t, &dt) || redop_of(op, t, comm, send, recvcount * (size_t)n, &ro, &scaled))
-    return ncclInvalidArgument;
+  ncclResult_t bad = args_of(t, op, comm, send, recvcount * (size_t)n, &dt, &ro, &scaled);
+  if (bad != ncclSuccess) return bad;
   ccs_result_t rc = ccs_reduce_scatter(scaled ? scaled : send, recv, recvcount, dt, ro, comm->c,
                                        stream_for(send, recv, s));
   free(scaled);

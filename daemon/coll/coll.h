@@ -79,6 +79,23 @@ struct coll_waiter {
   void (*done)(struct coll_waiter *w, ccs_result_t status, const char *error);
 };
 
+/* A rank back after its daemon restarted: where its calls of one channel
+ * stood, and once every rank is back the channel's verdict (rejoin.c). */
+struct coll_channel {
+  int peer;        /* -1: the comm's collectives; else its sends to or receives from peer */
+  int send;
+  uint64_t done;   /* calls it knows finished */
+  uint64_t taken;  /* calls it made (done, and those it had out) */
+  uint64_t *retry; /* the numbers of those after them it must repeat itself, ascending */
+  size_t nretry;
+  uint64_t finished, retry_from; /* the verdict */
+};
+struct coll_rejoin {
+  size_t n;
+  struct coll_channel ch[];
+};
+void ccsd_rejoin_free(struct coll_rejoin *r);
+
 struct member {
   struct comm *comm;
   int rank;
@@ -90,6 +107,7 @@ struct member {
   int remote;                /* served by the daemon at addr */
   char addr[CCSD_ADDR_MAX];
   uint64_t coll_seq;         /* collectives submitted so far */
+  struct coll_rejoin *rejoin; /* back after a restart: its report, then its verdicts */
 };
 
 enum comm_state { COMM_JOINING, COMM_READY, COMM_FAILED };
@@ -159,6 +177,8 @@ struct coll_buf {
 struct post;
 /* How a post is answered and let go; the layer above made the post. */
 struct post_ops {
+  /* Its op is about to write its outputs (launched); NULL: not told. */
+  void (*started)(struct post *p);
   /* The rank's answer, once, when the op is over. */
   void (*reply)(struct post *p, ccs_result_t status, const char *error);
   void (*note)(struct post *p, const char *info); /* how it ran (CCS_DEBUG=INFO), before reply */
@@ -245,21 +265,35 @@ void ccsd_named_id(uid_t owner, const char *name, const char *root, struct ccs__
  * an error and err, and w is never called. */
 ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, const char *label,
                             int nranks, int rank, const char *algo, double op_timeout_s, int debug,
-                            int prio, pid_t pid, struct coll_waiter *w, struct member **ret,
-                            char *err, size_t errlen);
+                            int prio, pid_t pid, struct coll_rejoin *rejoin, struct coll_waiter *w,
+                            struct member **ret, char *err, size_t errlen);
 struct comm *ccsd_comm_find(struct coll *co, const uint8_t *name);
 struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, int nranks,
                               const char *algo, int first_rank, ccs_result_t *rc, char *err,
                               size_t errlen);
 ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const char *algo, int pid);
+/* A comm by name's name, for texts: printable, cut to fit. */
+void ccsd_comm_set_label(struct comm *c, const char *label);
+/* A newcomer to a comm found by name: why it cannot join, in err. */
+void ccsd_comm_named_conflict(const struct comm *c, const char *label, int nranks, int rank,
+                              const char *algo, char *err, size_t errlen);
 void ccsd_comm_ready(struct comm *c);
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A local rank's client destroyed it (graceful) or went away. */
 void ccsd_member_leave(struct member *m, const char *why, int graceful);
+/* m's init, if still unanswered, answered now (once). */
+void ccsd_member_answer_init(struct member *m, ccs_result_t status, const char *text);
+/* A local rank whose join was refused while the comm still forms (its
+ * client got the error, no handle): gone as if it never came. */
+void ccsd_member_withdraw(struct member *m);
 const struct member *ccsd_comm_departed(const struct comm *c);
 void ccsd_comm_ref(struct comm *c);
 void ccsd_comm_unref(struct comm *c);
+
+/* rejoin.c: every rank is back; the verdicts of those that rejoined are
+ * in their reports, and the collectives' numbering goes on from them */
+ccs_result_t ccsd_rejoin_settle(struct comm *c);
 
 /* match.c */
 void ccsd_post_submit(struct post *p);

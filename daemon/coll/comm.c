@@ -22,6 +22,7 @@ static void on_timer_closed(uv_handle_t *handle) {
   h->release(h->arg, c->quota, COLL_CHARGE_COMM);
   for (int r = 0; r < c->nranks; r++) {
     if (c->members[r] && c->members[r]->quota) h->release(h->arg, c->members[r]->quota, COLL_CHARGE_RANK);
+    if (c->members[r]) ccsd_rejoin_free(c->members[r]->rejoin);
     free(c->members[r]);
   }
   free(c->members);
@@ -74,15 +75,8 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
     c->coordinator = 0;
     uv_timer_start(&c->timer, on_release, 0, 0);
   }
-  if (was == COMM_JOINING) {
-    for (int r = 0; r < c->nranks; r++) {
-      struct member *m = c->members[r];
-      if (!m || !m->init) continue;
-      struct coll_waiter *w = m->init;
-      m->init = NULL;
-      w->done(w, error, c->error_text);
-    }
-  }
+  for (int r = 0; was == COMM_JOINING && r < c->nranks; r++)
+    if (c->members[r]) ccsd_member_answer_init(c->members[r], error, c->error_text);
   ccsd_comm_fail_pending(c);
 }
 
@@ -195,26 +189,29 @@ ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const ch
 void ccsd_comm_ready(struct comm *c) {
   if (c->spans && !c->root[0]) ccsd_span_ready(c);
   if (c->state != COMM_JOINING) return;
+  if (ccsd_rejoin_settle(c) != CCS_OK) return;
   c->state = COMM_READY;
   uv_timer_stop(&c->timer);
   LOG_INFO(CCS_LOG_INIT, "comm %llu ready: %d ranks, %d here", (unsigned long long)c->id, c->nranks,
            c->nlocal);
-  for (int r = 0; r < c->nranks; r++) {
-    struct member *each = c->members[r];
-    struct coll_waiter *pending = each->init;
-    each->init = NULL;
-    if (pending) pending->done(pending, CCS_OK, NULL);
-  }
+  for (int r = 0; r < c->nranks; r++) ccsd_member_answer_init(c->members[r], CCS_OK, NULL);
   if (c->coordinator) { /* the other daemons have it now */
     c->coordinator = 0;
     ccsd_comm_unref(c);
   }
 }
 
-/* A newcomer to a comm found by name: why it cannot join, in err. */
-static void named_conflict(const struct comm *c, const char *label, int nranks, int rank,
-                           const char *algo, char *err, size_t errlen) {
-  const char *name = c->label[0] ? c->label : label;
+void ccsd_comm_set_label(struct comm *c, const char *label) {
+  /* a name for texts and logs: printable characters only, whoever sent it */
+  size_t n = 0;
+  for (; label && label[n] && n + 1 < sizeof(c->label); n++)
+    c->label[n] = label[n] >= 0x20 && label[n] < 0x7f ? label[n] : '?';
+  c->label[n] = 0;
+}
+
+void ccsd_comm_named_conflict(const struct comm *c, const char *label, int nranks, int rank,
+                              const char *algo, char *err, size_t errlen) {
+  const char *name = c->label[0] ? c->label : label && *label ? label : "(unnamed)";
   if (c->state != COMM_JOINING)
     snprintf(err, errlen, "the communicator named '%s' of this user is in use (%s): another job "
              "with that name? (CCS_JOB names the job)", name,
@@ -233,8 +230,8 @@ static void named_conflict(const struct comm *c, const char *label, int nranks, 
 
 ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, const char *label,
                             int nranks, int rank, const char *algo, double op_timeout_s, int debug,
-                            int prio, pid_t pid, struct coll_waiter *w, struct member **ret,
-                            char *err, size_t errlen) {
+                            int prio, pid_t pid, struct coll_rejoin *rejoin, struct coll_waiter *w,
+                            struct member **ret, char *err, size_t errlen) {
   ccs_result_t rc;
   void *t = co->hooks.charge(co->hooks.arg, id->owner_uid, COLL_CHARGE_RANK, &rc, err, errlen);
   if (!t) return rc;
@@ -243,7 +240,7 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
   struct comm *c = ccsd_comm_find(co, name);
   if (c && c->named && (c->state != COMM_JOINING || ccsd_comm_check_join(c, rank, nranks, algo, (int)pid))) {
     co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
-    named_conflict(c, label, nranks, rank, algo, err, errlen);
+    ccsd_comm_named_conflict(c, label, nranks, rank, algo, err, errlen);
     return CCS_ERR_INVALID_ARGUMENT;
   }
   if (c && c->state != COMM_JOINING) {
@@ -259,8 +256,7 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
       co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
       return rc;
     }
-    if (op_timeout_s > 0) c->op_timeout_s = op_timeout_s;
-    if (label) snprintf(c->label, sizeof(c->label), "%s", label);
+    ccsd_comm_set_label(c, label);
     LOG_INFO(CCS_LOG_INIT, "comm %llu created by pid %d: %d ranks%s%s", (unsigned long long)c->id,
              (int)pid, nranks, c->root[0] ? ", root daemon " : "", c->root);
   }
@@ -277,12 +273,15 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
     return CCS_ERR_NO_MEMORY;
   }
   if (!c->prio_set) c->prio = prio, c->prio_set = 1;
+  /* its first rank here says (a comm another daemon's rank made here first too) */
+  if (!c->nlocal && op_timeout_s > 0) c->op_timeout_s = op_timeout_s;
   mb->comm = c;
   mb->quota = t;
   mb->rank = rank;
   mb->pid = pid;
   mb->init = w;
   mb->debug = debug;
+  mb->rejoin = rejoin;
   c->members[rank] = mb;
   c->joined++;
   c->nlocal++;
@@ -323,11 +322,25 @@ void ccsd_member_leave(struct member *m, const char *why, int graceful) {
     for (int i = 0; i < x->nposts; i++)
       if (x->posts[i] && x->posts[i]->member == m) atomic_store(&x->run.cancelled, 1);
   }
-  if (m->init) { /* its own init reply cannot be delivered any more */
-    struct coll_waiter *w = m->init;
-    m->init = NULL;
-    w->done(w, c->error, c->error_text);
-  }
+  ccsd_member_answer_init(m, c->error, c->error_text); /* its own reply cannot be delivered any more */
+  ccsd_comm_unref(c);
+}
+
+void ccsd_member_answer_init(struct member *m, ccs_result_t status, const char *text) {
+  struct coll_waiter *w = m->init;
+  m->init = NULL; /* answered once: the answer may free what waits */
+  if (w) w->done(w, status, text);
+}
+
+void ccsd_member_withdraw(struct member *m) {
+  struct comm *c = m->comm;
+  const struct coll_hooks *h = &c->co->hooks;
+  c->members[m->rank] = NULL;
+  c->joined--;
+  c->nlocal--;
+  if (m->quota) h->release(h->arg, m->quota, COLL_CHARGE_RANK);
+  ccsd_rejoin_free(m->rejoin);
+  free(m);
   ccsd_comm_unref(c);
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/failpoint.h"
 #include "coll/coll.h"
 #include "plan/pool.h"
 #include "run/engine_run.h"
@@ -244,6 +245,7 @@ static int hand_down(struct xop *x) {
 
 void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t seq) {
   char err[CCS__ERROR_TEXT_MAX] = "out of memory";
+  ccsd_failpoint("launch");
   for (int i = 0; i < nposts; i++)
     if (posts[i]) { /* the other daemons hear what this one's ranks called */
       ccsd_agree_launched(c, posts[i], seq);
@@ -292,6 +294,9 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
   ccsd_comm_ref(c);
   list_insert_tail(&c->running, &x->comm_link);
   x->launched_ms = ccsd_fresh_ms_of(c->co);
+  for (int i = 0; i < nposts; i++)
+    if (posts[i] && posts[i]->ops->started) posts[i]->ops->started(posts[i]);
+  ccsd_failpoint("started");
   /* the timer may be set for a later deadline: this op's word is due sooner */
   if (x->run.plan.net_items) ccsd_comm_check_deadlines(c);
   if (x->run.device >= 0) {

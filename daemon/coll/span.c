@@ -17,9 +17,10 @@
 #include "base/log.h"
 
 static void send_fail(struct coll *co, const char *addr, const uint8_t *name, ccs_result_t status,
-                      const char *error) {
+                      const char *error, uint32_t refused_rank) {
   struct peer_msg m = {.kind = PEER_FAIL,
-                       .fail = {.name = name, .name_len = CCS__NAME_BYTES, .status = status, .error = error}};
+                       .fail = {.name = name, .name_len = CCS__NAME_BYTES, .status = status, .error = error,
+                                .refused_rank = refused_rank}};
   ccsd_peers_send(co->peers, addr, &m);
 }
 
@@ -27,7 +28,8 @@ void ccsd_span_joined(struct comm *c, struct member *mb) {
   struct peer_msg m = {.kind = PEER_JOIN,
                        .join = {.id = c->id_bytes, .id_len = sizeof(c->id_bytes),
                                 .nranks = (uint32_t)c->nranks, .rank = (uint32_t)mb->rank,
-                                .uid = (uint32_t)c->uid, .pid = mb->pid, .algo = c->algo_text}};
+                                .uid = (uint32_t)c->uid, .pid = mb->pid, .algo = c->algo_text,
+                                .label = c->label}};
   ccsd_peers_send(c->co->peers, c->root, &m);
 }
 
@@ -133,7 +135,7 @@ static void for_each_other(struct comm *c, void (*fn)(struct comm *, const char 
 }
 
 static void tell_failed(struct comm *c, const char *addr) {
-  send_fail(c->co, addr, c->name, c->error, c->error_text);
+  send_fail(c->co, addr, c->name, c->error, c->error_text, 0);
 }
 
 void ccsd_span_failed(struct comm *c) {
@@ -195,9 +197,9 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
   const char *algo = j->algo ? j->algo : "";
   ccs_result_t rc = CCS_OK;
   int named = id.magic == CCS__NAMED_ID_MAGIC; /* unsigned: its owner's ranks alone name it */
-  if (named && (id.protocol != CCS__PROTOCOL_VERSION || strcmp(id.root, co->self)))
+  if (named && (!ccs__protocol_served(id.protocol) || strcmp(id.root, co->self)))
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "a communicator by name meeting at %.60s, not at this daemon (%s)", id.root, co->self);
-  else if (!named && (id.magic != CCS__UNIQUE_ID_MAGIC || id.protocol != CCS__PROTOCOL_VERSION ||
+  else if (!named && (id.magic != CCS__UNIQUE_ID_MAGIC || !ccs__protocol_served(id.protocol) ||
                       strcmp(id.root, co->self) || !ccsd_unique_id_valid(co, &id)))
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id not issued by the daemon at %s (or from before it restarted)", co->self);
   else if (!named && ccsd_unique_id_age(co, &id) < 0)
@@ -218,15 +220,18 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
       ccsd_comm_ref(c);
     }
   }
-  if (rc == CCS_OK && c->named &&
-      (c->state != COMM_JOINING || ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, algo, j->pid)))
-    rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "the communicator of that name of this user is %s (rank %u of %u asked, it has %d ranks): another job with that name? (CCS_JOB names the job)",
-                                            c->state == COMM_JOINING ? "forming, and does not take this rank" : "in use", j->rank, j->nranks, c->nranks);
+  if (rc == CCS_OK && c->named && !c->label[0]) ccsd_comm_set_label(c, j->label);
+  /* a name can be taken by another job by mistake: only the newcomer fails */
+  int newcomer = rc == CCS_OK && c->named &&
+                 (c->state != COMM_JOINING || ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, algo, j->pid));
+  if (newcomer)
+    rc = CCS_ERR_INVALID_ARGUMENT,
+    ccsd_comm_named_conflict(c, j->label, (int)j->nranks, (int)j->rank, algo, err, sizeof(err));
   if (rc == CCS_OK && c->state != COMM_JOINING)
     rc = CCS_ERR_INVALID_USAGE, snprintf(err, sizeof(err), "communicator is %s", c->state == COMM_READY ? "complete" : c->error_text);
   if (rc != CCS_OK) {
     refuse(addr, "a join", err);
-    send_fail(co, addr, name, rc, err);
+    send_fail(co, addr, name, rc, err, newcomer ? j->rank + 1 : 0);
     return;
   }
   if (ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, algo, j->pid) != CCS_OK) return;
@@ -243,6 +248,27 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
   c->members[mb->rank] = mb;
   c->spans = 1;
   if (++c->joined == c->nranks) ccsd_comm_ready(c);
+}
+
+/* A comm by name that the root completed with ranks of other daemons where
+ * ranks of this one joined too: another job's, whose joins reached the
+ * root after it was complete (its refusal is on its way). They are
+ * refused here, as if they never came; 1 when no rank of the comm is left
+ * here (the comm may be gone). */
+static int refuse_newcomers(struct comm *c, char (*addrs)[CCSD_ADDR_MAX]) {
+  ccsd_comm_ref(c);
+  for (int r = 0; r < c->nranks; r++) {
+    struct member *m = c->members[r];
+    if (!m || m->remote || !m->init || !strcmp(addrs[r], c->co->self)) continue;
+    char err[CCS__ERROR_TEXT_MAX];
+    snprintf(err, sizeof(err), "rank %d of the communicator named '%s' of this user joined already "
+             "at another daemon: another job with that name? (CCS_JOB names the job)", r,
+             c->label[0] ? c->label : "(unnamed)");
+    ccsd_member_answer_init(m, CCS_ERR_INVALID_ARGUMENT, err); /* its client's comm goes with it */
+  }
+  int none = c->nlocal == 0;
+  ccsd_comm_unref(c);
+  return none;
 }
 
 /* Another daemon's rank joined through us; the root says who is where.
@@ -272,6 +298,10 @@ static void on_ready(struct coll *co, const char *addr, const struct peer_ready 
     return;
   }
   for (int r = 0; r < c->nranks; r++) snprintf(addrs[r], CCSD_ADDR_MAX, "%s", rd->addrs[r]);
+  if (c->named && refuse_newcomers(c, addrs)) { /* none of its ranks is here */
+    free(addrs);
+    return;
+  }
   for (int r = 0; r < c->nranks && c->state == COMM_JOINING; r++) {
     int here = !strcmp(addrs[r], co->self);
     if (here != (c->members[r] != NULL)) {
@@ -312,6 +342,13 @@ static void on_fail(struct coll *co, const char *addr, const struct peer_fail *f
   for (char *p = text; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
   ccs_result_t status = f->status > 0 && f->status < 64 ? f->status : CCS_ERR_PEER_LOST;
+  if (f->refused_rank) { /* the root refused one rank's join of a comm by name: it alone fails */
+    struct member *m = c->named && c->state == COMM_JOINING && c->root[0] && !strcmp(addr, c->root) &&
+                               f->refused_rank <= (uint32_t)c->nranks
+                           ? c->members[f->refused_rank - 1] : NULL;
+    if (m && !m->remote) ccsd_member_answer_init(m, status, text); /* its client's comm goes with it */
+    return;
+  }
   ccsd_comm_fail(c, status, "%s", text[0] ? text : "another daemon failed the communicator");
 }
 

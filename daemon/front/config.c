@@ -21,13 +21,13 @@
 #include "transport.h"
 
 enum key_type { K_PATH, K_MODE, K_COUNT, K_BYTES, K_SECONDS, K_IDS, K_LEVEL, K_SUBSYS, K_ADDRESS,
-                K_RULES, K_BOOL, K_TRANSPORT, K_WEIGHTS, K_FRACTION };
+                K_RULES, K_BOOL, K_TRANSPORT, K_WEIGHTS, K_FRACTION, K_PRIORITY };
 
 struct key {
   const char *name;
   enum key_type type;
   size_t offset, size; /* the field; size tells its C type (int, size_t, uint64_t, char[]) */
-  double min, max;
+  double min, max; /* K_PATH: min 1 lets it be empty */
   const char *help;
 };
 
@@ -66,19 +66,25 @@ static const struct key keys[] = {
     {"metrics_tenant_labels", K_BOOL, AT(metrics_tenant_labels), 0, 1, "label the HTTP metrics per tenant (uid); off: summed over tenants (ccsctl metrics shows an operator every tenant)"},
     {"metrics_max_connections", K_COUNT, AT(metrics_max_connections), 1, 65536, "HTTP metrics connections at once; more are closed at once"},
     {"cluster_key_file", K_PATH, AT(cluster_key_file), 0, 0, "the key every daemon of the cluster holds (ccsd --generate-key FILE); listen refuses to start without it"},
+    {"id_key_file", K_PATH, AT(id_key_file), 1, 0, "the key signing unique ids, made at first start and kept (the daemon's alone): ids stay valid across restarts; empty: the socket's path + .id-key"},
     {"peer_encrypt", K_BOOL, AT(peer_encrypt), 0, 1, "encrypt the data between daemons too (control messages always are); either side asking is enough"},
     {"peer_max_connections", K_COUNT, AT(peer_max_connections), 4, 1e6, "connections with other daemons at once (control and data); more are refused"},
     {"peer_unexpected_bytes", K_BYTES, AT(peer_unexpected_bytes), 1 << 20, 1.8e19, "bytes a connection from another daemon may hold before their receive is posted; beyond, it is closed"},
     {"peer_unexpected_total", K_BYTES, AT(peer_unexpected_total), 1 << 20, 1.8e19, "the same, over all connections"},
-    {"transport", K_TRANSPORT, AT(transport), 0, 0, "how data moves between daemons (tcp)"},
+    {"transport", K_TRANSPORT, AT(transport), 0, 0, "how data moves between daemons: tcp, ib (RDMA verbs) or auto (ib where a port is active, else tcp); the same on every daemon"},
+    {"ib_library", K_PATH, AT(ib_library), 1, 0, "the libibverbs transport=ib loads; empty: libibverbs.so.1"},
+    {"ib_devices", K_PATH, AT(ib_devices), 1, 0, "RDMA devices and ports to choose from, e.g. mlx5_0:1,mlx5_1; empty: every active port"},
+    {"ib_gid_index", K_COUNT, AT(ib_gid_index), -1, 255, "the GID table entry RDMA traffic uses; -1: RoCE v2 with an IPv4 address where there is one"},
     {"link_capacity", K_BYTES, AT(link_capacity), 0, 1.8e19, "bytes a second this daemon can send to each other daemon, for tenant_max_share on links; 0: the fastest rate measured"},
     {"tenant_weights", K_WEIGHTS, AT(tenant_weights), 0.01, 1000, "each user's weight in the shares of executor time, links and GPUs: USER:WEIGHT,... (names or uids; everyone else 1); reloadable"},
     {"tenant_max_share", K_FRACTION, AT(tenant_max_share), 0.01, 1, "the most of the executor's and each link's capacity one tenant may take, even when the others are idle; reloadable"},
     {"poll_spin_us", K_COUNT, AT(poll_spin_us), 0, 1e6, "microseconds the loop keeps polling the clients' rings after their last op, before it sleeps (0: never spins)"},
+    {"executor_priority", K_PRIORITY, AT(executor_priority), 0, 2, "executor threads against the node's others: normal, low (nice 10) or idle (SCHED_IDLE: on CPUs nothing else wants; wake-ups never wait behind bulk work)"},
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
 static const char *const levels[] = {"ERROR", "WARN", "INFO", "TRACE"};
+static const char *const priorities[] = {"normal", "low", "idle"}; /* enum executor_priority */
 
 void ccsd_config_defaults(struct ccsd_config *cfg) {
   memset(cfg, 0, sizeof(*cfg));
@@ -103,6 +109,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->metrics_max_connections = 16;
   snprintf(cfg->cluster_key_file, sizeof(cfg->cluster_key_file), "%s", CCSD_DEFAULT_CLUSTER_KEY);
   snprintf(cfg->transport, sizeof(cfg->transport), "tcp");
+  cfg->ib_gid_index = -1;
   cfg->peer_max_connections = 1024;
   cfg->peer_unexpected_bytes = 1ull << 30;
   cfg->peer_unexpected_total = 4ull << 30;
@@ -243,8 +250,8 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
   double x;
   int bad = 0;
   switch (k->type) {
-  case K_PATH:
-    bad = !*value || strlen(value) >= k->size - 1;
+  case K_PATH: /* (min 1: may be empty, which means what its help says) */
+    bad = (!*value && !k->min) || strlen(value) >= k->size - 1;
     if (!bad) snprintf(field, k->size, "%s", value);
     break;
   case K_MODE: {
@@ -273,10 +280,13 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
     bad = set_ids(field, ids_count(cfg, k), value, k);
     break;
   case K_LEVEL:
+  case K_PRIORITY: {
+    const char *const *names = k->type == K_LEVEL ? levels : priorities;
     bad = 1;
-    for (int i = 0; i < 4; i++)
-      if (!strcasecmp(value, levels[i])) *(int *)field = i, bad = 0;
+    for (int i = 0; i <= (int)k->max; i++)
+      if (!strcasecmp(value, names[i])) *(int *)field = i, bad = 0;
     break;
+  }
   case K_SUBSYS: {
     int mask = ccs__log_parse_subsys(value);
     bad = mask < 0;
@@ -295,10 +305,10 @@ int ccsd_config_set(struct ccsd_config *cfg, const char *name, const char *value
     break;
   }
   case K_TRANSPORT:
-    if (strlen(value) >= k->size || !ccs_transport_find(value)) {
+    if (strlen(value) >= k->size || (strcmp(value, "auto") && !ccs_transport_find(value))) {
       char names[128];
       ccs_transport_names(names, sizeof(names));
-      snprintf(err, errlen, "bad value '%s' for %s: the transports are %s", value, name, names);
+      snprintf(err, errlen, "bad value '%s' for %s: the transports are %s, or auto", value, name, names);
       return -1;
     }
     snprintf(field, k->size, "%s", value);
@@ -459,6 +469,7 @@ void ccsd_config_format(const struct ccsd_config *cfg, char *buf, size_t len) {
       break;
     }
     case K_LEVEL: snprintf(v, sizeof(v), "%s", levels[*(const int *)f]); break;
+    case K_PRIORITY: snprintf(v, sizeof(v), "%s", priorities[*(const int *)f]); break;
     case K_BOOL: snprintf(v, sizeof(v), "%s", *(const int *)f ? "true" : "false"); break;
     case K_SUBSYS: {
       static const char *const names[] = {"INIT", "CLIENT", "COLL", "MEM", "OPS"};

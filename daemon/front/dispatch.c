@@ -14,16 +14,20 @@
 #include "base/log.h"
 
 static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
-  if (m->protocol != CCS__PROTOCOL_VERSION) {
+  if (!ccs__protocol_served(m->protocol)) {
     char err[160];
-    snprintf(err, sizeof(err), "client speaks protocol %u, daemon speaks %u", m->protocol,
-             CCS__PROTOCOL_VERSION);
+    snprintf(err, sizeof(err), "client speaks protocol %u, daemon speaks %u (and serves clients "
+             "of %u)", m->protocol, CCS__PROTOCOL_VERSION, CCS__PROTOCOL_OLDEST);
     LOG_WARN("client %llu (pid %d): %s", (unsigned long long)s->id, (int)s->pid, err);
     ccsd_session_reply(s, id, CCS_ERR_VERSION, err);
     ccsd_session_close(s, "protocol version mismatch");
     return;
   }
   s->said_hello = 1;
+  s->protocol = m->protocol;
+  if (m->resume)
+    LOG_INFO(CCS_LOG_CLIENT, "client %llu (pid %d): back after its daemon went", (unsigned long long)s->id,
+             (int)s->pid);
   Ccs__Reply r = CCS__REPLY__INIT;
   Ccs__HelloReply h = CCS__HELLO_REPLY__INIT;
   char version[32];
@@ -230,6 +234,7 @@ void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len) {
   case CCS__REQUEST__BODY_STATS: on_stats(s, id); break;
   case CCS__REQUEST__BODY_ADMIN: ccsd_admin(s, id, req->admin); break;
   case CCS__REQUEST__BODY_RING_SETUP: ccsd_ring_setup(s, id); break;
+  case CCS__REQUEST__BODY_JOURNAL_SETUP: ccsd_journal_setup(s, id); break;
   default:
     ccsd_session_reply(s, id, CCS_ERR_PROTOCOL, "unknown request");
     ccsd_session_close(s, "unknown request");

@@ -77,9 +77,14 @@ struct ccsd_config {
   int metrics_tenant_labels;   /* HTTP metrics per tenant, or summed */
   int metrics_max_connections;
   char cluster_key_file[108];  /* daemons prove they hold this key to each other */
+  char id_key_file[120];       /* the unique ids' key, kept across restarts ("": the socket's + .id-key) */
   int peer_encrypt;            /* data between daemons encrypted too */
-  char transport[16];          /* how data moves between daemons (transport.h) */
+  char transport[16];          /* how data moves between daemons (transport.h), or "auto" */
+  char ib_library[256];        /* verbs: libibverbs to load ("": libibverbs.so.1) */
+  char ib_devices[256];        /* verbs: "dev[:port],..." ("": every active port) */
+  int ib_gid_index;            /* verbs: GID table entry; -1: chosen by type and address family */
   uint64_t link_capacity;      /* bytes a second to each daemon; 0: measured */
+  int executor_priority;       /* enum executor_priority (run/executor.h) */
   int poll_spin_us;            /* the loop spins on the rings this long after their last work */
   int peer_max_connections;
   uint64_t peer_unexpected_bytes, peer_unexpected_total; /* held before their receive */
@@ -218,6 +223,8 @@ struct session {
   struct list submissions;
   uint64_t next_comm_handle;
   struct ring *ring; /* the fast path, once set up (ring.c) */
+  struct ccs__journal *journal; /* its calls' marks, once set up (journal.c) */
+  uint32_t protocol;            /* the one its hello spoke (ccs__protocol_served) */
 };
 
 /* A request waiting for its reply: a Submit (one post per op) or a CommInit. */
@@ -231,7 +238,7 @@ struct submission {
   int nposts, ndone;
   ccs_result_t status;
   char *error;
-  uint64_t comm_handle; /* a CommInit's reply carries it */
+  uint64_t comm_handle; /* a CommInit's reply carries it (and the comm's identity, a rejoin's verdicts) */
   char *info;           /* how its ops ran, for CCS_DEBUG=INFO */
 };
 
@@ -256,6 +263,12 @@ struct client_post {
 };
 extern const struct post_ops ccsd_client_post_ops; /* post.c */
 void ccsd_client_post_free(struct client_post *p); /* never submitted */
+
+/* id_key.c: the key of len bytes that signs unique ids, from path, made
+ * there (*ret_made) when there is none. -1 (why says it) when the file is
+ * not the daemon's own or cannot be made. */
+int ccsd_id_key_load(const char *path, uint8_t *key, size_t len, int *ret_made, char *why,
+                     size_t whylen);
 
 /* tenant.c */
 ccs_result_t ccsd_tenant_charge(struct daemon *d, uid_t uid, enum tenant_counter k,
@@ -352,6 +365,9 @@ void ccsd_session_check_io(struct session *s);
 void ccsd_dispatch(struct session *s, const uint8_t *payload, size_t len);
 
 /* memreg.c */
+/* fd is a memfd of exactly `bytes`, sealed against shrinking and growing
+ * (`what` names it in err). */
+ccs_result_t ccsd_memfd_check(int fd, size_t bytes, const char *what, char *err, size_t errlen);
 ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
                                   size_t errlen);
 /* NULL and CCS_ERR_PERMISSION when another connection registered id */
@@ -391,6 +407,13 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
 /* ring.c: the fast path (proto/ring.h) */
 /* The rings and doorbell of a RingSetup (fds taken from the session). */
 void ccsd_ring_setup(struct session *s, uint64_t req_id);
+
+/* journal.c: where a connection's calls are marked started and finished
+ * (proto/journal.h) */
+void ccsd_journal_setup(struct session *s, uint64_t req_id);
+void ccsd_journal_close(struct session *s); /* the session closes */
+/* marks call req_id of s (no journal, or a client gone: nothing) */
+void ccsd_journal_mark(struct session *s, uint64_t req_id, int via_ring, uint32_t state);
 void ccsd_ring_close(struct session *s); /* the session closes */
 /* Takes what the rings hold, up to a bound per connection: how many
  * batches were taken. */

@@ -20,11 +20,76 @@ void ccsd_client_comm_drop(struct session *s, struct client_comm *cc, const char
   HASH_DELETE(hh, s->comms_by_handle, cc);
   struct member *m = cc->member;
   free(cc);
-  ccsd_member_leave(m, why, graceful);
+  /* refused while the comm forms (its init answered, another job's rank
+   * by name): as if it never came; else it leaves */
+  if (m->comm->state == COMM_JOINING && !m->init) ccsd_member_withdraw(m);
+  else ccsd_member_leave(m, why, graceful);
 }
 
 static void on_joined(struct coll_waiter *w, ccs_result_t status, const char *error) {
-  ccsd_submission_post_done(LIST_ENTRY(w, struct submission, waiter), status, error);
+  struct submission *sub = LIST_ENTRY(w, struct submission, waiter);
+  struct session *s = sub->session;
+  uint64_t handle = sub->comm_handle;
+  ccsd_submission_post_done(sub, status, error);
+  /* a rank refused while its comm forms on (another job's, by name) gave
+   * out no handle: it goes with the answer (where the comm failed, the
+   * rank leaves with its client: this may run inside a walk of them) */
+  struct client_comm *cc = status != CCS_OK && s ? ccsd_client_comm_find(s, handle) : NULL;
+  if (cc && cc->member->comm->state == COMM_JOINING) ccsd_client_comm_drop(s, cc, "its init failed", 1);
+}
+
+/* A rank back after a restart: its report, field by field (bounded: a
+ * channel per peer and direction, a retry per call the journal holds). */
+#define REJOIN_RETRIES_MAX 4096u
+#define REJOIN_WINDOW_MS (10 * 60 * 1000)
+static struct coll_rejoin *rejoin_of(const Ccs__Rejoin *m, int nranks, char *err, size_t errlen) {
+  if (m->n_channels > 2 * (size_t)nranks + 1) {
+    snprintf(err, errlen, "a rejoin reports %zu channels; a rank of %d has at most %d", m->n_channels,
+             nranks, 2 * nranks + 1);
+    return NULL;
+  }
+  struct coll_rejoin *r = calloc(1, sizeof(*r) + m->n_channels * sizeof(r->ch[0]));
+  uint8_t *seen = calloc((size_t)nranks + 1, 1); /* bit 0: receives, 1: sends; [nranks]: collectives */
+  if (!r || !seen) {
+    free(r), free(seen);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  size_t retries = 0;
+  for (size_t i = 0; i < m->n_channels; i++) {
+    const Ccs__Channel *c = m->channels[i];
+    int peer = c->peer < 0 ? -1 : c->peer;
+    uint8_t bit = peer < 0 ? 1 : c->send ? 2 : 1;
+    int bad_peer = c->peer < -1 || c->peer >= nranks;
+    int dup = !bad_peer && (seen[peer < 0 ? nranks : peer] & bit);
+    if (!bad_peer) seen[peer < 0 ? nranks : peer] |= bit;
+    retries += c->n_must_retry;
+    const char *bad = bad_peer ? "a peer out of range" : dup ? "reported twice"
+                      : retries > REJOIN_RETRIES_MAX ? "more calls than a journal holds"
+                      : c->done > UINT64_MAX - c->n_must_retry ? "calls numbered past 2^64"
+                      : NULL;
+    if (bad) {
+      snprintf(err, errlen, "a rejoin's channel %zu: %s", i, bad);
+      free(seen);
+      ccsd_rejoin_free(r);
+      return NULL;
+    }
+    struct coll_channel *ch = &r->ch[r->n++];
+    *ch = (struct coll_channel){.peer = peer, .send = peer >= 0 && c->send, .done = c->done,
+                               .taken = c->done + c->n_must_retry};
+    for (size_t k = 0; k < c->n_must_retry; k++) {
+      if (!c->must_retry[k]) continue;
+      if (!ch->retry && !(ch->retry = malloc(sizeof(*ch->retry) * c->n_must_retry))) {
+        snprintf(err, errlen, "out of memory");
+        free(seen);
+        ccsd_rejoin_free(r);
+        return NULL;
+      }
+      ch->retry[ch->nretry++] = c->done + k;
+    }
+  }
+  free(seen);
+  return r;
 }
 
 void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) {
@@ -64,13 +129,18 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     return;
   }
   if (!named) memcpy(&uid, m->id.data, sizeof(uid));
+  /* a rejoin brings back the id its comm had, one found by name too: as
+   * unsigned as the name (its owner alone makes it), checked as such */
+  if (!named && m->rejoin && uid.magic == CCS__NAMED_ID_MAGIC) named = 1;
   if (!named && uid.magic != CCS__UNIQUE_ID_MAGIC) {
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT,
                        "not a ccs unique id (get one with ccs_get_unique_id)");
     return;
   }
-  if (uid.protocol != CCS__PROTOCOL_VERSION) {
-    ccsd_session_reply(s, req_id, CCS_ERR_VERSION, "unique id from another protocol version");
+  if (!ccs__protocol_served(uid.protocol)) {
+    snprintf(err, sizeof(err), "unique id of protocol %u; this daemon serves %u to %u", uid.protocol,
+             CCS__PROTOCOL_OLDEST, CCS__PROTOCOL_VERSION);
+    ccsd_session_reply(s, req_id, CCS_ERR_VERSION, err);
     return;
   }
   if (m->nranks < 1 || m->nranks > CCSD_MAX_RANKS || m->rank >= m->nranks) {
@@ -107,7 +177,11 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
                        "unique id not issued by this daemon (or from before it restarted)");
     return;
   }
-  if (ours && !named && ccsd_unique_id_age(&d->coll, &uid) < 0) {
+  /* id_ttl bounds how long an id may start a comm, not how long a comm
+   * lives: a rejoin comes back to one that existed, in the first minutes
+   * after the daemon started (REJOIN_WINDOW_MS); later, ids expire as ever */
+  int rejoin_ttl_free = m->rejoin && uv_now(d->loop) - d->started_ms < REJOIN_WINDOW_MS;
+  if (ours && !named && !rejoin_ttl_free && ccsd_unique_id_age(&d->coll, &uid) < 0) {
     snprintf(err, sizeof(err), "unique id expired: issued %.0f s ago, valid for %.0f s (id_ttl)",
              difftime(time(NULL), (time_t)uid.issued_s), d->cfg.id_ttl_s);
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
@@ -136,10 +210,23 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, msg);
     return;
   }
+  struct coll_rejoin *rejoin = NULL;
+  if (m->rejoin && !ours) {
+    /* the other daemons failed it when this one went (docs/restart.md) */
+    snprintf(err, sizeof(err), "the communicator spans daemons (its root is %.60s): it cannot be "
+             "rejoined after a restart; create it again", uid.root);
+    ccsd_session_reply(s, req_id, CCS_ERR_DAEMON_UNAVAILABLE, err);
+    return;
+  }
+  if (m->rejoin && !(rejoin = rejoin_of(m->rejoin, (int)m->nranks, err, sizeof(err)))) {
+    ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
+    return;
+  }
   struct client_comm *cc = calloc(1, sizeof(*cc));
   struct submission *sub = cc ? ccsd_submission_new(s, req_id, 1, 0) : NULL;
   if (!sub) {
     free(cc);
+    ccsd_rejoin_free(rejoin);
     ccsd_session_reply(s, req_id, CCS_ERR_NO_MEMORY, "out of memory");
     return;
   }
@@ -150,8 +237,9 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
   HASH_ADD(hh, s->comms_by_handle, handle, sizeof(cc->handle), cc);
   double op_timeout_s = m->op_timeout_ms ? m->op_timeout_ms / 1000.0 : 0;
   ccs_result_t rc = ccsd_comm_join(&d->coll, &uid, m->parent ? m->derive : named ? m->name : NULL, (int)m->nranks, (int)m->rank, algo, op_timeout_s,
-                                   m->debug, class_of[m->priority], s->pid, &sub->waiter, &cc->member, err, sizeof(err));
+                                   m->debug, class_of[m->priority], s->pid, rejoin, &sub->waiter, &cc->member, err, sizeof(err));
   if (rc != CCS_OK) { /* the waiter is never called: the answer is given here */
+    ccsd_rejoin_free(rejoin);
     list_remove(&cc->link);
     HASH_DELETE(hh, s->comms_by_handle, cc);
     free(cc);

@@ -68,13 +68,23 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
       .chunk_bytes = cfg.chunk_bytes, .stream_bytes = cfg.stream_bytes,
       .inline_bytes = cfg.inline_bytes, .peer_connections = cfg.peer_connections};
   snprintf(co->cfg.algo, sizeof(co->cfg.algo), "%s", cfg.algo);
-  randombytes_buf(co->id_key, sizeof(co->id_key));
+  char key_path[sizeof(cfg.socket_path) + 16], why[256];
+  if (cfg.id_key_file[0]) snprintf(key_path, sizeof(key_path), "%s", cfg.id_key_file);
+  else snprintf(key_path, sizeof(key_path), "%s.id-key", cfg.socket_path);
+  int made;
+  if (ccsd_id_key_load(key_path, co->id_key, sizeof(co->id_key), &made, why, sizeof(why))) {
+    randombytes_buf(co->id_key, sizeof(co->id_key));
+    LOG_WARN("unique ids: %s; ids are signed with a key of this run alone, and jobs cannot "
+             "rejoin their comms after a restart", why);
+  } else {
+    LOG_INFO(CCS_LOG_INIT, "unique ids: the key in %s%s", key_path, made ? " (made now)" : "");
+  }
   randombytes_buf(co->table_key, sizeof(co->table_key));
   d->coll.pool = engine_pool_new(d->cfg.scratch_keep); /* scratch kept between ops */
   ccsd_run_shares_init(&d->shares);
   d->coll.shares = &d->shares;
   ccsd_shares_start(d);
-  d->coll.exec = ccsd_executor_new(loop, d->cfg.threads);
+  d->coll.exec = ccsd_executor_new(loop, d->cfg.threads, (enum executor_priority)d->cfg.executor_priority);
   if (!d->coll.exec) {
     LOG_ERROR("cannot start %d executor threads", d->cfg.threads);
     return -1;
@@ -95,6 +105,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
         .unexpected_bytes = c->peer_unexpected_bytes, .unexpected_total = c->peer_unexpected_total,
         .heartbeat_s = c->heartbeat_s, .peer_timeout_s = c->peer_timeout_s,
         .io_timeout_s = c->io_timeout_s, .link_capacity = (double)c->link_capacity,
+        .ib_library = c->ib_library, .ib_devices = c->ib_devices, .ib_gid_index = c->ib_gid_index,
         /* an op across daemons waits a round trip or two for its data */
         .spin_ns = (uint64_t)c->poll_spin_us * 1000 * 10};
     snprintf(opt.transport, sizeof(opt.transport), "%s", c->transport);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "base/failpoint.h"
 #include "front/front.h"
 #include "base/log.h"
 #include "plan/tuner.h"
@@ -187,6 +188,7 @@ int main(int argc, char **argv) {
   }
 
   signal(SIGPIPE, SIG_IGN);
+  ccsd_failpoint_init();
   if (ccsd_daemon_init(&d, uv_default_loop())) return 1;
   d.argc = argc; /* what a reload reads again */
   d.argv = argv;

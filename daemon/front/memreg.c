@@ -85,6 +85,20 @@ static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t 
   return CCS_OK;
 }
 
+ccs_result_t ccsd_memfd_check(int fd, size_t bytes, const char *what, char *err, size_t errlen) {
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes) {
+    snprintf(err, errlen, "%s must hold exactly %zu bytes", what, bytes);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  if (seals < 0 || (seals & REQUIRED_SEALS) != REQUIRED_SEALS) {
+    snprintf(err, errlen, "%s must be sealed against shrinking and growing", what);
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  return CCS_OK;
+}
+
 ccs_result_t ccsd_membuf_register(struct session *s, int fd, struct membuf **ret, char *err,
                                   size_t errlen) {
   struct stat st;

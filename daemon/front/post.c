@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "front/front.h"
+#include "journal.h"
 
 void ccsd_client_post_free(struct client_post *cp) {
   ccsd_membuf_unref(cp->sendbuf);
@@ -31,6 +32,11 @@ static void reply(struct post *p, ccs_result_t status, const char *error) {
 
 static void note(struct post *p, const char *info) { ccsd_submission_note(of(p)->sub, info); }
 
+static void started(struct post *p) {
+  struct submission *sub = of(p)->sub;
+  ccsd_journal_mark(sub->session, sub->req_id, sub->via_ring, CCS__JOURNAL_STARTED);
+}
+
 static void release(struct post *p) { ccsd_client_post_free(of(p)); }
 
-const struct post_ops ccsd_client_post_ops = {reply, note, release};
+const struct post_ops ccsd_client_post_ops = {started, reply, note, release};

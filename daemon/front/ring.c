@@ -38,7 +38,6 @@ struct ring {
  * others by their weights), and then gives way to the sockets. */
 #define BATCHES_PER_ROUND 16
 
-#define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 
 static void on_bell(uv_poll_t *h, int status, int events) {
   (void)events;
@@ -77,21 +76,13 @@ static int is_eventfd(int fd) {
 }
 
 static ccs_result_t check_fds(int memfd, int bell, char *err, size_t errlen) {
-  struct stat st;
-  int seals = memfd >= 0 ? fcntl(memfd, F_GET_SEALS) : -1;
   if (memfd < 0 || bell < 0) {
     snprintf(err, errlen, "a RingSetup takes two file descriptors: the rings' memfd, then the "
              "doorbell's eventfd");
     return CCS_ERR_INVALID_ARGUMENT;
   }
-  if (fstat(memfd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != CCS__RING_BYTES) {
-    snprintf(err, errlen, "the rings' memfd must hold exactly %zu bytes", (size_t)CCS__RING_BYTES);
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
-  if (seals < 0 || (seals & REQUIRED_SEALS) != REQUIRED_SEALS) {
-    snprintf(err, errlen, "the rings' memfd must be sealed against shrinking and growing");
-    return CCS_ERR_INVALID_ARGUMENT;
-  }
+  ccs_result_t rc = ccsd_memfd_check(memfd, CCS__RING_BYTES, "the rings' memfd", err, errlen);
+  if (rc != CCS_OK) return rc;
   if (!is_eventfd(bell)) {
     snprintf(err, errlen, "the doorbell must be an eventfd");
     return CCS_ERR_INVALID_ARGUMENT;
@@ -119,7 +110,7 @@ void ccsd_ring_setup(struct session *s, uint64_t id) {
     rc = CCS_ERR_NO_MEMORY;
   }
   const struct ccs__ring_shared *sh = map;
-  if (rc == CCS_OK && (sh->magic != CCS__RING_MAGIC || sh->protocol != CCS__PROTOCOL_VERSION ||
+  if (rc == CCS_OK && (sh->magic != CCS__RING_MAGIC || !ccs__protocol_served(sh->protocol) ||
                        sh->entries != CCS__RING_ENTRIES || sh->batch_max != CCS__RING_BATCH_MAX)) {
     snprintf(err, sizeof(err), "the rings are not laid out as this daemon's (protocol %u, %u "
              "entries, batches of %u)", CCS__PROTOCOL_VERSION, CCS__RING_ENTRIES, CCS__RING_BATCH_MAX);
@@ -267,7 +258,7 @@ static void futex_wake_all(_Atomic uint32_t *word) {
 
 void ccsd_ring_complete(struct session *s, uint64_t req_id, ccs_result_t status, const char *error) {
   struct ring *r = s->ring;
-  if (!r) return;
+  if (!r || s->d->stopping) return; /* as ccsd_session_send */
   struct ccs__ring_shared *sh = r->sh;
   /* the client takes completions before it submits more than the ring holds */
   if (r->done_tail - atomic_load_explicit(&sh->done_head, memory_order_acquire) >= CCS__RING_ENTRIES) {

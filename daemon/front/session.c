@@ -142,6 +142,7 @@ void ccsd_session_close(struct session *s, const char *why) {
   }
   ccsd_submission_orphan_all(s);
   ccsd_ring_close(s);
+  ccsd_journal_close(s);
   LIST_FOREACH_SAFE(it, tmp, &s->buffers) {
     ccsd_membuf_deregister(LIST_ENTRY(it, struct membuf, link));
   }
@@ -176,7 +177,9 @@ static int flush(struct session *s) {
 }
 
 int ccsd_session_send(struct session *s, const Ccs__Reply *reply) {
-  if (s->closing) return -1;
+  /* A stopping daemon says nothing more: what it would say now (calls
+   * failed by its own stopping) is no answer; its clients rejoin. */
+  if (s->closing || s->d->stopping) return -1;
   size_t len;
   uint8_t *frame = ccs__frame_pack_max(&reply->base, CCS__REPLY_MAX, &len);
   if (!frame) { /* the call fails with why, never waits for a reply that never comes */

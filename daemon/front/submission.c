@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "front/front.h"
+#include "base/failpoint.h"
+#include "journal.h"
 
 struct submission *ccsd_submission_new(struct session *s, uint64_t req_id, int nposts, int via_ring) {
   struct submission *sub = calloc(1, sizeof(*sub));
@@ -28,6 +30,10 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
   }
   if (sub->ndone < sub->nposts) return;
   sub->d->ring_calls_open -= sub->via_ring != 0;
+  /* done, whether or not the answer gets there (docs/restart.md) */
+  if (sub->status == CCS_OK)
+    ccsd_journal_mark(sub->session, sub->req_id, sub->via_ring, CCS__JOURNAL_FINISHED);
+  if (sub->session) ccsd_failpoint("answer");
   if (sub->session && sub->via_ring) {
     list_remove(&sub->link);
     ccsd_ring_complete(sub->session, sub->req_id, sub->status, sub->error);
@@ -38,13 +44,36 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
     r.status = sub->status;
     r.error = sub->error ? sub->error : "";
     r.info = sub->info ? sub->info : "";
-    if (sub->comm_handle && sub->status == CCS_OK) {
+    const struct client_comm *cc = sub->comm_handle ? ccsd_client_comm_find(sub->session, sub->comm_handle) : NULL;
+    const struct member *member = cc ? cc->member : NULL;
+    const struct coll_rejoin *rj = member ? member->rejoin : NULL;
+    Ccs__Verdict *verdicts = rj ? calloc(rj->n, sizeof(*verdicts)) : NULL;
+    Ccs__Verdict **vs = rj ? calloc(rj->n, sizeof(*vs)) : NULL;
+    if (rj && (!verdicts || !vs)) { /* no verdicts, no rejoin */
+      r.status = CCS_ERR_NO_MEMORY;
+      r.error = "out of memory";
+    }
+    if (sub->comm_handle && r.status == CCS_OK) {
       init.comm = sub->comm_handle;
+      if (member) {
+        init.id.data = member->comm->id_bytes;
+        init.id.len = sizeof(member->comm->id_bytes);
+        init.spans = member->comm->spans != 0;
+      }
+      for (size_t i = 0; rj && i < rj->n; i++) {
+        ccs__verdict__init(&verdicts[i]);
+        verdicts[i].finished = rj->ch[i].finished;
+        verdicts[i].retry_from = rj->ch[i].retry_from;
+        vs[init.n_verdicts++] = &verdicts[i];
+      }
+      init.verdicts = vs;
       r.body_case = CCS__REPLY__BODY_COMM_INIT;
       r.comm_init = &init;
     }
     list_remove(&sub->link);
     ccsd_session_send(sub->session, &r);
+    free(verdicts);
+    free(vs);
   }
   free(sub->error);
   free(sub->info);

@@ -17,12 +17,19 @@
  * SEND and RECV tasks never pass through these threads: the network thread
  * takes them itself, at once when its own completion made them ready, or
  * after one hand-over per batch when a computation or the op's start did. */
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/clock.h"
+#include "base/failpoint.h"
 #include "base/fair.h"
 #include "base/log.h"
 #include "run/engine_run.h"
@@ -48,6 +55,7 @@ struct executor {
   uv_async_t async;
   pthread_t *threads;
   int nthreads;
+  enum executor_priority priority;
   int stop;
   int running;                  /* tasks claimed, not finished (under mu) */
   _Atomic uint64_t tasks_done;  /* ever: what the watchdog watches */
@@ -156,8 +164,18 @@ static void wait_until(struct executor *e, uint64_t when_ns) {
   pthread_cond_timedwait(&e->cv, &e->mu, &ts);
 }
 
+/* The calling thread's place in the kernel's scheduling (executor.h). */
+static void set_priority(enum executor_priority prio) {
+  if (prio == EXECUTOR_LOW && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10))
+    LOG_WARN("executor thread: nice 10: %s", strerror(errno));
+  struct sched_param none = {0};
+  if (prio == EXECUTOR_IDLE && pthread_setschedparam(pthread_self(), SCHED_IDLE, &none))
+    LOG_WARN("executor thread: SCHED_IDLE refused");
+}
+
 static void *worker(void *arg) {
   struct executor *e = arg;
+  set_priority(e->priority);
   pthread_mutex_lock(&e->mu);
   for (;;) {
     size_t task;
@@ -174,6 +192,7 @@ static void *worker(void *arg) {
     uint64_t t0 = ccsd_now_ns();
     if (!atomic_load_explicit(&x->cancelled, memory_order_relaxed))
       engine_run_task(&x->plan, task, x->streaming);
+    ccsd_failpoint("task");
     uint64_t took = ccsd_now_ns() - t0;
     atomic_fetch_add(&e->busy_ns, took);
     pthread_mutex_lock(&e->mu);
@@ -223,9 +242,10 @@ void ccsd_executor_set_handover(struct executor *e, void (*fn)(void *arg, struct
   e->handover_arg = arg;
 }
 
-struct executor *ccsd_executor_new(uv_loop_t *loop, int threads) {
+struct executor *ccsd_executor_new(uv_loop_t *loop, int threads, enum executor_priority prio) {
   struct executor *e = calloc(1, sizeof(*e));
   if (!e) return NULL;
+  e->priority = prio;
   pthread_mutex_init(&e->mu, NULL);
   pthread_condattr_t attr; /* caps wait on the clock tasks are timed by */
   pthread_condattr_init(&attr);

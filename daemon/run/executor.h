@@ -12,7 +12,12 @@
 
 struct executor;
 
-struct executor *ccsd_executor_new(uv_loop_t *loop, int threads);
+/* How the kernel schedules the executor's threads against every other
+ * thread of the machine (the loop's, the ranks'): as they are, below them
+ * (nice 10), or only when a CPU has nothing else to run (SCHED_IDLE). */
+enum executor_priority { EXECUTOR_NORMAL, EXECUTOR_LOW, EXECUTOR_IDLE };
+
+struct executor *ccsd_executor_new(uv_loop_t *loop, int threads, enum executor_priority prio);
 /* Joins the threads, completes every op still held (cancelled), and frees
  * the executor once the loop has closed its handle. */
 void ccsd_executor_stop(struct executor *e);

@@ -44,7 +44,7 @@ struct device {
   char name[96];
 };
 
-/* Device memory the pool let go, freed on the watchdog: cudaFree waits for
+/* Device memory the pool let go, freed on the reaper thread: cudaFree waits for
  * the device, which may be busy with other tenants' work. */
 struct dead_mem {
   struct dead_mem *next;

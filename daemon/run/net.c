@@ -59,6 +59,10 @@ struct pconn {
   struct tconn *tc;
   char addr[CCSD_ADDR_MAX]; /* the peer's, once known */
   int got_hello, is_data, outbound;
+  /* control: dialled as one, or the peer's first word after its greeting
+   * was not a data header. An inbound connection between the two may
+   * still be the peer's data connection: no control message goes on it. */
+  int is_control;
   uint8_t want[CCS__NAME_BYTES]; /* data, before its comm is known here */
   int waiting_comm, want_lane;
   struct net_comm *nc; /* data: the comm, node and lane it serves */
@@ -217,6 +221,7 @@ static int hello(struct peers *p, struct pconn *c) {
   Ccs__PeerHello h = CCS__PEER_HELLO__INIT;
   h.protocol = CCS__PROTOCOL_VERSION;
   h.addr = p->self;
+  h.transport = (char *)p->ops->name;
   m.body_case = CCS__PEER_MSG__BODY_HELLO;
   m.hello = &h;
   return send_msg(p, c, &m);
@@ -232,6 +237,7 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr, 
   c->node = -1;
   snprintf(c->addr, sizeof(c->addr), "%s", addr ? addr : "");
   c->outbound = addr != NULL; /* we dialled it */
+  c->is_control = c->outbound && !data;
   c->opened = c->last_rx = now_s();
   c->rx_cap = data ? DATA_CONTROL_MAX : CONTROL_MAX;
   list_insert_tail(&p->conns, &c->link);
@@ -270,7 +276,7 @@ static struct pconn *control_to(struct peers *p, const char *addr) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);
-    if (!c->is_data && !strcmp(c->addr, addr)) return c;
+    if (c->is_control && !strcmp(c->addr, addr)) return c;
   }
   char err[256];
   struct tconn *tc;
@@ -670,24 +676,30 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
   } else if (!c->got_hello) {
     if (m->body_case != CCS__PEER_MSG__BODY_HELLO) {
       bad = "no greeting first";
-    } else if (m->hello->protocol != CCS__PROTOCOL_VERSION) {
+    } else if (!ccs__protocol_served(m->hello->protocol)) {
       snprintf(text, sizeof(text), "protocol %u, this daemon speaks %u: refused", m->hello->protocol,
                CCS__PROTOCOL_VERSION);
       bad = text;
     } else if (strlen(m->hello->addr) >= CCSD_ADDR_MAX || !ccs_addr_is_numeric(m->hello->addr)) {
       bad = "a greeting without a numeric address";
+    } else if (strcmp(*m->hello->transport ? m->hello->transport : "tcp", p->ops->name)) {
+      snprintf(text, sizeof(text), "it moves data by transport %.16s, this daemon by %s: set the same "
+               "transport on every daemon", *m->hello->transport ? m->hello->transport : "tcp", p->ops->name);
+      bad = text;
     } else {
       c->got_hello = 1;
       if (!c->addr[0]) snprintf(c->addr, sizeof(c->addr), "%s", m->hello->addr);
     }
   } else if (m->body_case == CCS__PEER_MSG__BODY_DATA) {
-    if (c->is_data || accept_data(p, c, m->data)) bad = "a data connection for no communicator here";
+    if (c->is_data || c->is_control || accept_data(p, c, m->data))
+      bad = "a data connection for no communicator here";
   } else if (m->body_case == CCS__PEER_MSG__BODY_HEARTBEAT) {
-    /* last_rx is all it is for */
+    c->is_control |= !c->is_data; /* last_rx is all it is for */
   } else if (c->is_data) {
     bad = "a control message on a data connection";
   } else if (m->body_case == CCS__PEER_MSG__BODY_JOIN || m->body_case == CCS__PEER_MSG__BODY_READY ||
              m->body_case == CCS__PEER_MSG__BODY_FAIL || m->body_case == CCS__PEER_MSG__BODY_OP) {
+    c->is_control = 1;
     emit(p, c->addr, m, NULL);
     m = NULL;
   } else {
@@ -706,7 +718,12 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
     c->rx = NULL;
     c->rx_cap = DATA_CONTROL_MAX;
   }
-  if (post_control_recv(p, c)) drop_conn(p, c, "out of memory");
+  int rc = post_control_recv(p, c);
+  if (rc) { /* the transport's word: a dead connection refuses the next receive */
+    char why[160];
+    snprintf(why, sizeof(why), "connection lost: %s", failure_text(rc));
+    drop_conn(p, c, why);
+  }
 }
 
 /* Failures that say something about the other end, once per connection. */
@@ -1071,6 +1088,28 @@ static void peers_free(struct peers *p) {
   free(p);
 }
 
+/* The transport as configured; for auto, verbs where a port is active and
+ * TCP where not, the reason said. */
+static struct transport *open_transport(struct peers *p, const struct transport_params *params, char *err,
+                                        size_t errlen) {
+  int automatic = !strcmp(p->opt.transport, "auto");
+  p->ops = ccs_transport_find(automatic ? "ib" : p->opt.transport);
+  struct transport *t = p->ops ? p->ops->open(params, err, errlen) : NULL;
+  if (!t && automatic) {
+    LOG_INFO(CCS_LOG_INIT, "transport auto: tcp, as %s", p->ops ? err : "built without rdma-core");
+    p->ops = &ccs_transport_tcp;
+    t = p->ops->open(params, err, errlen);
+  } else if (!p->ops) {
+    snprintf(err, errlen, "no transport called '%s'", p->opt.transport);
+  }
+  if (t) {
+    char what[256];
+    p->ops->describe(t, what, sizeof(what));
+    LOG_INFO(CCS_LOG_INIT, "between daemons: %s", what);
+  }
+  return t;
+}
+
 static struct peers *start_failed(struct peers *p) {
   peers_free(p);
   return NULL;
@@ -1088,10 +1127,6 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   pthread_mutex_init(&p->mu, NULL);
   pthread_mutex_init(&p->drive, NULL);
   p->loop_thread = pthread_self();
-  if (!(p->ops = ccs_transport_find(opt->transport))) { /* the config checked it */
-    LOG_ERROR("no transport called '%s'", opt->transport);
-    return start_failed(p);
-  }
   list_init(&p->cmds);
   list_init(&p->handovers);
   list_init(&p->taken);
@@ -1106,12 +1141,15 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
       .unexpected_per_conn = opt->unexpected_bytes,
       .unexpected_total = opt->unexpected_total,
       .greeting_timeout_s = opt->peer_timeout_s,
+      .ib_library = opt->ib_library,
+      .ib_devices = opt->ib_devices,
+      .ib_gid_index = opt->ib_gid_index,
   };
   if (ccs_auth_read_key(opt->cluster_key_file, params.key, err, sizeof(err))) {
     LOG_ERROR("listen needs the cluster key: %s", err);
     return start_failed(p);
   }
-  p->t = p->ops->open(&params, err, sizeof(err));
+  p->t = open_transport(p, &params, err, sizeof(err));
   ccs_auth_wipe_key(&params);
   if (!p->t || p->ops->listen(p->t, opt->listen, bound, boundlen, err, sizeof(err))) {
     LOG_ERROR("daemons' port: %s", err);

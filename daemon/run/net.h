@@ -33,7 +33,9 @@ struct net_comm;
 
 /* What the network side is started with (the daemon's settings). */
 struct peers_options {
-  char transport[16];            /* by name (transport.h: ccs_transport_find) */
+  char transport[16];            /* by name (transport.h: ccs_transport_find), or "auto" */
+  const char *ib_library, *ib_devices; /* transport_params' */
+  int ib_gid_index;
   char listen[CCSD_ADDR_MAX];    /* HOST:PORT */
   char advertise[CCSD_ADDR_MAX]; /* or empty */
   const char *cluster_key_file;

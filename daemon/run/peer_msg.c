@@ -20,6 +20,7 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     j.uid = m->join.uid;
     j.pid = m->join.pid;
     j.algo = (char *)m->join.algo;
+    j.label = (char *)(m->join.label ? m->join.label : "");
     w.body_case = CCS__PEER_MSG__BODY_JOIN, w.join = &j;
     break;
   case PEER_READY:
@@ -34,6 +35,7 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     f.name = bytes(m->fail.name, m->fail.name_len);
     f.status = m->fail.status;
     f.error = (char *)m->fail.error;
+    f.refused_rank = m->fail.refused_rank;
     w.body_case = CCS__PEER_MSG__BODY_FAIL, w.fail = &f;
     break;
   case PEER_OP:
@@ -60,7 +62,8 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
   case CCS__PEER_MSG__BODY_JOIN:
     ret->kind = PEER_JOIN;
     ret->join = (struct peer_join){w->join->id.data, w->join->id.len, w->join->nranks, w->join->rank,
-                                   w->join->uid,     w->join->pid,    w->join->algo};
+                                   w->join->uid,     w->join->pid,    w->join->algo,
+                                   w->join->label};
     break;
   case CCS__PEER_MSG__BODY_READY:
     ret->kind = PEER_READY;
@@ -71,7 +74,7 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
   case CCS__PEER_MSG__BODY_FAIL:
     ret->kind = PEER_FAIL;
     ret->fail = (struct peer_fail){w->fail->name.data, w->fail->name.len, w->fail->status,
-                                   w->fail->error};
+                                   w->fail->error, w->fail->refused_rank};
     break;
   case CCS__PEER_MSG__BODY_OP:
     ret->kind = PEER_OP;

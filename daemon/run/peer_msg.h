@@ -18,6 +18,7 @@ struct peer_join {
   uint32_t uid; /* the joining process's uid, vouched for by its daemon */
   int32_t pid;
   const char *algo;
+  const char *label; /* a comm by name: that name, for texts only */
 };
 
 /* every rank arrived: rank r is served by the daemon at addrs[r] */
@@ -35,6 +36,7 @@ struct peer_fail {
   size_t name_len;
   int32_t status;
   const char *error;
+  uint32_t refused_rank; /* rank + 1: that rank's join alone refused; 0: the comm failed */
 };
 
 /* what this daemon's ranks called as op #seq */

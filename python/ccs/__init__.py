@@ -42,9 +42,26 @@ class _UniqueId(ctypes.Structure):
 _c = ctypes.c_void_p
 _sz = ctypes.c_size_t
 _i = ctypes.c_int
+
+
+class _Config(ctypes.Structure):  # ccs_comm_config_t
+    _fields_ = [("size", _sz), ("priority", _i)]
+
+
+# a comm's class within its user's share (ccs_priority_t)
+PRIORITIES = {None: -1, "normal": 0, "latency": 1, "bulk": 2}
+
+
+def _config(priority):
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority {priority!r}: one of 'latency', 'normal', 'bulk' (or None)")
+    return ctypes.byref(_Config(ctypes.sizeof(_Config), PRIORITIES[priority]))
+
+
 for _name, _args in {
     "ccs_get_unique_id": [ctypes.POINTER(_UniqueId)],
     "ccs_comm_init_rank": [ctypes.POINTER(_c), _i, _UniqueId, _i],
+    "ccs_comm_init_rank_config": [ctypes.POINTER(_c), _i, _UniqueId, _i, _c],
     "ccs_comm_init_named": [ctypes.POINTER(_c), ctypes.c_char_p, _i, _i],
     "ccs_comm_init_from_env": [ctypes.POINTER(_c)],
     "ccs_comm_destroy": [_c], "ccs_comm_abort": [_c],
@@ -64,6 +81,8 @@ for _name, _args in {
     "ccs_comm_split": [_c, _i, _i, ctypes.POINTER(_c), _c],
     "ccs_comm_shrink": [_c, ctypes.POINTER(_i), _i, ctypes.POINTER(_c), _i],
     "ccs_comm_revoke": [_c],
+    "ccs_comm_grow": [_c, _i, _UniqueId, _i, ctypes.POINTER(_c)],
+    "ccs_comm_finalize": [_c],
 }.items():
     _f = getattr(_lib, _name)
     _f.argtypes = _args
@@ -98,7 +117,7 @@ try:
 
     _DTYPES.update({np.dtype(ml_dtypes.bfloat16): 7, np.dtype(ml_dtypes.float8_e4m3fn): 10,
                     np.dtype(ml_dtypes.float8_e5m2): 11})
-except ImportError:
+except Exception:  # absent, or built for another NumPy: those types are not offered
     pass
 
 
@@ -131,15 +150,18 @@ def get_unique_id():
 
 class Comm:
     """A communicator. ``Comm(rank, nranks, uid)`` joins by unique id;
-    :meth:`named` and :meth:`from_env` find the other ranks by name."""
+    :meth:`named` and :meth:`from_env` find the other ranks by name.
+    ``priority`` ('latency', 'normal', 'bulk'; None: CCS_PRIORITY, else
+    normal) is its class within its user's share of the daemon."""
 
-    def __init__(self, rank=None, nranks=None, uid=None, *, _handle=None):
+    def __init__(self, rank=None, nranks=None, uid=None, *, priority=None, _handle=None):
         if _handle is None:
             if uid is None or len(uid) != UNIQUE_ID_BYTES:
                 raise ValueError("a 128-byte unique id (get_unique_id) is needed")
             handle = ctypes.c_void_p()
             cuid = _UniqueId.from_buffer_copy(bytes(uid))
-            _check(_lib.ccs_comm_init_rank(ctypes.byref(handle), nranks, cuid, rank))
+            _check(_lib.ccs_comm_init_rank_config(ctypes.byref(handle), nranks, cuid, rank,
+                                                  _config(priority)))
             _handle = handle
         self._h = _handle
         n, r = _i(), _i()
@@ -183,11 +205,12 @@ class Comm:
         if getattr(self, "_h", None):
             _lib.ccs_comm_destroy(self._h)
 
-    def split(self, color, key=0):
+    def split(self, color, key=0, priority=None):
         """Collective: a new Comm of the ranks of this color, ranked by key
-        (None for color None)."""
+        (None for color None); its priority this one's unless given."""
         h = ctypes.c_void_p()
-        _check(_lib.ccs_comm_split(self._h, -1 if color is None else color, key, ctypes.byref(h), None), self._h)
+        _check(_lib.ccs_comm_split(self._h, -1 if color is None else color, key, ctypes.byref(h),
+                                   _config(priority)), self._h)
         return Comm(_handle=h) if h.value else None
 
     def shrink(self, exclude=(), abort=False):
@@ -200,6 +223,26 @@ class Comm:
     def revoke(self):
         """Every rank's pending and later ops fail with CCS_ERR_REVOKED."""
         _check(_lib.ccs_comm_revoke(self._h), self._h)
+
+    def grow(self, nranks, uid):
+        """A Comm of nranks under the new unique id `uid`: this comm's ranks
+        keep their ranks, newcomers join with :meth:`join_grown`."""
+        h = ctypes.c_void_p()
+        _check(_lib.ccs_comm_grow(self._h, nranks, _UniqueId.from_buffer_copy(bytes(uid)), 0,
+                                  ctypes.byref(h)), self._h)
+        return Comm(_handle=h)
+
+    @classmethod
+    def join_grown(cls, nranks, uid, rank):
+        """A newcomer's rank of a comm that others grow (:meth:`grow`)."""
+        h = ctypes.c_void_p()
+        _check(_lib.ccs_comm_grow(None, nranks, _UniqueId.from_buffer_copy(bytes(uid)), rank,
+                                  ctypes.byref(h)))
+        return cls(_handle=h)
+
+    def finalize(self):
+        """Waits for this comm's calls in flight; raises their first failure."""
+        _check(_lib.ccs_comm_finalize(self._h), self._h)
 
     def async_error(self):
         """None, or the :class:`Error` that ended the communicator."""

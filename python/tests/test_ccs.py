@@ -230,3 +230,88 @@ def check_split(comm):
 
 def test_split(daemon):
     run(3, check_split)
+
+
+def check_priorities(comm, priority):
+    n, r = comm.nranks, comm.rank
+    x = np.full(9, r + 1, np.int32)
+    comm.all_reduce(x)
+    np.testing.assert_array_equal(x, n * (n + 1) // 2)
+    sub = comm.split(0, priority="bulk")  # every rank, another class
+    y = np.full(3, r, np.int64)
+    sub.all_reduce(y)
+    np.testing.assert_array_equal(y, n * (n - 1) // 2)
+    sub.destroy()
+    with pytest.raises(ValueError):
+        comm.split(0, priority="urgent")
+
+
+@pytest.mark.parametrize("priority", ["latency", "normal", "bulk"])
+def test_priorities(daemon, priority):
+    uid = ccs.get_unique_id()
+    ctx = mp.get_context("fork")
+
+    def rank_main(r):
+        with ccs.Comm(r, 2, uid, priority=priority) as comm:
+            check_priorities(comm, priority)
+
+    procs = [ctx.Process(target=rank_main, args=(r,)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    with pytest.raises(ValueError):
+        ccs.Comm(0, 1, uid, priority="urgent")
+
+
+def narrow_inputs(rank, n, dtype, salt):
+    """Small integers and halves every narrow type holds, whose sums over a
+    few ranks it holds too (float8 e5m2: 2 bits of significand)."""
+    rng = np.random.default_rng([SEED, rank, salt])
+    return (rng.integers(-2, 3, size=n) / 2).astype(dtype)
+
+
+def check_narrow(comm, dtype):
+    n, r = comm.nranks, comm.rank
+    for salt, op in enumerate((ccs.SUM, ccs.MAX, ccs.MIN)):
+        x = narrow_inputs(r, 65, dtype, salt)
+        y = np.empty_like(x)
+        comm.all_reduce(x, y, op)
+        want = reference(op, [narrow_inputs(k, 65, dtype, salt) for k in range(n)]).astype(dtype)
+        np.testing.assert_array_equal(y.view(np.uint8), want.view(np.uint8))  # bit for bit
+
+
+def test_narrow_floats(daemon):
+    """bfloat16 and both float8s through ml_dtypes' NumPy types (the
+    packaged run installs ml_dtypes; the in-tree run deselects this)."""
+    import ml_dtypes
+
+    for dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        run(3, check_narrow, dtype)
+
+
+def test_grow_and_finalize(daemon):
+    """Two ranks grow their comm by a newcomer (rank 2); every rank checks
+    an all_reduce on the grown comm, then finalizes."""
+    uid, grown = ccs.get_unique_id(), ccs.get_unique_id()
+    ctx = mp.get_context("fork")
+
+    def rank_main(r):
+        if r < 2:
+            with ccs.Comm(r, 2, uid) as comm:
+                big = comm.grow(3, grown)
+        else:
+            big = ccs.Comm.join_grown(3, grown, 2)
+        x = np.full(5, big.rank + 1, np.int64)
+        big.all_reduce(x)
+        np.testing.assert_array_equal(x, 6)
+        big.finalize()
+        big.destroy()
+
+    procs = [ctx.Process(target=rank_main, args=(r,)) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]

@@ -3,6 +3,9 @@
  *   latency ITERS all_reduce|barrier NP   one row: its median alone
  *   latency ITERS stream NP               8 B all_reduce back to back on a
  *                                         host stream: rank 0's calls per second
+ *   latency ITERS idle NP                 the ranks' CPU time (% of a CPU, all
+ *                                         ranks together) over the 2 s from 1 s
+ *                                         after their last 8 B all_reduce
  * With CCS_SOCKETS=A:B:... rank r talks to daemon r % (their number)
  * (ranks across daemons); the unique id comes from CCS_SOCKET's.
  * Rows: a bare Unix-socket round trip between two processes; a 1-rank
@@ -13,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -76,12 +80,14 @@ static void use_daemon_of(int rank) {
 typedef double (*rank_fn)(ccs_comm_t *comm, int rank, int iters, int arg);
 
 /* Forks n ranks (each on its daemon, use_daemon_of) that join one comm
- * and run fn; rank 0's result, or -1. */
-static double run_ranks(int n, rank_fn fn, int iters, int arg) {
+ * and run fn; rank 0's result (the sum of all ranks' when `sum`), or -1. */
+static double run_ranks_of(int n, rank_fn fn, int iters, int arg, int sum) {
   ccs_unique_id_t id;
   if (ccs_get_unique_id(&id) != CCS_OK) return -1;
-  double *shared = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  *shared = -1;
+  size_t size = 16 * sizeof(double);
+  double *shared = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) return -1;
+  for (int r = 0; r < 16; r++) shared[r] = -1;
   pid_t pids[16];
   for (int r = 0; r < n; r++) {
     if ((pids[r] = fork()) != 0) continue;
@@ -89,15 +95,18 @@ static double run_ranks(int n, rank_fn fn, int iters, int arg) {
     ccs_comm_t *comm;
     if (ccs_comm_init_rank(&comm, n, id, r) != CCS_OK) _exit(1);
     double v = fn(comm, r, iters, arg);
-    if (r == 0) *shared = v;
+    shared[r] = v;
     ccs_comm_destroy(comm);
     _exit(v < 0);
   }
   for (int r = 0; r < n; r++) waitpid(pids[r], NULL, 0);
-  double m = *shared;
-  munmap(shared, sizeof(double));
+  double m = shared[0];
+  for (int r = 1; sum && r < n && m >= 0; r++) m = shared[r] < 0 ? -1 : m + shared[r];
+  munmap(shared, size);
   return m;
 }
+
+static double run_ranks(int n, rank_fn fn, int iters, int arg) { return run_ranks_of(n, fn, iters, arg, 0); }
 
 /* The median time of the op (a barrier when arg, else an 8 B all_reduce). */
 static double median_call(ccs_comm_t *comm, int rank, int iters, int barrier) {
@@ -134,6 +143,25 @@ static double stream_rate(ccs_comm_t *comm, int rank, int iters, int arg) {
   return rate;
 }
 
+static double cpu_s(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u); /* every thread of the rank: the library's too */
+  return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+/* % of a CPU this rank used over the 2 s from 1 s after its last op (the
+ * comm still open, as between a job's phases). */
+static double idle_cpu(ccs_comm_t *comm, int rank, int iters, int arg) {
+  if (median_call(comm, rank, iters, 0) < 0) return -1;
+  (void)arg;
+  sleep(1);
+  double t0 = cpu_s();
+  sleep(2);
+  double pct = (cpu_s() - t0) / 2 * 100;
+  sleep(1); /* the daemon is measured over the same 2 s: nothing ends in them */
+  return pct;
+}
+
 static double ccs_median(int n, int barrier, int iters) { return run_ranks(n, median_call, iters, barrier); }
 
 int main(int argc, char **argv) {
@@ -143,6 +171,10 @@ int main(int argc, char **argv) {
     if (iters < 1 || n < 1 || n > 16) return 2;
     if (!strcmp(argv[2], "stream")) {
       printf("%.0f\n", run_ranks(n, stream_rate, iters, 0));
+      return 0;
+    }
+    if (!strcmp(argv[2], "idle")) {
+      printf("%.3f\n", run_ranks_of(n, idle_cpu, iters, 0, 1));
       return 0;
     }
     printf("%.2f\n", ccs_median(n, !strcmp(argv[2], "barrier"), iters));

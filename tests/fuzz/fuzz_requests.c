@@ -32,6 +32,7 @@
 #include "frames.h"
 #include "fuzz_daemon.h"
 #include "fuzz_input.h"
+#include "journal.h"
 #include "ring.h"
 
 enum { CLIENTS = 3, IDS = 4, KNOWN = 8, GROUPS = 5, PENDING = 64, BUF_BYTES = 64 << 10 };
@@ -46,10 +47,11 @@ struct op_note {
 };
 
 /* A request this harness waits for the answer of. */
-enum { P_INIT = 1, P_REG, P_OPS, P_RING };
+enum { P_INIT = 1, P_REG, P_OPS, P_RING, P_JOURNAL };
 struct pending {
   uint64_t req;
   int what, group, rank;
+  int rejoin; /* a P_INIT that brought a rejoin's report */
   uint64_t epoch; /* the step that waits for it; 0: none does */
   struct op_note op;
 };
@@ -82,7 +84,7 @@ static struct group groups[GROUPS];
 static struct {
   uint64_t kind[CCS__COLL_KIND_COUNT], dtype[CCS_DTYPE_COUNT], redop[CCS_REDOP_COUNT];
   uint64_t root_not_0, count_0, count_large, in_place, out_of_place, ring, socket, algo, ranks_3,
-      mismatch, registered, fuzzed_init;
+      mismatch, registered, fuzzed_init, rejoined, journal;
 } reach;
 
 static void note_done(const struct op_note *o, ccs_result_t status) {
@@ -137,6 +139,8 @@ int fuzz_replay_done(void) {
   NEED("a mismatch", reach.mismatch);
   NEED("a buffer registered (an fd passed)", reach.registered);
   NEED("a comm joined with fuzzed fields", reach.fuzzed_init);
+  NEED("a comm rejoined with a fuzzed report (and its verdicts)", reach.rejoined);
+  NEED("a journal set up", reach.journal);
 #undef NEED
   fprintf(stderr, "fuzz_requests: %llu ops completed; %s\n",
           (unsigned long long)(reach.socket + reach.ring), missing ? "parts never reached" : "every part reached");
@@ -171,6 +175,8 @@ static void answered(struct client *c, struct pending *p, ccs_result_t status, u
     groups[p->group].joined++;
   }
   if (p->what == P_INIT && status == CCS_OK && p->group < 0) reach.fuzzed_init++;
+  if (p->what == P_INIT && status == CCS_OK && p->rejoin) reach.rejoined++;
+  if (p->what == P_JOURNAL && status == CCS_OK) reach.journal++;
   if (p->what == P_REG && status == CCS_OK) reach.registered++;
   if (p->what == P_OPS || p->what == P_RING) note_done(&p->op, status);
 }
@@ -301,9 +307,10 @@ static const char *const algos[] = {"", "ring", "all_reduce:tree:0-64K;ring", ":
 
 static uint64_t send_comm_init(struct client *c, const struct ccs__unique_id *id, size_t id_len,
                                uint32_t nranks, uint32_t rank, uint32_t timeout_ms, const char *algo,
-                               int debug) {
+                               int debug, Ccs__Rejoin *rejoin) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__CommInit ci = CCS__COMM_INIT__INIT;
+  ci.rejoin = rejoin;
   uint8_t bytes[256] = {0}; /* an id, and room for a length that is not one */
   memcpy(bytes, id, sizeof(*id));
   ci.id.data = bytes;
@@ -327,9 +334,55 @@ static void comm_init(struct fuzz_input *in, struct client *c) {
   char text[64];
   const char *algo = algos[fuzz_u8(in) % (sizeof(algos) / sizeof(algos[0]))];
   if (fuzz_u8(in) % 8 == 0) algo = fuzz_string(in, text, sizeof(text));
-  uint64_t req = send_comm_init(c, &ids[k], len, nranks, rank, timeout_ms, algo, fuzz_u8(in) & 1);
+  /* a rank back after a restart: what it says of its channels, fuzzed
+   * (peers out of range, twice the same, more calls than a journal holds) */
+  enum { CHANNELS = 6, FLAGS = 24 };
+  Ccs__Rejoin rejoin = CCS__REJOIN__INIT;
+  Ccs__Channel chans[CHANNELS], *chan_ptrs[CHANNELS];
+  protobuf_c_boolean flags[CHANNELS][FLAGS];
+  int rejoining = fuzz_u8(in) % 3 == 0;
+  if (rejoining) {
+    rejoin.n_channels = fuzz_u8(in) % (CHANNELS + 1);
+    rejoin.channels = chan_ptrs;
+    for (size_t i = 0; i < rejoin.n_channels; i++) {
+      ccs__channel__init(&chans[i]);
+      chan_ptrs[i] = &chans[i];
+      chans[i].peer = fuzz_u8(in) % 4 ? (int32_t)(fuzz_u8(in) % 5) - 1 : (int32_t)fuzz_u32(in);
+      chans[i].send = fuzz_u8(in) & 1;
+      chans[i].done = fuzz_u8(in) % 4 ? fuzz_u8(in) : fuzz_u64(in);
+      chans[i].n_must_retry = fuzz_u8(in) % (FLAGS + 1);
+      chans[i].must_retry = flags[i];
+      for (size_t f = 0; f < chans[i].n_must_retry; f++) flags[i][f] = fuzz_u8(in) & 1;
+    }
+  }
+  uint64_t req = send_comm_init(c, &ids[k], len, nranks, rank, timeout_ms, algo, fuzz_u8(in) & 1,
+                                rejoining ? &rejoin : NULL);
   struct pending *p = pending_add(c, req, P_INIT);
-  if (p) p->group = -1, p->epoch = 0; /* answered when its comm is complete, if ever */
+  if (p) p->group = -1, p->epoch = 0, p->rejoin = rejoining; /* answered when its comm is complete, if ever */
+}
+
+/* The journal (proto/journal.h): laid out right, or a memfd of another
+ * size, unsealed, with another layout, no fd, or a second one. */
+static void journal_setup(struct fuzz_input *in, struct client *c) {
+  uint8_t how = fuzz_u8(in);
+  size_t bytes = how % 8 == 1 ? 4096 : CCS__JOURNAL_BYTES;
+  int memfd = memfd_create("fuzz-journal", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd < 0 || ftruncate(memfd, (off_t)bytes)) abort();
+  if (how % 8 != 2) fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+  struct ccs__journal *j = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (j == MAP_FAILED) abort();
+  j->magic = how % 8 == 3 ? fuzz_u32(in) : CCS__JOURNAL_MAGIC;
+  j->protocol = CCS__PROTOCOL_VERSION;
+  j->entries = CCS__JOURNAL_ENTRIES;
+  munmap(j, bytes);
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__JournalSetup js = CCS__JOURNAL_SETUP__INIT;
+  req.body_case = CCS__REQUEST__BODY_JOURNAL_SETUP;
+  req.journal_setup = &js;
+  uint64_t id = send_request(c, &req, &memfd, how % 8 == 4 ? 0 : 1);
+  close(memfd);
+  struct pending *p = pending_add(c, id, P_JOURNAL);
+  if (p) p->epoch = 0;
 }
 
 /* A sealed memfd of bytes (or not sealed, or several, or none) beside a
@@ -610,6 +663,7 @@ static void simple(struct fuzz_input *in, struct client *c, int what) {
   switch (what) {
   case 0:
     h.protocol = fuzz_u8(in) % 16 ? CCS__PROTOCOL_VERSION : fuzz_u32(in);
+    h.resume = fuzz_u8(in) & 1;
     req.body_case = CCS__REQUEST__BODY_HELLO, req.hello = &h;
     break;
   case 1: req.body_case = CCS__REQUEST__BODY_GET_UNIQUE_ID, req.get_unique_id = &gid; break;
@@ -666,7 +720,7 @@ static void serving_state(void) {
     for (int r = 0; r < groups[gi].nranks; r++) {
       struct client *c = &clients[groups[gi].member[r]];
       struct pending *p = pending_add(c, send_comm_init(c, &id, CCS_UNIQUE_ID_BYTES, (uint32_t)groups[gi].nranks,
-                                                        (uint32_t)r, 0, groups[gi].algo ? rules : "", 0),
+                                                        (uint32_t)r, 0, groups[gi].algo ? rules : "", 0, NULL),
                                       P_INIT);
       p->group = gi;
       p->rank = r;
@@ -698,6 +752,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 4: case 5: case 6: submit(&in, c); break;
     case 7: admin(&in, c); break;
     case 8: disconnect_client(c); break; /* everything of it goes with it */
+    case 9: journal_setup(&in, c); break;
     case 16: ring_setup(&in, c); break;
     case 17: case 18: ring_submit(&in, c); break;
     case 19: case 20: case 21: case 22: case 23: collective(&in); break;

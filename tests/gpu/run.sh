@@ -4,7 +4,7 @@
 # rows of OUT/gpu_summary.md as it goes, and says PASS or FAIL on its last
 # line. Together under 9 minutes of GPU time.
 #
-#   tests/gpu/run.sh [--dry-run] [smoke|matrix|perf ...]   (default: all three)
+#   tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl ...]   (default: all four)
 #
 #   smoke   (30 s)   nvidia-smi facts and the compute mode (EXCLUSIVE_PROCESS
 #                    forbids ranks and the daemon sharing GPU 0), the daemon's
@@ -18,6 +18,9 @@
 #   perf    (3 min)  ccs-perf --device 0 all_reduce, all_gather, reduce_scatter,
 #                    1 MiB .. 1 GiB on 4 ranks, beside the GPU's own
 #                    device-to-device copy bandwidth
+#   nccl    (1 min)  an NCCL program on libccs-nccl, cudaMalloc and ncclMemAlloc
+#                    buffers, every collective and a ring of sends on a stream
+#                    and on the NULL stream, 2 and 3 ranks, checked
 #
 # The binaries: $CCS_GPU_BUILD (a bundle made by scripts/gpu_bundle.sh on a
 # CPU machine, for a GPU machine that cannot build), else build-gpu/, built
@@ -30,15 +33,15 @@ stages=()
 for a in "$@"; do
   case $a in
   --dry-run) dry=1 ;;
-  smoke | matrix | perf) stages+=("$a") ;;
-  *) echo "usage: tests/gpu/run.sh [--dry-run] [smoke|matrix|perf ...]" >&2; exit 2 ;;
+  smoke | matrix | perf | nccl) stages+=("$a") ;;
+  *) echo "usage: tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl ...]" >&2; exit 2 ;;
   esac
 done
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 summary="$out/gpu_summary.md"
 # stages run one by one add to one summary; all of them start it afresh
-[ ${#stages[@]} -gt 0 ] || { stages=(smoke matrix perf); rm -f "$summary"; }
+[ ${#stages[@]} -gt 0 ] || { stages=(smoke matrix perf nccl); rm -f "$summary"; }
 
 if [ "$dry" = 1 ]; then
   build=${CCS_GPU_BUILD:-build}
@@ -49,7 +52,7 @@ else
   if [ ! -x "$build/daemon/ccsd" ] && [ -z "${CCS_GPU_BUILD:-}" ]; then
     t0=$SECONDS
     if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCCS_WERROR=OFF >/dev/null &&
-           cmake --build "$build" -j "$(nproc)" --target ccsd ccs-perf test_collectives >/dev/null; }; then
+           cmake --build "$build" -j "$(nproc)" --target ccsd ccs-perf test_collectives nccl_device >/dev/null; }; then
       echo "BUILD FAILED (scripts/gpu_bundle.sh makes a build to bring along)"
       exit 1
     fi
@@ -120,7 +123,9 @@ smoke() {
   local line
   line=$(grep -m1 -E "GPUs?:|host-only" "$out/smoke_ccsd.log")
   echo "# daemon: $line"
-  if { [ "$dry" = 0 ] && [[ $line == *host-only* ]]; } || { [ "$dry" = 1 ] && [[ $line != *host-only* ]]; }; then
+  # (no line at all fails too: the daemon must say what it found)
+  if [ -z "$line" ] || { [ "$dry" = 0 ] && [[ $line == *host-only* ]]; } ||
+     { [ "$dry" = 1 ] && [[ $line != *host-only* ]]; }; then
     row smoke "the daemon's GPUs" "FAILED ($line)" 0
     status=1
   else
@@ -162,6 +167,16 @@ perf() {
     awk -v c="$coll" -v bw="${copy:-?}" '$1 ~ /^[0-9]+$/ && NF >= 13 {
         printf "| %s | 4 | %s | %s | %s | %s | %s |\n", c, $1, $8, $12, $9 + ($13 == "N/A" ? 0 : $13), bw }' \
       "$log" >> "$out/perf_table.md"
+  done
+  stop_daemon
+}
+
+nccl() {
+  start_daemon "$out/nccl_ccsd.log" || { row nccl "daemon starts" FAILED 0; return 1; }
+  local mem=()
+  [ "$dry" = 1 ] && mem=(CCS_TEST_MEMORY=host)
+  for n in 2 3; do
+    check nccl "NCCL program, $n ranks" 30 env "${mem[@]}" "$build/tests/nccl_device" "$n"
   done
   stop_daemon
 }

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #ifdef CCS_HAVE_CUDA
@@ -39,6 +40,7 @@ struct shared {
   uint64_t seed;
   int barrier_count; /* atomically incremented by ranks around barriers */
   uint64_t calls[NCOLLS]; /* rank 0's calls of each collective */
+  uint64_t checked[64];   /* each rank's cases checked so far (run_matrix) */
 };
 static struct shared *sh;
 static int nranks_arg, hops_round; /* ranks on several daemons: partial results rounded */
@@ -99,13 +101,31 @@ static uint64_t input(ccs_dtype_t t, int op, uint64_t op_id, int rank, size_t e)
   return grid_value(t, h);
 }
 
+/* Every rank's inputs of the op in flight, as it drew them (the type's
+ * bits), in memory the ranks share: each rank draws only its own, and
+ * reads the others' here, so the reference costs each rank its share
+ * rather than every rank's. Two tables, by op parity: a rank writes op
+ * k's row once every rank checked op k-2 (sh->checked; across daemons a
+ * root can finish calls before the others made them). A call's completion
+ * orders the others' writes before its reads: each rank wrote before it
+ * called. */
+#define ROW_BYTES (((size_t)2 << 20) + 4096) /* the largest send buffer (large_count) */
+static char *inputs_table;
+static char *row(uint64_t op_id, int rank) {
+  return inputs_table + ((size_t)(op_id & 1) * (size_t)nranks_arg + (size_t)rank) * ROW_BYTES;
+}
+/* Rank r's element e of op op_id, as that rank drew it. */
+static uint64_t drawn(ccs_dtype_t t, uint64_t op_id, int r, size_t e) {
+  return ref_get_bits(t, row(op_id, r), e);
+}
+
 /* Element e of the reduction over every rank: what it must be, bit for
  * bit (reference.c: reduced exactly, stored once). One rank's op copies
  * its input as it is (an e5m2 infinity stays one: no conversion runs). */
 static uint64_t reduced(ccs_dtype_t t, ccs_redop_t op, uint64_t op_id, int n, size_t e) {
-  if (n == 1) return input(t, op, op_id, 0, e);
+  if (n == 1) return drawn(t, op_id, 0, e);
   uint64_t v[REF_MAX_RANKS];
-  for (int r = 0; r < n; r++) v[r] = input(t, op, op_id, r, e);
+  for (int r = 0; r < n; r++) v[r] = drawn(t, op_id, r, e);
   return ref_reduce_bits(t, op, op == CCS_AVG ? (size_t)n : 0, v, n);
 }
 
@@ -221,8 +241,15 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   struct mem *sbuf = in_place ? &bm : &sm;
   memset(bm.host, 0x5a, bm.bytes); /* sentinel where nothing may be written */
   int vop = has_redop(c) ? (int)op : COPIED;
+  if (send_elems * sz > ROW_BYTES) {
+    fprintf(stderr, "rank %d: %zu input bytes: past the table's row\n", rank, send_elems * sz);
+    return 1;
+  }
   for (size_t e = 0; e < send_elems; e++)
     ref_set_bits(t, sbuf->host + send_at, e, input(t, vop, op_id, rank, e));
+  for (int r = 0; r < n && op_id >= 2; r++)
+    while (__atomic_load_n(&sh->checked[r], __ATOMIC_ACQUIRE) < op_id - 1) usleep(100);
+  memcpy(row(op_id, rank), sbuf->host + send_at, send_elems * sz);
   mem_push(&bm);
   if (!in_place) mem_push(&sm);
   char *send = sbuf->ptr + send_at, *recv = bm.ptr + recv_at;
@@ -264,11 +291,11 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
       uint64_t want;
       switch (c) {
       case ALL_REDUCE: case REDUCE: want = reduced(t, op, op_id, n, k); break;
-      case BROADCAST: want = input(t, vop, op_id, root, k); break;
-      case ALL_GATHER: case GATHER: want = input(t, vop, op_id, (int)j, e); break;
+      case BROADCAST: want = drawn(t, op_id, root, k); break;
+      case ALL_GATHER: case GATHER: want = drawn(t, op_id, (int)j, e); break;
       case REDUCE_SCATTER: want = reduced(t, op, op_id, n, (size_t)rank * count + k); break;
-      case ALL_TO_ALL: want = input(t, vop, op_id, (int)j, (size_t)rank * count + e); break;
-      case SCATTER: want = input(t, vop, op_id, root, (size_t)rank * count + k); break;
+      case ALL_TO_ALL: want = drawn(t, op_id, (int)j, (size_t)rank * count + e); break;
+      case SCATTER: want = drawn(t, op_id, root, (size_t)rank * count + k); break;
       default: want = 0; break;
       }
       wrong += check_elem(t, recv, k, want, what, &reported);
@@ -283,7 +310,7 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   }
   if (!in_place) /* the send buffer is read, never written */
     for (size_t e = 0; e < send_elems; e++)
-      wrong += check_elem(t, send, e, input(t, vop, op_id, rank, e), "send buffer", &reported);
+      wrong += check_elem(t, send, e, drawn(t, op_id, rank, e), "send buffer", &reported);
   if (wrong) fprintf(stderr, "%s: %d wrong\n", what, wrong);
 out:
   mem_free(&bm);
@@ -310,7 +337,8 @@ static int run_matrix(ccs_comm_t *comm, int rank, int n) {
           for (int v = 0; v < 4; v++) {
             /* the large size runs one variant per combination, rotating */
             if (s == 3 && v != (int)((t + op + c) % 4)) continue;
-            wrong += run_case(comm, rank, n, c, t, op, counts[s], v & 1, v >> 1, op_id++);
+            wrong += run_case(comm, rank, n, c, t, op, counts[s], v & 1, v >> 1, op_id);
+            __atomic_store_n(&sh->checked[rank], ++op_id, __ATOMIC_RELEASE);
           }
       }
   return wrong;
@@ -488,11 +516,15 @@ static void test_all_collectives(void **state) {
   free(algo);
   sh = test_shared_new(sizeof(*sh));
   assert_non_null(sh);
+  size_t table_bytes = 2 * (size_t)nranks_arg * ROW_BYTES;
+  inputs_table = test_shared_new(table_bytes);
+  assert_non_null(inputs_table);
   sh->seed = test_seed();
   test_new_id(&sh->id);
   assert_int_equal(test_run_ranks(nranks_arg, rank_main, NULL, 900, NULL), 0);
   check_algorithms(d, ndaemons);
   for (int i = 0; i < ndaemons; i++) assert_int_equal(test_daemon_stop(&d[i]), 0);
+  test_shared_free(inputs_table, table_bytes);
   test_shared_free(sh, sizeof(*sh));
 }
 

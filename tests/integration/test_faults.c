@@ -225,11 +225,29 @@ static void test_garbage_and_oversized_frames(void **state) {
   raw_send_get_unique_id(fd, 5);
   raw_expect(fd, CCS_ERR_PROTOCOL);
   raw_expect_closed(fd);
-  /* another protocol version */
+  /* another protocol version, one it no longer serves: both named */
   fd = raw();
   raw_send_hello(fd, 999);
   raw_expect(fd, CCS_ERR_VERSION);
   raw_expect_closed(fd);
+  fd = raw();
+  raw_send_hello(fd, CCS__PROTOCOL_OLDEST - 1);
+  Ccs__Reply *old = raw_reply(fd);
+  assert_non_null(old);
+  assert_int_equal(old->status, CCS_ERR_VERSION);
+  char both[96];
+  snprintf(both, sizeof(both), "client speaks protocol %u, daemon speaks %u", CCS__PROTOCOL_OLDEST - 1,
+           CCS__PROTOCOL_VERSION);
+  assert_non_null(strstr(old->error, both));
+  ccs__reply__free_unpacked(old, NULL);
+  raw_expect_closed(fd);
+  /* the protocol before (a client of a daemon before an upgrade): served */
+  fd = raw();
+  raw_send_hello(fd, CCS__PROTOCOL_OLDEST);
+  raw_expect(fd, CCS_OK);
+  raw_send_get_unique_id(fd, 2);
+  raw_expect(fd, CCS_OK);
+  close(fd);
   /* a half frame, then the client vanishes */
   fd = raw();
   raw_send(fd, huge, 2, NULL, 0);
@@ -414,7 +432,8 @@ static void test_staging_bound(void **state) {
   assert_daemon_serves(2);
 }
 
-/* --- the daemon dies under blocked clients, then comes back --- */
+/* --- the daemon dies under blocked clients, then comes back (jobs that
+ * do not wait for it: CCS_RECONNECT_TIMEOUT=0; test_restart rides it) --- */
 static int orphaned_rank(int rank, int n, void *arg) {
   ccs_comm_t *comm;
   if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
@@ -436,10 +455,11 @@ static int orphaned_rank(int rank, int n, void *arg) {
   return rc != CCS_ERR_DAEMON_UNAVAILABLE;
 }
 
-static void test_daemon_restart(void **state) {
+static void test_daemon_gone_and_back(void **state) {
   test_new_id(&sh->id);
   pid_t child = fork();
   if (child == 0) {
+    setenv("CCS_RECONNECT_TIMEOUT", "0", 1);
     _exit(test_run_ranks(3, orphaned_rank, NULL, 30, NULL));
   }
   assert_int_equal(wait_ops_in_flight(2), 0); /* both calling ranks are blocked */
@@ -453,10 +473,8 @@ static void test_daemon_restart(void **state) {
   assert_int_equal(ccs_get_unique_id(&id), CCS_ERR_DAEMON_UNAVAILABLE);
   assert_non_null(strstr(ccs_comm_last_error(NULL), "cannot connect"));
   /* back again: the same process makes new comms */
-  unlink(daemon_.socket);
-  rmdir(daemon_.dir);
   const char *args[] = {"--init-timeout", "2", NULL};
-  assert_int_equal(test_daemon_start(&daemon_, args), 0);
+  assert_int_equal(test_daemon_restart(&daemon_, args), 0);
   assert_daemon_serves(2);
 }
 
@@ -471,7 +489,7 @@ int main(void) {
       cmocka_unit_test(test_send_deadline),
       cmocka_unit_test(test_rank_killed_mid_op),
       cmocka_unit_test(test_staging_bound),
-      cmocka_unit_test(test_daemon_restart),
+      cmocka_unit_test(test_daemon_gone_and_back),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,8 +2,9 @@
  * shrink (after a rank was killed, on a failed parent), revoke (ranks
  * waiting in an op get CCS_ERR_REVOKED at once, and every later op; the
  * comm still shrinks) and grow (a newcomer joins the old ranks; the old
- * comm works on), with 1 to 7 ranks on one daemon and across 2 and 3
- * daemons. Every new comm's rank and size are checked against a reference
+ * comm works on), and finalize (it waits for a host stream's calls and
+ * reports their first failure), with 1 to 7 ranks on one daemon and
+ * across 2 and 3 daemons. Every new comm's rank and size are checked against a reference
  * computed here, and an all_reduce on it element by element. */
 #include <setjmp.h>
 #include <signal.h>
@@ -251,8 +252,54 @@ static void test_grow(void **state) {
   }
 }
 
+/* Finalize: a host stream's calls in flight are done once it returns (their
+ * results checked without synchronizing the stream); a mismatch leaves
+ * nothing to report; once rank 0 revoked the comm, a call on the stream
+ * fails, and finalize reports it. */
+static int finalize_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  ccs_stream_t s;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK || ccs_stream_create(&s) != CCS_OK) return 2;
+  enum { CALLS = 16 };
+  int64_t *v;
+  if (ccs_mem_alloc((void **)&v, sizeof(int64_t) * CALLS * COUNT) != CCS_OK) return 3;
+  for (int c = 0; c < CALLS; c++)
+    for (int i = 0; i < COUNT; i++) v[c * COUNT + i] = rank + c * i;
+  for (int c = 0; c < CALLS; c++)
+    if (ccs_all_reduce(v + c * COUNT, v + c * COUNT, COUNT, CCS_INT64, CCS_SUM, comm, s) != CCS_OK) return 4;
+  if (ccs_comm_finalize(comm) != CCS_OK) return 5;
+  int bad = 0;
+  for (int c = 0; c < CALLS; c++)
+    for (int i = 0; i < COUNT; i++) bad |= v[c * COUNT + i] != n * (n - 1) / 2 + n * c * i;
+  int64_t x = rank;
+  if (n > 1 && ccs_broadcast(&x, &x, 1, CCS_INT64, rank, comm, NULL) != CCS_ERR_MISMATCH) bad |= 8;
+  bad |= (ccs_comm_finalize(comm) != CCS_OK) << 4; /* a mismatch leaves the comm usable */
+  if (rank == 0 && ccs_comm_revoke(comm) != CCS_OK) bad |= 32;
+  ccs_result_t rc = ccs_all_reduce(v, v, COUNT, CCS_INT64, CCS_SUM, comm, s);
+  ccs_result_t fin = ccs_comm_finalize(comm);
+  if (fin != CCS_ERR_REVOKED || (rc != CCS_OK && rc != CCS_ERR_REVOKED)) {
+    fprintf(stderr, "rank %d: after the revoke %s, finalize %s\n", rank, ccs_result_name(rc), ccs_result_name(fin));
+    bad |= 64;
+  }
+  ccs_stream_destroy(s);
+  ccs_mem_free(v);
+  return ccs_comm_destroy(comm) != CCS_OK || bad;
+}
+
+static void test_finalize(void **state) {
+  (void)state;
+  for (int n = 1; n <= 3; n += 2) {
+    test_spread_ranks(dm, 1);
+    setenv("CCS_SOCKET", dm[0].socket, 1);
+    assert_int_equal(ccs_get_unique_id(&sh->id), CCS_OK);
+    assert_int_equal(test_run_ranks(n, finalize_rank, NULL, 60, NULL), 0);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_finalize, setup, teardown),
       cmocka_unit_test_setup_teardown(test_split_one_daemon, setup, teardown),
       cmocka_unit_test_setup_teardown(test_split_across_daemons, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shrink_after_a_kill, setup, teardown),

@@ -6,6 +6,7 @@
  * that never comes fails init with the init deadline's text. Each comm
  * checks an all_reduce of fresh random int64s element by element. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,12 +31,14 @@ struct shared {
   int joined; /* ranks of the first job that joined (atomically) */
   int done;   /* the second job has spoken */
   int want;   /* the first job's ranks that join before the second speaks */
+  int go;     /* test_newcomer_meets_a_complete_map: daemon 1 is stopped */
 };
 static struct shared *sh;
 static struct test_daemon dm[2];
 
 static int setup(void **state) {
   (void)state;
+  unsetenv("CCS_ROOT"); /* whatever a failed test before left */
   sh = test_shared_new(sizeof(*sh));
   const char *args[] = {"--init-timeout", "3", "--socket-mode", "0666", NULL}; /* two tenants */
   if (!sh || test_daemons_start(dm, 2, args)) return -1;
@@ -96,16 +99,20 @@ static void test_one_daemon(void **state) {
   assert_int_equal(test_run_ranks(3, named_rank, "one daemon", 30, NULL), 0);
 }
 
-static void test_across_daemons(void **state) {
-  (void)state;
-  /* daemon 0's port for daemons (what its ids name as their root): its
-   * ranks and daemon 1's meet there */
+/* Daemon 0's port for daemons (what its ids name as their root) as
+ * CCS_ROOT: its ranks and daemon 1's meet there. */
+static void meet_at_daemon_0(void) {
   ccs_unique_id_t id;
   setenv("CCS_SOCKET", dm[0].socket, 1);
   assert_int_equal(ccs_get_unique_id(&id), CCS_OK);
   const char *root = ((const struct ccs__unique_id *)id.internal)->root;
   assert_true(root[0]);
   setenv("CCS_ROOT", root, 1);
+}
+
+static void test_across_daemons(void **state) {
+  (void)state;
+  meet_at_daemon_0();
   test_spread_ranks(dm, 2);
   for (int n = 2; n <= 5; n += 3) assert_int_equal(test_run_ranks(n, named_rank, "two daemons", 30, NULL), 0);
   unsetenv("CCS_ROOT");
@@ -173,18 +180,23 @@ static int first_job(int rank, int n, void *arg) {
   return ccs_comm_destroy(comm) != CCS_OK || bad;
 }
 
+static void wait_for_a_comm(const struct test_daemon *d) {
+  for (;;) {
+    Ccs__StatsReply *st = raw_stats(d->socket);
+    int there = st && st->comms >= 1;
+    if (st) ccs__stats_reply__free_unpacked(st, NULL);
+    if (there) return;
+    usleep(1000);
+  }
+}
+
 /* rank 0 asks for the first job's size, rank 1 for another */
 static int second_job(int rank, void *arg) {
   if (sh->want == 3) {
     while (__atomic_load_n(&sh->joined, __ATOMIC_SEQ_CST) < 3) usleep(1000);
-  } else { /* the first job's comm is there, forming: the daemon says so */
-    for (;;) {
-      Ccs__StatsReply *st = raw_stats(dm[0].socket);
-      int there = st && st->comms >= 1;
-      if (st) ccs__stats_reply__free_unpacked(st, NULL);
-      if (there) break;
-      usleep(1000);
-    }
+  } else { /* the first job's comm is there, forming: the daemons say so */
+    wait_for_a_comm(&dm[0]);
+    if (sh->want == 2) wait_for_a_comm(&dm[1]);
   }
   ccs_comm_t *comm;
   ccs_result_t rc = ccs_comm_init_named(&comm, arg, rank == 0 ? 3 : 2, 0);
@@ -223,6 +235,84 @@ static void test_name_in_use(void **state) {
   run_both(1, "forming"); /* only its rank 0: the second job's rank 0 is taken, its size differs */
   assert_non_null(strstr(sh->text[0], "rank 0 of the communicator named 'forming'"));
   assert_non_null(strstr(sh->text[1], "has 3 ranks, this rank asks for 2"));
+}
+
+/* The same across daemons: the first job's rank 0 forms the comm at the
+ * root (daemon 0); the second job's rank 0 asks through daemon 1, where
+ * nothing of that name is, so the root refuses it, naming the name; its
+ * rank 1 is refused by daemon 0 itself. Then with the first job's rank 1
+ * already in at daemon 1: the root refuses the newcomer there, and the
+ * first job's comm on daemon 1 goes on (its all_reduce checked). */
+static void test_name_in_use_across_daemons(void **state) {
+  (void)state;
+  meet_at_daemon_0();
+  test_spread_ranks(dm, 2); /* ranks 0, 2, 4 on daemon 0; 1, 3 on daemon 1 */
+  run_both(1, "forming far");
+  assert_non_null(strstr(sh->text[0], "rank 0 of the communicator named 'forming far'"));
+  assert_non_null(strstr(sh->text[1], "has 3 ranks, this rank asks for 2"));
+  run_both(2, "forming farther");
+  assert_non_null(strstr(sh->text[0], "rank 0 of the communicator named 'forming farther'"));
+  assert_non_null(strstr(sh->text[1], "has 3 ranks, this rank asks for 2"));
+  unsetenv("CCS_ROOT");
+  test_spread_ranks(dm, 1);
+}
+
+/* The newcomer's join reaches the root after the running job's last one,
+ * which completes the comm: the root refuses it, but its daemon gets the
+ * rank map first, placing that rank at the root. Daemon 1 is stopped
+ * while the first job's rank 1 and the newcomer (rank 0 again) connect to
+ * it, so that both come in together when it goes on; in whichever order
+ * the daemons then hear of them, the newcomer alone is refused (by the
+ * root, by its own daemon from the map, or there once the comm is
+ * complete) and the first job's all_reduce is right. Process 3 stops and
+ * resumes daemon 1. */
+static int complete_map_rank(int rank, int n, void *arg) {
+  (void)n;
+  ccs_comm_t *comm;
+  if (rank == 3) {
+    wait_for_a_comm(&dm[0]); /* the first job's rank 0 is in */
+    if (kill(dm[1].pid, SIGSTOP)) return 3;
+    __atomic_store_n(&sh->go, 1, __ATOMIC_SEQ_CST);
+    usleep(300000); /* both connect meanwhile */
+    return kill(dm[1].pid, SIGCONT) != 0;
+  }
+  if (rank > 0) {
+    while (!__atomic_load_n(&sh->go, __ATOMIC_SEQ_CST)) usleep(1000);
+    setenv("CCS_SOCKET", dm[1].socket, 1);
+    if (rank == 2) usleep(20000);
+  }
+  ccs_result_t rc = ccs_comm_init_named(&comm, arg, 2, rank == 2 ? 0 : rank);
+  if (rank == 2) { /* the newcomer */
+    sh->code[0] = rc;
+    snprintf(sh->text[0], sizeof(sh->text[0]), "%s", ccs_comm_last_error(NULL));
+    if (rc == CCS_OK) ccs_comm_destroy(comm);
+    return 0;
+  }
+  if (rc != CCS_OK) {
+    fprintf(stderr, "first job, rank %d: %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(NULL));
+    return 2;
+  }
+  int bad = check(comm, 6);
+  return ccs_comm_destroy(comm) != CCS_OK || bad;
+}
+
+static void test_newcomer_meets_a_complete_map(void **state) {
+  (void)state;
+  meet_at_daemon_0();
+  for (int round = 0; round < 3; round++) {
+    sh->go = 0;
+    test_spread_ranks(dm, 1); /* all on daemon 0 but those that move to 1 */
+    char name[32];
+    snprintf(name, sizeof(name), "complete map %d", round);
+    assert_int_equal(test_run_ranks(4, complete_map_rank, name, 30, NULL), 0);
+    fprintf(stderr, "# newcomer: %s: %s\n", ccs_result_name(sh->code[0]), sh->text[0]);
+    /* refused by the root, from the rank map, or by its daemon once the
+     * comm is complete there: each names the comm and the likely cause */
+    assert_int_equal(sh->code[0], CCS_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(sh->text[0], name));
+    assert_non_null(strstr(sh->text[0], "another job"));
+  }
+  unsetenv("CCS_ROOT");
 }
 
 /* Ranks of another user naming the same comm: a comm of their own. */
@@ -271,6 +361,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_across_daemons, setup, teardown),
       cmocka_unit_test_setup_teardown(test_launchers, setup, teardown),
       cmocka_unit_test_setup_teardown(test_name_in_use, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_name_in_use_across_daemons, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_newcomer_meets_a_complete_map, setup, teardown),
       cmocka_unit_test_setup_teardown(test_other_user_same_name, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rank_never_comes, setup, teardown),
   };

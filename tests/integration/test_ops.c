@@ -1,7 +1,9 @@
 /* ccsctl against a real daemon with real ranks: a deliberately stuck rank
  * that `stuck` must name, `abort` releasing the blocked ranks, `status`,
  * `comms`, `config`, and `metrics` parsed back (prometheus_client's
- * parser) against the ops actually run. */
+ * parser) against the ops actually run; `tenants`, `top` and the
+ * per-tenant metrics under load, a SIGHUP reload of the weights, and the
+ * executor threads' scheduling policy. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -129,7 +131,107 @@ static void test_ccsctl(void **state) {
   assert_int_equal(ccsctl(out, sizeof(out), "status 2>/dev/null"), 3);
 }
 
+/* Ranks calling checked all_reduce of 1 MiB until told to stop. */
+static volatile int *stop_load;
+static int load_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 1;
+  enum { COUNT = 1 << 18 };
+  int32_t *v = malloc(sizeof(int32_t) * COUNT);
+  int bad = 0;
+  for (int round = 0; !bad; round++) {
+    /* whether to stop: the same for every rank (a rank that left early
+     * would fail the others' call) */
+    int stop = round >= 10 && *stop_load;
+    bad = ccs_all_reduce(&stop, &stop, 1, CCS_INT32, CCS_MAX, comm, NULL) != CCS_OK;
+    if (bad || stop) break;
+    for (int i = 0; i < COUNT; i++) v[i] = rank * round + i;
+    bad = ccs_all_reduce(v, v, COUNT, CCS_INT32, CCS_SUM, comm, NULL) != CCS_OK;
+    for (int i = 0; !bad && i < COUNT; i++) bad = v[i] != round * n * (n - 1) / 2 + n * i;
+  }
+  free(v);
+  return ccs_comm_destroy(comm) != CCS_OK || bad;
+}
+
+/* The executor threads' scheduling policy (stat field 41) that d runs
+ * with: how many of its threads have `policy`. */
+static int threads_with_policy(const struct test_daemon *d, int policy) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)d->pid);
+  char cmd[160];
+  snprintf(cmd, sizeof(cmd), "awk '{ print $41 }' %s/*/stat | grep -cx %d", path, policy);
+  FILE *p = popen(cmd, "r");
+  int n = 0;
+  if (p && fscanf(p, "%d", &n) != 1) n = 0;
+  if (p) pclose(p);
+  return n;
+}
+
+static void test_tenants(void **state) {
+  (void)state;
+  sh = test_shared_new(sizeof(*sh) + sizeof(int));
+  assert_non_null(sh);
+  stop_load = (volatile int *)(sh + 1);
+  char conf[96];
+  snprintf(conf, sizeof(conf), "/tmp/ccs-test-ops-%d.conf", (int)getpid());
+  FILE *f = fopen(conf, "w");
+  fprintf(f, "[ccsd]\ntenant_weights = root:2\nexecutor_priority = idle\nthreads = 2\n");
+  fclose(f);
+  const char *args[] = {"--config", conf, NULL};
+  assert_int_equal(test_daemon_start(&dmn, args), 0);
+  assert_int_equal(threads_with_policy(&dmn, 5 /* SCHED_IDLE */), 2);
+  test_new_id(&sh->id);
+  pid_t load = fork();
+  if (load == 0) _exit(test_run_ranks(NRANKS, load_rank, NULL, 60, NULL) != 0);
+  static char out[1 << 16];
+  /* live: a share of the executor and a bus rate for root, weight 2 */
+  assert_int_equal(ccsctl(out, sizeof(out), "top 0.5 2"), 0);
+  fprintf(stderr, "%s", out);
+  assert_non_null(strstr(out, "root(0)"));
+  double weight = 0, cap = 0, share = 0, bus = 0;
+  const char *row = strstr(out, "root(0)");
+  assert_int_equal(sscanf(row, "root(0) %lf %lf %lf%% %lf", &weight, &cap, &share, &bus), 4);
+  assert_true(weight == 2 && cap == 1);
+  assert_true(share > 99.0 && bus > 0); /* the only tenant */
+  assert_int_equal(ccsctl(out, sizeof(out), "tenants"), 0);
+  assert_non_null(strstr(out, "uid      weight"));
+  unsigned uid;
+  double w, calls;
+  row = strstr(out, "\n  0 ");
+  assert_non_null(row);
+  assert_int_equal(sscanf(row, " %u %lf", &uid, &w), 2);
+  assert_true(uid == 0 && w == 2);
+  assert_int_equal(ccsctl(out, sizeof(out), "metrics"), 0);
+  assert_non_null(strstr(out, "ccs_tenant_weight{tenant=\"0\"} 2\n"));
+  row = strstr(out, "ccs_tenant_requests_total{tenant=\"0\"} ");
+  assert_non_null(row);
+  assert_int_equal(sscanf(strchr(row, '}') + 1, "%lf", &calls), 1);
+  assert_true(calls >= NRANKS);
+  assert_non_null(strstr(out, "ccs_tenant_executor_seconds_total{tenant=\"0\"} "));
+  assert_non_null(strstr(out, "ccs_tenant_queue_wait_seconds_bucket{tenant=\"0\""));
+  /* SIGHUP: the file's new weight, nothing dropped (the load goes on) */
+  f = fopen(conf, "w");
+  fprintf(f, "[ccsd]\ntenant_weights = root:5\nexecutor_priority = idle\nthreads = 2\n");
+  fclose(f);
+  kill(dmn.pid, SIGHUP);
+  double deadline = test_now() + 10;
+  do {
+    usleep(50000);
+    assert_int_equal(ccsctl(out, sizeof(out), "tenants"), 0);
+    row = strstr(out, "\n  0 ");
+  } while (!(row && sscanf(row, " %u %lf", &uid, &w) == 2 && w == 5) && test_now() < deadline);
+  assert_true(w == 5);
+  *stop_load = 1;
+  int st;
+  assert_int_equal(waitpid(load, &st, 0), load);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  assert_int_equal(test_daemon_stop(&dmn), 0);
+  unlink(conf);
+  test_shared_free(sh, sizeof(*sh) + sizeof(int));
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_ccsctl)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_ccsctl), cmocka_unit_test(test_tenants)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -368,6 +368,33 @@ static uint64_t comms_at(int i) {
   return n;
 }
 
+/* A key holder that greets as moving data by another transport (ib, where
+ * these daemons use TCP) is closed at its greeting: mixed transports
+ * would misread each other's messages. */
+static void test_other_transport_refused(void **state) {
+  (void)state;
+  char root[64], err[256];
+  test_new_id(&sh->id);
+  root_of(&sh->id, root, sizeof(root));
+  struct transport *t = keyholder();
+  struct tconn *c;
+  assert_int_equal(ccs_transport_tcp.connect(t, root, &c, err, sizeof(err)), 0);
+  Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
+  Ccs__PeerHello h = CCS__PEER_HELLO__INIT;
+  h.protocol = CCS__PROTOCOL_VERSION;
+  h.addr = "127.0.0.1:9";
+  h.transport = "ib";
+  m.body_case = CCS__PEER_MSG__BODY_HELLO;
+  m.hello = &h;
+  send_msg(c, &m);
+  static char inbox[65536];
+  ccs_transport_tcp.recv(c, NULL, inbox, sizeof(inbox), 0, NULL); /* its greeting, then the close */
+  ccs_transport_tcp.recv(c, NULL, inbox, sizeof(inbox), 0, NULL);
+  assert_true(cut_off(t));
+  ccs_transport_tcp.free(t);
+  both_tenants_served();
+}
+
 /* A key holder joins comms rooted at daemon 0 for a rank of its own, with
  * algorithm rules that do not parse (or are too long): each is refused
  * and makes no comm; the same join without rules, sent after them on the
@@ -411,6 +438,64 @@ static void test_peer_rules_refused(void **state) {
   ccs_transport_tcp.free(t); /* its comm goes with its connection */
   for (end = test_now() + 20; comms_at(0) != before && test_now() < end;) usleep(10000);
   assert_int_equal(comms_at(0), before);
+  both_tenants_served();
+}
+
+/* A key holder's first connection greets and says nothing more, as a
+ * daemon's data connection does until its header comes; its second joins
+ * a comm with rules that do not parse. The refusal comes on a connection
+ * the key holder can take as a control one (the second, or one the daemon
+ * dials), never on the first: a daemon that answered there would be read
+ * as speaking out of turn on a data connection, and cut off. */
+static void test_answer_not_on_a_silent_connection(void **state) {
+  (void)state;
+  char root[64], err[256], self[64];
+  test_new_id(&sh->id);
+  root_of(&sh->id, root, sizeof(root));
+  struct transport *t = keyholder();
+  assert_int_equal(ccs_transport_tcp.listen(t, "127.0.0.1:0", self, sizeof(self), err, sizeof(err)), 0);
+  struct tconn *silent, *joiner, *back;
+  assert_int_equal(ccs_transport_tcp.connect(t, root, &silent, err, sizeof(err)), 0);
+  say_hello(silent, self);
+  static char inbox[3][65536];
+  ccs_transport_tcp.recv(silent, NULL, inbox[0], sizeof(inbox[0]), 0, NULL);
+  struct tcompletion done[8];
+  int greeted = 0; /* the daemon's greeting on the silent connection: it has ours */
+  for (double end = test_now() + 10; !greeted && test_now() < end;) {
+    int n = ccs_transport_tcp.poll(t, 5, done, 8);
+    for (int i = 0; i < n; i++) greeted |= done[i].conn == silent && !done[i].is_send;
+  }
+  assert_true(greeted);
+  usleep(100 * 1000); /* ... and has read ours */
+  ccs_transport_tcp.recv(silent, NULL, inbox[0], sizeof(inbox[0]), 0, NULL);
+  assert_int_equal(ccs_transport_tcp.connect(t, root, &joiner, err, sizeof(err)), 0);
+  say_hello(joiner, self);
+  ccs_transport_tcp.recv(joiner, NULL, inbox[1], sizeof(inbox[1]), 0, NULL);
+  send_join(joiner, &sh->id, "spiral");
+  int on_silent = 0, refusals = 0, accepted = 0;
+  for (double end = test_now() + 5; !refusals && test_now() < end;) {
+    int n = ccs_transport_tcp.poll(t, 5, done, 8);
+    while (!accepted && ccs_transport_tcp.accept(t, &back, err, sizeof(err)) == 1) {
+      accepted = 1;
+      say_hello(back, self);
+      ccs_transport_tcp.recv(back, NULL, inbox[2], sizeof(inbox[2]), 0, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+      if (done[i].is_send || done[i].status) continue;
+      char *box = done[i].conn == silent ? inbox[0] : done[i].conn == joiner ? inbox[1] : inbox[2];
+      Ccs__PeerMsg *m = ccs__peer_unpack((uint8_t *)box, done[i].bytes);
+      int refusal = m && m->body_case == CCS__PEER_MSG__BODY_FAIL;
+      int heartbeat = m && m->body_case == CCS__PEER_MSG__BODY_HEARTBEAT; /* said on any */
+      if (m) ccs__peer_msg__free_unpacked(m, NULL);
+      on_silent += done[i].conn == silent && !heartbeat;
+      refusals += refusal;
+      ccs_transport_tcp.recv(done[i].conn, NULL, box, sizeof(inbox[0]), 0, NULL);
+    }
+  }
+  fprintf(stderr, "# refusals %d; messages on the silent connection %d\n", refusals, on_silent);
+  assert_int_equal(refusals, 1);
+  assert_int_equal(on_silent, 0);
+  ccs_transport_tcp.free(t);
   both_tenants_served();
 }
 
@@ -489,6 +574,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_flood_is_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_words_of_outsiders_change_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_peer_rules_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_other_transport_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_answer_not_on_a_silent_connection, setup, teardown),
       cmocka_unit_test_setup_teardown(test_leaked_id_gets_another_user_nowhere, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,7 @@
 /* A program written against nccl.h, linked to libccs-nccl (libnccl.so.2):
  * every collective, send/recv in groups, ncclCommInitAll with a group in
- * one thread, PreMulSum, memory and registration, and the errors, on host
+ * one thread, PreMulSum (float and integer), split, shrink, revoke, abort,
+ * finalize, memory and registration, and the errors, on host
  * memory through a real daemon, with 1, 2, 3 and 4 ranks. Every element is
  * checked against a reference computed here from fresh random data. */
 #include <setjmp.h>
@@ -91,6 +92,23 @@ static int collectives(ncclComm_t comm, int rank, int n) {
   CHECK(ncclAllReduce(d, e, N, ncclFloat32, pre, comm, s) == ncclInvalidArgument, "premulsum of another type");
   CHECK(ncclRedOpDestroy(pre, comm) == ncclSuccess, "destroy premulsum");
   CHECK(ncclRedOpDestroy(pre, comm) == ncclInvalidArgument, "destroy twice");
+  /* integer PreMulSum: products and sums wrap */
+  int32_t iscale = 1000003 * (rank + 1);
+  CHECK(ncclRedOpCreatePreMulSum(&pre, &iscale, ncclInt32, ncclScalarHostImmediate, comm) == ncclSuccess, "int premulsum");
+  for (size_t i = 0; i < N; i++) a[i] = in32(rank, i, 14);
+  CHECK(ncclReduceScatter(a, b, N / (size_t)n, ncclInt32, pre, comm, s) == ncclSuccess, "int premulsum reduce_scatter");
+  for (size_t i = 0; i < N / (size_t)n; i++) {
+    uint32_t want = 0;
+    for (int r = 0; r < n; r++) want += (uint32_t)in32(r, (size_t)rank * (N / (size_t)n) + i, 14) * (uint32_t)(1000003 * (r + 1));
+    CHECK((uint32_t)b[i] == want, "int premulsum [%zu] = %d, want %d", i, b[i], (int32_t)want);
+  }
+  CHECK(ncclRedOpDestroy(pre, comm) == ncclSuccess, "destroy int premulsum");
+  /* what ccs cannot do is a usage error saying so */
+  uint16_t half_scale = 0x3c00;
+  CHECK(ncclRedOpCreatePreMulSum(&pre, &half_scale, ncclFloat16, ncclScalarHostImmediate, comm) == ncclInvalidUsage, "half premulsum");
+  CHECK(strstr(ncclGetLastError(comm), "16- and 8-bit floats: not supported by ccs") != NULL, "its text");
+  CHECK(ncclRedOpCreatePreMulSum(&pre, &scale, ncclFloat64, ncclScalarDevice, comm) == ncclInvalidUsage, "device scalar");
+  CHECK(strstr(ncclGetLastError(comm), "scalar in device memory") != NULL, "its text");
   /* broadcast (and Bcast in place), reduce, all_gather, reduce_scatter */
   int root = n - 1;
   for (size_t i = 0; i < N; i++) a[i] = in32(rank, i, 9);
@@ -194,6 +212,23 @@ static int one_rank(int rank, int n, void *arg) {
     CHECK(v == sum, "split all_reduce: %d, want %d", v, sum);
     CHECK(ncclCommDestroy(half) == ncclSuccess, "destroy the split comm");
   }
+  /* shrink without the last rank (which does not call), then revoke the
+   * new comm from its rank 0: every rank's calls on it fail, abort frees it */
+  int last = n - 1;
+  if (n > 1 && rank != last) {
+    ncclComm_t small;
+    CHECK(ncclCommShrink(comm, &last, 1, &small, NULL, NCCL_SHRINK_DEFAULT) == ncclSuccess, "shrink");
+    int got_size, v = rank;
+    CHECK(ncclCommCount(small, &got_size) == ncclSuccess && got_size == n - 1, "shrunk size");
+    CHECK(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, small, NULL) == ncclSuccess, "on the shrunk comm");
+    CHECK(v == (n - 1) * (n - 2) / 2, "shrunk all_reduce: %d", v);
+    if (rank == 0) CHECK(ncclCommRevoke(small, NCCL_REVOKE_DEFAULT) == ncclSuccess, "revoke");
+    CHECK(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, small, NULL) == ncclRemoteError, "after the revoke");
+    CHECK(strstr(ncclGetLastError(small), "CCS_ERR_REVOKED") != NULL, "its text");
+    CHECK(ncclCommAbort(small) == ncclSuccess, "abort");
+  }
+  int device = -1;
+  CHECK(ncclCommCuDevice(comm, &device) == ncclSuccess && device >= 0, "device");
   CHECK(ncclCommFinalize(comm) == ncclSuccess, "finalize");
   CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
   return bad;

@@ -39,6 +39,16 @@ static struct {
 static pid_t owner;
 static char key_path[64]; /* the cluster key of this test's daemons */
 
+/* The socket, and the unique ids' key the daemon keeps beside it. */
+static void unlink_socket(const char *socket) {
+  char key[160];
+  snprintf(key, sizeof(key), "%s.id-key", socket);
+  unlink(socket);
+  unlink(key);
+}
+
+static char emu_dir[64]; /* CCS_TEST_IB_LIBRARY's (ib_args) */
+
 static void cleanup_at_exit(void) {
   if (getpid() != owner) return; /* forked ranks leave it to the parent */
   for (int i = 0; i < MAX_DAEMONS; i++) {
@@ -47,10 +57,15 @@ static void cleanup_at_exit(void) {
       kill(live[i].pid, SIGKILL);
       waitpid(live[i].pid, NULL, 0);
     }
-    unlink(live[i].socket);
+    unlink_socket(live[i].socket);
     rmdir(live[i].dir);
   }
   if (key_path[0]) unlink(key_path);
+  if (emu_dir[0]) { /* the emulated NIC's sockets, which killed daemons leave */
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", emu_dir);
+    if (system(cmd) != 0) fprintf(stderr, "# could not remove %s\n", emu_dir);
+  }
 }
 
 static int entry_of(const struct test_daemon *d) {
@@ -112,16 +127,25 @@ static int can_connect(const char *path) {
   return ok;
 }
 
-static int daemon_start(struct test_daemon *d, const char *const *wrap, const char *const *extra_args) {
+/* again: in d's directory, on d's socket (a restart), else a new one */
+static int daemon_start(struct test_daemon *d, const char *const *wrap, const char *const *extra_args,
+                        int again) {
   if (!owner) {
     owner = getpid();
     atexit(cleanup_at_exit);
   }
-  memset(d, 0, sizeof(*d));
-  snprintf(d->dir, sizeof(d->dir), "/tmp/ccs-test-XXXXXX");
-  if (!mkdtemp(d->dir)) return -1;
-  chmod(d->dir, 0755); /* tests run clients as other uids too */
-  snprintf(d->socket, sizeof(d->socket), "%s/ccsd.sock", d->dir);
+  if (!again) {
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/ccs-test-XXXXXX");
+    if (!mkdtemp(d->dir)) return -1;
+    chmod(d->dir, 0755); /* tests run clients as other uids too */
+    snprintf(d->socket, sizeof(d->socket), "%s/ccsd.sock", d->dir);
+  } else {
+    if (d->pid > 0 || !d->dir[0]) return -1; /* still running, or never started */
+    unlink(d->socket); /* what the killed daemon left */
+    if (d->slot >= 0 && d->slot < MAX_DAEMONS && live[d->slot].used && live[d->slot].pid == 0)
+      live[d->slot].used = 0; /* the new one takes the directory over */
+  }
   /* CCSD_PATH in the environment runs another build of the daemon (the
    * ThreadSanitizer one) under the same tests */
   const char *ccsd = getenv("CCSD_PATH") && *getenv("CCSD_PATH") ? getenv("CCSD_PATH") : CCSD_PATH;
@@ -172,7 +196,11 @@ static int daemon_start(struct test_daemon *d, const char *const *wrap, const ch
 }
 
 int test_daemon_start(struct test_daemon *d, const char *const *extra_args) {
-  return daemon_start(d, NULL, extra_args);
+  return daemon_start(d, NULL, extra_args, 0);
+}
+
+int test_daemon_restart(struct test_daemon *d, const char *const *extra_args) {
+  return daemon_start(d, NULL, extra_args, 1);
 }
 
 const char *test_cluster_key(void) {
@@ -194,6 +222,31 @@ const char *test_cluster_key(void) {
   return key_path;
 }
 
+const char *test_verbs_emu_dir(void) {
+  if (emu_dir[0]) return emu_dir;
+  if (!owner) {
+    owner = getpid();
+    atexit(cleanup_at_exit);
+  }
+  snprintf(emu_dir, sizeof(emu_dir), "/tmp/ccs-verbs-emu-XXXXXX");
+  if (!mkdtemp(emu_dir)) abort();
+  setenv("CCS_VERBS_EMU_DIR", emu_dir, 1);
+  return emu_dir;
+}
+
+/* CCS_TEST_IB_LIBRARY: the daemons move data by transport ib over the
+ * libibverbs it names (the emulated NIC, tests/verbs_emu). */
+static int ib_args(const char **args) {
+  const char *lib = getenv("CCS_TEST_IB_LIBRARY");
+  if (!lib || !*lib) return 0;
+  test_verbs_emu_dir();
+  args[0] = "--transport";
+  args[1] = "ib";
+  args[2] = "--ib-library";
+  args[3] = lib;
+  return 4;
+}
+
 int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_args) {
   const char *netns = getenv("CCS_TEST_NETNS");
   const char *key = test_cluster_key();
@@ -202,12 +255,13 @@ int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_ar
     const char *wrap[] = {"/usr/sbin/ip", "netns", "exec", ns, NULL};
     const char *args[40] = {"--listen", listen, "--cluster-key-file", key};
     int k = 4;
+    k += ib_args(args + k);
     for (int j = 0; extra_args && extra_args[j] && k < 38; j++) args[k++] = extra_args[j];
     args[k] = NULL;
     snprintf(ns, sizeof(ns), "%s%d", netns ? netns : "", i);
     if (netns && *netns) snprintf(listen, sizeof(listen), "10.231.0.%d:7000", i + 1);
     else snprintf(listen, sizeof(listen), "127.0.0.1:0");
-    if (daemon_start(&d[i], netns && *netns ? wrap : NULL, args)) return -1;
+    if (daemon_start(&d[i], netns && *netns ? wrap : NULL, args, 0)) return -1;
   }
   return 0;
 }
@@ -223,7 +277,7 @@ static void forget(struct test_daemon *d) {
   if (d->slot >= 0 && d->slot < MAX_DAEMONS && live[d->slot].used && live[d->slot].pid == 0 &&
       !strcmp(live[d->slot].dir, d->dir))
     live[d->slot].used = 0;
-  unlink(d->socket);
+  unlink_socket(d->socket);
   rmdir(d->dir);
 }
 
@@ -239,6 +293,12 @@ static int wait_deadline(pid_t pid, double timeout_s, int *status) {
 }
 
 int test_daemon_stop(struct test_daemon *d) {
+  int status = test_daemon_term(d);
+  forget(d);
+  return status;
+}
+
+int test_daemon_term(struct test_daemon *d) {
   int status = -1;
   if (d->pid > 0) {
     kill(d->pid, SIGTERM);
@@ -251,7 +311,6 @@ int test_daemon_stop(struct test_daemon *d) {
     }
     reaped(d);
   }
-  forget(d);
   return status;
 }
 

@@ -20,8 +20,13 @@ struct test_daemon {
 /* Starts ccsd with the extra arguments (NULL-terminated list, may be NULL)
  * and points CCS_SOCKET at it. Returns 0 when it accepts connections. */
 int test_daemon_start(struct test_daemon *d, const char *const *extra_args);
+/* A new daemon in a stopped or killed one's place: its directory, its
+ * socket (the unique ids' key it kept there). 0 when it accepts. */
+int test_daemon_restart(struct test_daemon *d, const char *const *extra_args);
 /* SIGTERM, wait (then SIGKILL); returns the exit status (0 = clean). */
 int test_daemon_stop(struct test_daemon *d);
+/* The same, leaving its directory for a restart. */
+int test_daemon_term(struct test_daemon *d);
 /* Kills the daemon hard (SIGKILL) without cleanup of the socket. */
 void test_daemon_kill(struct test_daemon *d);
 /* The daemon's connection for reading its counters (raw.c), made on first
@@ -41,6 +46,9 @@ int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_ar
 /* The cluster key file of this test's daemons (made on first use, removed
  * at exit); test_daemons_start passes it to every daemon. */
 const char *test_cluster_key(void);
+/* A directory for the emulated NIC's sockets (tests/verbs_emu), made once,
+ * named in CCS_VERBS_EMU_DIR, removed at exit. */
+const char *test_verbs_emu_dir(void);
 /* Ranks forked from now on connect to daemon r % n of these. */
 void test_spread_ranks(const struct test_daemon *d, int n);
 

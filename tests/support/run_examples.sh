@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every example, run as the README says: the C program, the MPI program and
+# Every example, run as docs/using.md says: the C program, the MPI program and
 # the NCCL program under mpirun, the Python script; each checks its results.
 #   run_examples.sh CCSD BUILD_DIR SOURCE_DIR
 set -euo pipefail

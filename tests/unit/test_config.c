@@ -34,12 +34,13 @@ static const char every_key[] =
              "allow_gids = 5\nlog_level = info\nlog_subsys = INIT,coll\nmetrics_listen = 127.0.0.1:9464\n"
              "admin_gids = root, 4242\nquota_ranks = 64\nquota_buffers = 99\nid_ttl = 3600\n"
              "metrics_tenant_labels = true\nmetrics_max_connections = 3\n"
-             "cluster_key_file = /tmp/k\npeer_encrypt = 1\npeer_max_connections = 17\n"
-             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\ntransport = tcp\nlink_capacity = 10G\n"
+             "cluster_key_file = /tmp/k\nid_key_file = /tmp/ik\npeer_encrypt = 1\npeer_max_connections = 17\n"
+             "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\ntransport = auto\nlink_capacity = 10G\n"
+             "ib_library = /opt/lib/libibverbs.so.1\nib_devices = mlx5_0:1,mlx5_1\nib_gid_index = 3\n"
              "scratch_keep = 3M\nalgo = all_reduce:ring;broadcast:tree:0-64K\nlisten = 127.0.0.1:7100\n"
              "advertise = 10.0.0.5:7100\npeer_connections = 3\nheartbeat = 0.25\npeer_timeout = 2.5\n"
              "cuda_legacy_ipc = true\npoll_spin_us = 77\ntenant_weights = root:2.5,4242:3\n"
-             "tenant_max_share = 0.5\n";
+             "tenant_max_share = 0.5\nexecutor_priority = IDLE\n";
 
 static void test_every_key(void **state) {
   write_file(every_key);
@@ -72,9 +73,13 @@ static void test_every_key(void **state) {
   assert_true(c.id_ttl_s == 3600);
   assert_true(c.metrics_tenant_labels && c.metrics_max_connections == 3);
   assert_string_equal(c.cluster_key_file, "/tmp/k");
+  assert_string_equal(c.id_key_file, "/tmp/ik");
   assert_true(c.peer_encrypt && c.peer_max_connections == 17);
   assert_true(c.peer_unexpected_bytes == 8u << 20 && c.peer_unexpected_total == 1u << 30);
-  assert_string_equal(c.transport, "tcp");
+  assert_string_equal(c.transport, "auto");
+  assert_string_equal(c.ib_library, "/opt/lib/libibverbs.so.1");
+  assert_string_equal(c.ib_devices, "mlx5_0:1,mlx5_1");
+  assert_int_equal(c.ib_gid_index, 3);
   assert_true(c.link_capacity == 10ull << 30);
   assert_true(c.scratch_keep == 3u << 20);
   assert_string_equal(c.algo, "all_reduce:ring;broadcast:tree:0-64K");
@@ -88,6 +93,7 @@ static void test_every_key(void **state) {
   assert_true(c.weight_uids[0] == 0 && c.weights[0] == 2.5);
   assert_true(c.weight_uids[1] == 4242 && c.weights[1] == 3);
   assert_true(c.tenant_max_share == 0.5);
+  assert_int_equal(c.executor_priority, 2);
   /* what it prints reads back the same, and names no key the file above
    * does not */
   char text[16384];
@@ -107,7 +113,7 @@ static void test_every_key(void **state) {
     keys++;
     if (next) next[-1] = '\n';
   }
-  assert_int_equal(keys, 42);
+  assert_int_equal(keys, 47);
   write_file(text);
   struct ccsd_config back;
   ccsd_config_defaults(&back);
@@ -132,6 +138,7 @@ static void test_bad_values_and_unknown_keys(void **state) {
   expect_error("socket = /tmp/a\n\nthreadz = 2\n", where);
   expect_error("threads = many\n", ":1: bad value 'many' for threads");
   expect_error("threads = 300\n", "bad value '300' for threads");
+  expect_error("executor_priority = high\n", "bad value 'high' for executor_priority");
   expect_error("socket_mode = 0999\n", "for socket_mode");
   expect_error("op_timeout = -1\n", "for op_timeout");
   expect_error("op_timeout = nan\n", "for op_timeout");
@@ -146,7 +153,7 @@ static void test_bad_values_and_unknown_keys(void **state) {
   expect_error("admin_gids = no-such-group-here\n", "for admin_gids");
   expect_error("chunk_bytes = 128M\n", "for chunk_bytes"); /* messages between daemons: at most 64 MiB */
   expect_error("peer_unexpected_bytes = 1K\n", "for peer_unexpected_bytes");
-  expect_error("transport = verbs\n", "bad value 'verbs' for transport: the transports are tcp");
+  expect_error("transport = verbs\n", "bad value 'verbs' for transport: the transports are tcp, ib, or auto");
   expect_error("transport = tcptcptcptcptcptcp\n", "for transport");
   /* a port alone is on localhost */
   struct ccsd_config local;
@@ -196,7 +203,7 @@ static void test_example_file_is_valid(void **state) {
   char err[256];
   ccsd_config_defaults(&c);
   ccsd_config_defaults(&def);
-  assert_int_equal(ccsd_config_load_file(&c, path, 1, err, sizeof(err)), 0);
+  if (ccsd_config_load_file(&c, path, 1, err, sizeof(err))) fail_msg("%s", err);
   assert_memory_equal(&c, &def, sizeof(c)); /* it documents the defaults */
   unlink(path);
 }

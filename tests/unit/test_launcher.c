@@ -77,7 +77,8 @@ static void test_refusals(void **state) {
   assert_int_equal(read_env(junk, &l, err), -1);
   const char *no_size[] = {"PMIX_RANK=0", "PMIX_NAMESPACE=x", NULL};
   assert_int_equal(read_env(no_size, &l, err), -1);
-  assert_non_null(strstr(err, "PMI_SIZE=(unset)"));
+  assert_non_null(strstr(err, "PMIX_RANK=0 but PMI_SIZE=(unset)"));
+  assert_non_null(strstr(err, "set CCS_RANK and CCS_NRANKS"));
   /* ranks on several nodes and nowhere to meet */
   const char *spread[] = {"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=8",
                           "OMPI_COMM_WORLD_LOCAL_SIZE=4", "PMIX_NAMESPACE=7", NULL};
@@ -102,6 +103,22 @@ static void test_roots(void **state) {
                          "SLURM_JOB_NODELIST=localhost,other", "CCS_ROOT_PORT=7200", NULL};
   assert_int_equal(read_env(slurm, &l, err), 0);
   assert_true(!strcmp(l.root, "127.0.0.1:7200") || !strcmp(l.root, "[::1]:7200"));
+  /* srun --mpi=pmix: PMIx gives the rank, Slurm the size and the first node */
+  const char *pmix[] = {"PMIX_RANK=5", "PMIX_NAMESPACE=slurm.pmix.77.0", "SLURM_PROCID=5",
+                        "SLURM_NTASKS=8", "SLURM_JOB_ID=77", "SLURM_STEP_ID=0",
+                        "SLURM_JOB_NUM_NODES=2", "SLURM_JOB_NODELIST=localhost,other", NULL};
+  assert_int_equal(read_env(pmix, &l, err), 0);
+  assert_int_equal(l.rank, 5);
+  assert_int_equal(l.nranks, 8);
+  assert_string_equal(l.launcher, "Slurm");
+  assert_string_equal(l.job, "slurm:77.0");
+  assert_true(!strcmp(l.root, "127.0.0.1:7000") || !strcmp(l.root, "[::1]:7000"));
+  /* srun --mpi=pmi2: PMI's rank and size, the root still Slurm's first node */
+  const char *pmi2[] = {"PMI_RANK=1", "PMI_SIZE=4", "SLURM_JOB_ID=78", "SLURM_JOB_NUM_NODES=2",
+                        "SLURM_JOB_NODELIST=localhost", NULL};
+  assert_int_equal(read_env(pmi2, &l, err), 0);
+  assert_string_equal(l.launcher, "PMI");
+  assert_true(!strcmp(l.root, "127.0.0.1:7000") || !strcmp(l.root, "[::1]:7000"));
   const char *torch[] = {"RANK=3", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=2", "TORCHELASTIC_RUN_ID=r",
                          "MASTER_ADDR=127.0.0.1", NULL};
   assert_int_equal(read_env(torch, &l, err), 0);

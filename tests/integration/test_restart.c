@@ -1,0 +1,353 @@
+/* Jobs ride through a daemon restart (docs/restart.md): ranks run a loop
+ * of checked calls (in-place all_reduce on registered memory, out of place
+ * on malloc'ed memory, all_gather on a second comm, a ring of sends and
+ * receives in a group, calls on a host stream) while the daemon dies at a
+ * chosen moment of an op (CCSD_FAILPOINT: matched, started, partly
+ * written, answered to some ranks), is killed while ranks wait, or is
+ * stopped with SIGTERM, and is started again on the same socket. Every
+ * call must end right (its elements checked against a reference) or with
+ * CCS_ERR_RETRY, after which the rank restores its inputs and repeats it:
+ * never a wrong element, never a hang. A daemon that does not come back
+ * fails the calls with CCS_ERR_DAEMON_UNAVAILABLE after
+ * CCS_RECONNECT_TIMEOUT. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "raw.h"
+#include "serving.h"
+
+#define COUNT 100003 /* int64s: 800 KB, several executor tasks an op */
+#define ROUNDS 24
+#define MAXR 8
+
+struct shared {
+  ccs_unique_id_t id[2];
+  uint64_t seed;
+  int hold;             /* ranks > 0 wait at round `hold_round` until it is 0 */
+  int hold_round;
+  int at_hold;          /* rank 0 is about to call the held round */
+  int retried[MAXR], ok[MAXR];
+};
+static struct shared *sh;
+static struct test_daemon dmn;
+
+static int64_t value(int rank, int round, size_t i) {
+  return (int64_t)(test_mix(sh->seed + (uint64_t)round, (uint64_t)rank * COUNT + i) % 100000);
+}
+
+static int check(const char *what, int rank, int round, const int64_t *got, size_t count,
+                 int64_t (*want)(int n, int round, size_t i), int n) {
+  for (size_t i = 0; i < count; i++)
+    if (got[i] != want(n, round, i)) {
+      fprintf(stderr, "rank %d round %d %s [%zu] = %lld, want %lld\n", rank, round, what, i,
+              (long long)got[i], (long long)want(n, round, i));
+      return 1;
+    }
+  return 0;
+}
+
+static int64_t sum_of(int n, int round, size_t i) {
+  int64_t s = 0;
+  for (int r = 0; r < n; r++) s += value(r, round, i);
+  return s;
+}
+static int64_t gathered(int n, int round, size_t i) {
+  (void)n;
+  return value((int)(i / 1000), round, i % 1000);
+}
+static int ring_from;
+static int64_t from_prev(int n, int round, size_t i) {
+  (void)n;
+  return value(ring_from, round, i);
+}
+
+/* One round's call, by its kind; its inputs filled afresh (a retried
+ * in-place call has overwritten them). */
+static ccs_result_t call(int kind, int rank, int n, int round, ccs_comm_t *a, ccs_comm_t *b,
+                         int64_t *reg, int64_t *plain, int64_t *out, ccs_stream_t stream) {
+  switch (kind) {
+  case 0: /* in place, registered memory */
+    for (size_t i = 0; i < COUNT; i++) reg[i] = value(rank, round, i);
+    return ccs_all_reduce(reg, reg, COUNT, CCS_INT64, CCS_SUM, a, NULL);
+  case 1: /* out of place, staged */
+    for (size_t i = 0; i < COUNT; i++) plain[i] = value(rank, round, i);
+    return ccs_all_reduce(plain, out, COUNT, CCS_INT64, CCS_SUM, a, NULL);
+  case 2: /* the second comm */
+    for (size_t i = 0; i < 1000; i++) plain[i] = value(rank, round, i);
+    return ccs_all_gather(plain, out, 1000, CCS_INT64, b, NULL);
+  case 3: { /* a ring of sends and receives */
+    for (size_t i = 0; i < COUNT; i++) plain[i] = value(rank, round, i);
+    ccs_group_start();
+    ccs_send(plain, COUNT, CCS_INT64, (rank + 1) % n, a, NULL);
+    ccs_recv(out, COUNT, CCS_INT64, (rank + n - 1) % n, a, NULL);
+    return ccs_group_end();
+  }
+  default: { /* a host stream: two calls, then synchronize */
+    for (size_t i = 0; i < COUNT; i++) reg[i] = value(rank, round, i);
+    ccs_result_t rc = ccs_all_reduce(reg, reg, COUNT, CCS_INT64, CCS_SUM, a, stream);
+    if (rc == CCS_OK) rc = ccs_all_reduce(reg, reg, 1, CCS_INT64, CCS_MAX, a, stream);
+    ccs_result_t s = ccs_stream_synchronize(stream);
+    return rc != CCS_OK ? rc : s;
+  }
+  }
+}
+
+static int checked(int kind, int rank, int n, int round, const int64_t *reg, const int64_t *out) {
+  switch (kind) {
+  case 0: return check("in-place all_reduce", rank, round, reg, COUNT, sum_of, n);
+  case 1: return check("all_reduce", rank, round, out, COUNT, sum_of, n);
+  case 2: return check("all_gather", rank, round, out, 1000 * (size_t)n, gathered, n);
+  case 3: ring_from = (rank + n - 1) % n; return check("ring", rank, round, out, COUNT, from_prev, n);
+  default: /* the sum, then element 0's max over ranks: the same sum */
+    return check("host stream all_reduce", rank, round, reg, COUNT, sum_of, n);
+  }
+}
+
+static uint64_t ops_in_flight(void) {
+  Ccs__StatsReply *st = raw_stats(dmn.socket);
+  uint64_t ops = st ? st->ops_in_flight : 0;
+  free(st);
+  return ops;
+}
+
+static int rank_main(int rank, int n, void *arg) {
+  int kinds = *(int *)arg; /* how many kinds of call the loop takes turns with */
+  ccs_comm_t *a, *b;
+  ccs_stream_t stream;
+  if (ccs_comm_init_rank(&a, n, sh->id[0], rank) != CCS_OK ||
+      ccs_comm_init_rank(&b, n, sh->id[1], rank) != CCS_OK || ccs_stream_create(&stream) != CCS_OK) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, ccs_comm_last_error(NULL));
+    return 10;
+  }
+  int64_t *reg, *plain = malloc(sizeof(int64_t) * COUNT * MAXR), *out = malloc(sizeof(int64_t) * COUNT * MAXR);
+  if (ccs_mem_alloc((void **)&reg, sizeof(int64_t) * COUNT) != CCS_OK || !plain || !out) return 11;
+  int bad = 0;
+  for (int round = 0; round < ROUNDS && !bad; round++) {
+    if (round == sh->hold_round && rank > 0)
+      while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+    if (round == sh->hold_round && rank == 0) __atomic_store_n(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+    int kind = round % kinds;
+    ccs_result_t rc;
+    int tries = 0;
+    while ((rc = call(kind, rank, n, round, a, b, reg, plain, out, stream)) == CCS_ERR_RETRY && tries++ < 3)
+      sh->retried[rank]++;
+    if (rc != CCS_OK) {
+      fprintf(stderr, "rank %d round %d kind %d: %s: %s\n", rank, round, kind, ccs_result_name(rc),
+                      ccs_comm_last_error(kind == 2 ? b : a));
+      bad = 1;
+      break;
+    }
+    sh->ok[rank]++;
+    bad |= checked(kind, rank, n, round, reg, out);
+  }
+  ccs_stream_destroy(stream);
+  ccs_mem_free(reg);
+  free(plain), free(out);
+  bad |= ccs_comm_destroy(a) != CCS_OK;
+  bad |= ccs_comm_destroy(b) != CCS_OK;
+  return bad;
+}
+
+/* The ranks' loop while the daemon dies where `failpoint` says (NULL:
+ * killed while rank 0 waits alone in round hold_round, or stopped with
+ * SIGTERM when `term`), and is started again each time it died. The calls
+ * the daemon went under are resubmitted or found finished, or (retry) each
+ * rank repeats one after CCS_ERR_RETRY.
+ *
+ * Where the points fall: each round's call is one op, but a ring of sends
+ * (kind 3: one op per pair of ranks) and a host stream's (kind 4: two);
+ * the answers count 2 comm inits per rank first, then a call per rank. */
+static void run(int n, int kinds, const char *failpoint, int term, int retry) {
+  sh->seed = test_seed();
+  sh->hold_round = failpoint ? -1 : 5;
+  sh->hold = !failpoint;
+  sh->at_hold = 0;
+  memset(sh->retried, 0, sizeof(sh->retried));
+  memset(sh->ok, 0, sizeof(sh->ok));
+  if (failpoint) setenv("CCSD_FAILPOINT", failpoint, 1);
+  assert_int_equal(test_daemon_start(&dmn, NULL), 0);
+  unsetenv("CCSD_FAILPOINT");
+  test_new_id(&sh->id[0]);
+  test_new_id(&sh->id[1]);
+  pid_t ranks = fork();
+  if (ranks == 0) {
+    int st[MAXR], bad = 0;
+    test_run_ranks(n, rank_main, &kinds, 120, st);
+    for (int r = 0; r < n; r++) bad |= st[r] != 0;
+    _exit(bad);
+  }
+  int restarts = 0, status = -1;
+  if (!failpoint) { /* rank 0 blocked in the held round: the daemon goes under it */
+    double until = test_now() + 30;
+    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && ops_in_flight() >= 1) && test_now() < until)
+      usleep(2000);
+    if (term) assert_int_equal(test_daemon_term(&dmn), 0);
+    else test_daemon_kill(&dmn);
+    usleep(100000); /* the keepers try, and wait for the daemon */
+    assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+    restarts++;
+    __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+  }
+  for (;;) {
+    pid_t done = waitpid(ranks, &status, WNOHANG);
+    if (done == ranks) break;
+    if (dmn.pid > 0 && !test_daemon_alive(&dmn)) { /* the failpoint: as systemd, start it again */
+      test_daemon_kill(&dmn);
+      assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+      restarts++;
+    }
+    usleep(2000);
+  }
+  int retried = 0, ok = 0;
+  for (int r = 0; r < n; r++) retried += sh->retried[r], ok += sh->ok[r];
+  fprintf(stderr, "# %s, %d ranks: %d restart(s); %d calls right, %d repeated after CCS_ERR_RETRY\n",
+          failpoint ? failpoint : term ? "SIGTERM" : "SIGKILL while waiting", n, restarts, ok, retried);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(restarts, 1); /* the daemon did die where it was told */
+  assert_int_equal(ok, n * ROUNDS);
+  if (retry > 0) assert_int_equal(retried, n); /* every rank repeated the call */
+  else if (retry == 0) assert_int_equal(retried, 0);
+  assert_int_equal(test_daemon_stop(&dmn), 0);
+}
+
+static int setup(void **state) {
+  (void)state;
+  sh = test_shared_new(sizeof(*sh));
+  return sh ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  test_daemon_stop(&dmn);
+  test_shared_free(sh, sizeof(*sh));
+  return 0;
+}
+
+/* Each moment of an op, with 2 and 3 ranks: the calls of the round it
+ * hits resubmitted, found finished, or repeated after CCS_ERR_RETRY. */
+static void test_waiting(void **state) {
+  (void)state;
+  run(3, 4, NULL, 0, 0); /* rank 0's call waits for the others when the daemon dies */
+  run(2, 4, NULL, 1, 0); /* the same, stopped with SIGTERM */
+}
+
+static void test_matched(void **state) {
+  (void)state;
+  run(3, 4, "launch:6", 0, 0); /* round 3: the ring's last pair */
+  run(2, 4, "launch:6", 0, 0); /* round 4: in place on registered memory, not begun */
+}
+
+static void test_started(void **state) {
+  (void)state;
+  run(2, 4, "started:6", 0, 1); /* round 4: in place on registered memory: repeated */
+  run(3, 4, "started:8", 0, 0); /* round 5: staged: resubmitted */
+  run(1, 4, "started:5", 0, 1); /* one rank, round 4 */
+}
+
+static void test_partly_written(void **state) {
+  (void)state;
+  run(3, 4, "task:30", 0, -1);
+}
+
+static void test_answered_to_some(void **state) {
+  (void)state;
+  run(3, 4, "answer:20", 0, 0); /* round 4 (in place): one rank has its answer */
+  run(2, 4, "answer:13", 0, 0); /* round 4: finished, no answer out (the journal says so) */
+  run(3, 4, "answer:17", 0, 0); /* round 3: the ring's */
+}
+
+static void test_host_stream(void **state) {
+  (void)state;
+  run(3, 5, "started:15", 0, 1); /* round 9: a host stream's calls: repeated */
+}
+
+/* No daemon comes back: the calls fail once CCS_RECONNECT_TIMEOUT passed. */
+static int abandoned_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
+  int64_t v = rank, out;
+  if (rank == n - 1) {
+    while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+  }
+  double t0 = test_now();
+  ccs_result_t rc = ccs_all_reduce(&v, &out, 1, CCS_INT64, CCS_SUM, comm, NULL);
+  double took = test_now() - t0;
+  int ok = rc == CCS_ERR_DAEMON_UNAVAILABLE && strstr(ccs_comm_last_error(comm), "did not come back");
+  if (!ok) fprintf(stderr, "rank %d: %s (%s) after %.2f s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm), took);
+  ccs_comm_destroy(comm);
+  return !ok;
+}
+
+static void test_daemon_not_back(void **state) {
+  (void)state;
+  assert_int_equal(test_daemon_start(&dmn, NULL), 0);
+  test_new_id(&sh->id[0]);
+  sh->hold = 1;
+  setenv("CCS_RECONNECT_TIMEOUT", "1", 1);
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(2, abandoned_rank, NULL, 60, NULL));
+  unsetenv("CCS_RECONNECT_TIMEOUT");
+  double until = test_now() + 30;
+  while (ops_in_flight() < 1 && test_now() < until) usleep(2000);
+  test_daemon_kill(&dmn);
+  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+  int status;
+  assert_int_equal(waitpid(ranks, &status, 0), ranks);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* Ids issued before a restart join after it: the key stays beside the
+ * socket (the daemon's file alone); a key file that is not the daemon's
+ * own is not used, and then they do not. */
+static void test_ids_after_restart(void **state) {
+  (void)state;
+  assert_int_equal(test_daemon_start(&dmn, NULL), 0);
+  ccs_unique_id_t id;
+  assert_int_equal(ccs_get_unique_id(&id), CCS_OK);
+  test_daemon_kill(&dmn);
+  assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+  ccs_comm_t *comm;
+  assert_int_equal(ccs_comm_init_rank(&comm, 1, id, 0), CCS_OK);
+  int64_t v = 7;
+  assert_int_equal(ccs_all_reduce(&v, &v, 1, CCS_INT64, CCS_SUM, comm, NULL), CCS_OK);
+  assert_int_equal(v, 7);
+  assert_int_equal(ccs_comm_destroy(comm), CCS_OK);
+  /* a key file others may read: refused, a key of one run instead */
+  char key[160];
+  snprintf(key, sizeof(key), "%s.id-key", dmn.socket);
+  assert_int_equal(test_daemon_term(&dmn), 0);
+  assert_int_equal(chmod(key, 0644), 0);
+  assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+  assert_int_equal(ccs_comm_init_rank(&comm, 1, id, 0), CCS_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(ccs_comm_last_error(NULL), "before it restarted"));
+  assert_int_equal(test_daemon_stop(&dmn), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_waiting, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_matched, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_started, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_partly_written, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_answered_to_some, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_daemon_not_back, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ids_after_restart, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

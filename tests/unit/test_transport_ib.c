@@ -1,0 +1,393 @@
+/* The verbs transport over the emulated NIC (tests/verbs_emu): registered
+ * messages of every size both ways, by RDMA when the receive is posted
+ * first and eager over TCP when the sender would otherwise wait; order per
+ * tag; a receive too small; messages held for receives posted after the
+ * sender closed; a peer that goes away; a port that goes down; and the
+ * choice of port and GID, with what the daemon is told when none will do. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "transport.h"
+#include "verbs_port.h"
+
+static const struct transport_ops *T = &ccs_transport_ib;
+
+/* tests/rdma/run.sh points CCS_TEST_IB_LIBRARY at a real libibverbs: the
+ * tests that drive the emulated NIC itself run on the emulation only. */
+static const char *library(void) {
+  const char *lib = getenv("CCS_TEST_IB_LIBRARY");
+  return lib && *lib ? lib : CCS_VERBS_EMU_PATH;
+}
+static int emulated(void) { return !strcmp(library(), CCS_VERBS_EMU_PATH); }
+
+static struct transport_params params(void) {
+  struct transport_params p = {.max_conns = 64, .unexpected_per_conn = 64 << 20,
+                               .unexpected_total = 256 << 20, .greeting_timeout_s = 5,
+                               .ib_library = library(), .ib_gid_index = -1};
+  memset(p.key, 7, sizeof(p.key));
+  return p;
+}
+
+static struct transport *open_t(void) {
+  char err[256];
+  struct transport_params p = params();
+  struct transport *t = T->open(&p, err, sizeof(err));
+  if (!t) fprintf(stderr, "open: %s\n", err);
+  assert_non_null(t);
+  return t;
+}
+
+static int collect(struct transport *a, struct transport *b, struct tcompletion *out, int want) {
+  int got = 0;
+  for (double deadline = test_now() + 20; got < want && test_now() < deadline;) {
+    got += T->poll(a, 1, out + got, want - got);
+    if (got < want) got += T->poll(b, 1, out + got, want - got);
+  }
+  return got;
+}
+
+static void connect_pair(struct transport **a, struct transport **b, struct tconn **ca, struct tconn **cb) {
+  char err[256], bound[128];
+  *a = open_t();
+  *b = open_t();
+  assert_int_equal(T->listen(*a, "127.0.0.1:0", bound, sizeof(bound), err, sizeof(err)), 0);
+  assert_int_equal(T->connect(*b, bound, cb, err, sizeof(err)), 0);
+  int rc = 0;
+  struct tcompletion none[1];
+  for (double until = test_now() + 5; rc == 0 && test_now() < until;) {
+    rc = T->accept(*a, ca, err, sizeof(err));
+    if (rc == 0) T->poll(*a, 1, none, 0), T->poll(*b, 1, none, 0);
+  }
+  assert_int_equal(rc, 1);
+}
+
+static void fill(char *p, size_t n, uint64_t seed) {
+  for (size_t k = 0; k < n; k++) p[k] = (char)test_mix(seed, k);
+}
+
+/* Every size, each twice: once with the receive posted first (answered:
+ * RDMA), once with the send first and the receive 50 ms later (the send
+ * goes eager, the bytes are held). Both ways at once. */
+static void test_sizes_both_ways(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  static const size_t sizes[] = {0, 1, 4097, (16 << 10) - 1, 16 << 10, 1 << 20, (8 << 20) + 3};
+  enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+  uint64_t seed = test_seed();
+  for (int recv_first = 1; recv_first >= 0; recv_first--) {
+    char *out_a[N], *out_b[N], *in_a[N], *in_b[N];
+    struct tmem *m_oa[N], *m_ob[N], *m_ia[N], *m_ib[N];
+    char err[256];
+    for (int i = 0; i < N; i++) {
+      size_t n = sizes[i] + 1;
+      out_a[i] = malloc(n), out_b[i] = malloc(n), in_a[i] = calloc(1, n), in_b[i] = calloc(1, n);
+      fill(out_a[i], sizes[i], seed + (uint64_t)i);
+      fill(out_b[i], sizes[i], ~seed + (uint64_t)i);
+      assert_non_null(m_oa[i] = T->mem_register(a, out_a[i], sizes[i], err, sizeof(err)));
+      assert_non_null(m_ia[i] = T->mem_register(a, in_a[i], sizes[i], err, sizeof(err)));
+      assert_non_null(m_ob[i] = T->mem_register(b, out_b[i], sizes[i], err, sizeof(err)));
+      assert_non_null(m_ib[i] = T->mem_register(b, in_b[i], sizes[i], err, sizeof(err)));
+    }
+    struct tcompletion done[4 * N];
+    if (recv_first) {
+      for (int i = 0; i < N; i++) {
+        assert_int_equal(T->recv(ca, m_ia[i], in_a[i], sizes[i], 100 + (uint64_t)i, in_a[i]), 0);
+        assert_int_equal(T->recv(cb, m_ib[i], in_b[i], sizes[i], 200 + (uint64_t)i, in_b[i]), 0);
+      }
+      for (int spin = 0; spin < 20; spin++) collect(a, b, done, 0), T->poll(a, 1, done, 0), T->poll(b, 1, done, 0);
+    }
+    for (int i = N - 1; i >= 0; i--) { /* in reverse: tags, not order, match */
+      assert_int_equal(T->send(cb, m_ob[i], out_b[i], sizes[i], 100 + (uint64_t)i, out_b[i]), 0);
+      assert_int_equal(T->send(ca, m_oa[i], out_a[i], sizes[i], 200 + (uint64_t)i, out_a[i]), 0);
+    }
+    if (!recv_first) {
+      assert_int_equal(collect(a, b, done, 2 * N), 2 * N); /* the sends complete on their own */
+      for (int i = 0; i < 2 * N; i++) assert_true(done[i].is_send && done[i].status == 0);
+      for (int i = 0; i < N; i++) {
+        assert_int_equal(T->recv(ca, m_ia[i], in_a[i], sizes[i], 100 + (uint64_t)i, in_a[i]), 0);
+        assert_int_equal(T->recv(cb, m_ib[i], in_b[i], sizes[i], 200 + (uint64_t)i, in_b[i]), 0);
+      }
+      assert_int_equal(collect(a, b, done, 2 * N), 2 * N);
+    } else {
+      assert_int_equal(collect(a, b, done, 4 * N), 4 * N);
+    }
+    for (int i = 0; i < (recv_first ? 4 : 2) * N; i++) {
+      assert_int_equal(done[i].status, 0);
+      if (!done[i].is_send) {
+        char *in = done[i].user;
+        int k = 0;
+        while (in != in_a[k] && in != in_b[k]) k++;
+        assert_int_equal(done[i].bytes, sizes[k]);
+        assert_ptr_equal(done[i].conn, in == in_a[k] ? ca : cb);
+      }
+    }
+    /* posted first, a large message is written into its receive; sent
+     * first, it waits for an answer that does not come and goes eager */
+    struct transport_counters ka, kb;
+    T->counters(a, &ka);
+    T->counters(b, &kb);
+    uint64_t large = 0, small = 0;
+    for (int i = 0; i < N; i++) sizes[i] >= (16 << 10) ? (large++) : (small++);
+    if (recv_first) {
+      assert_int_equal(ka.rdma_messages + kb.rdma_messages, 2 * large);
+      assert_int_equal(ka.eager_messages + kb.eager_messages, 2 * small);
+    } else {
+      assert_int_equal(ka.rdma_messages + kb.rdma_messages, 2 * large);
+      assert_int_equal(ka.eager_messages + kb.eager_messages, 2 * small + 2 * N);
+    }
+    for (int i = 0; i < N; i++) {
+      assert_memory_equal(in_a[i], out_b[i], sizes[i]);
+      assert_memory_equal(in_b[i], out_a[i], sizes[i]);
+      T->mem_deregister(m_oa[i]), T->mem_deregister(m_ob[i]), T->mem_deregister(m_ia[i]), T->mem_deregister(m_ib[i]);
+      free(out_a[i]), free(out_b[i]), free(in_a[i]), free(in_b[i]);
+    }
+  }
+  T->free(a);
+  T->free(b);
+}
+
+/* One tag, three messages: first sent, first received, whichever way each
+ * goes; a receive too small fails (-EMSGSIZE) and the next one still gets
+ * the next message; outside its registration a post is refused. */
+static void test_order_and_sizes_that_differ(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  enum { BIG = 1 << 20 };
+  char *out = malloc(3 * BIG), *in = calloc(1, 3 * BIG), err[256];
+  fill(out, 3 * BIG, test_seed());
+  struct tmem *mo = T->mem_register(b, out, 3 * BIG, err, sizeof(err));
+  struct tmem *mi = T->mem_register(a, in, 3 * BIG, err, sizeof(err));
+  assert_int_equal(T->send(cb, mo, out + 3 * BIG - 10, 11, 5, NULL), -EFAULT);
+  assert_int_equal(T->recv(ca, mi, in - 1, 10, 5, NULL), -EFAULT);
+  struct tcompletion done[8];
+  /* the first receive waits for its message; the other two come after the sends */
+  assert_int_equal(T->recv(ca, mi, in, BIG, 9, in), 0);
+  for (int i = 0; i < 3; i++) assert_int_equal(T->send(cb, mo, out + (size_t)i * BIG, BIG, 9, NULL), 0);
+  assert_int_equal(collect(a, b, done, 4), 4);
+  assert_int_equal(T->recv(ca, mi, in + BIG, BIG - 1, 9, in + BIG), 0); /* too small */
+  assert_int_equal(T->recv(ca, mi, in + 2 * BIG, BIG, 9, in + 2 * BIG), 0);
+  assert_int_equal(collect(a, b, done, 2), 2);
+  for (int i = 0; i < 2; i++) {
+    if (done[i].user == in + BIG) assert_int_equal(done[i].status, -EMSGSIZE);
+    else assert_int_equal(done[i].status, 0);
+  }
+  assert_memory_equal(in, out, BIG);
+  assert_memory_equal(in + 2 * BIG, out + 2 * BIG, BIG);
+  /* a receive too small for a message that waits for its answer */
+  assert_int_equal(T->recv(ca, mi, in, BIG / 2, 11, in), 0);
+  assert_int_equal(T->send(cb, mo, out, BIG, 11, NULL), 0);
+  assert_int_equal(T->send(cb, mo, out + BIG, BIG, 12, NULL), 0);
+  assert_int_equal(T->recv(ca, mi, in + BIG, BIG, 12, in + BIG), 0);
+  assert_int_equal(collect(a, b, done, 4), 4);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(done[i].status, done[i].user == in ? -EMSGSIZE : 0);
+  assert_memory_equal(in + BIG, out + BIG, BIG);
+  T->mem_deregister(mo);
+  T->mem_deregister(mi);
+  T->free(a);
+  T->free(b);
+  free(out);
+  free(in);
+}
+
+/* The sender closes at once: what it sent eager is still received after;
+ * a receive nothing will match fails; messages without a registration pass
+ * through as over TCP. */
+static void test_held_after_close(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  char out[5000], in[5000], ctl[8] = "control", ctl_in[8] = {0}, err[256];
+  fill(out, sizeof(out), 3);
+  struct tmem *mo = T->mem_register(b, out, sizeof(out), err, sizeof(err));
+  struct tmem *mi = T->mem_register(a, in, sizeof(in), err, sizeof(err));
+  struct tcompletion done[4];
+  assert_int_equal(T->send(cb, mo, out, sizeof(out), 42, NULL), 0);
+  assert_int_equal(T->send(cb, NULL, ctl, sizeof(ctl), 0, NULL), 0);
+  assert_int_equal(collect(a, b, done, 2), 2);
+  for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0); /* a reads them, completes nothing */
+  T->close(cb);
+  T->mem_deregister(mo);
+  T->free(b);
+  int seen_failure = 0;
+  for (double end = test_now() + 5; !seen_failure && test_now() < end;) {
+    char spare[4];
+    seen_failure = T->recv(ca, NULL, spare, 4, 77, NULL) < 0;
+    if (!seen_failure) assert_int_equal(collect(a, a, done, 1), 1), seen_failure = done[0].status < 0;
+  }
+  assert_true(seen_failure);
+  assert_int_equal(T->recv(ca, NULL, ctl_in, sizeof(ctl_in), 0, ctl_in), 0);
+  assert_int_equal(T->recv(ca, mi, in, sizeof(in), 42, in), 0);
+  assert_int_equal(collect(a, a, done, 2), 2);
+  for (int i = 0; i < 2; i++) assert_int_equal(done[i].status, 0);
+  assert_memory_equal(in, out, sizeof(out));
+  assert_string_equal(ctl_in, "control");
+  assert_true(T->recv(ca, mi, in, sizeof(in), 43, in) < 0);
+  T->mem_deregister(mi);
+  T->free(a);
+}
+
+/* Many small messages, some received as they come and the rest only
+ * after the sender closed: every one arrives, in its receive. */
+static void test_many_then_close(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  enum { N = 3000 };
+  static char out[N], in[N];
+  char err[256];
+  fill(out, N, test_seed());
+  memset(in, 0, N);
+  struct tmem *mo = T->mem_register(b, out, N, err, sizeof(err));
+  struct tmem *mi = T->mem_register(a, in, N, err, sizeof(err));
+  static struct tcompletion done[N];
+  for (int i = 0; i < N / 2; i++) assert_int_equal(T->recv(ca, mi, in + i, 1, 1000 + (uint64_t)i, NULL), 0);
+  for (int i = 0; i < N; i++) assert_int_equal(T->send(cb, mo, out + i, 1, 1000 + (uint64_t)i, NULL), 0);
+  int got = 0, sent = 0; /* a takes what comes meanwhile: the first half into receives */
+  for (double end = test_now() + 20; sent < N && test_now() < end;) {
+    int n = T->poll(b, 1, done, N);
+    for (int i = 0; i < n; i++) assert_int_equal(done[i].status, 0);
+    sent += n;
+    got += T->poll(a, 0, done, N);
+  }
+  assert_int_equal(sent, N);
+  T->close(cb); /* (b stays: a daemon's transport outlives its connections) */
+  for (int i = N / 2; i < N; i++) assert_int_equal(T->recv(ca, mi, in + i, 1, 1000 + (uint64_t)i, NULL), 0);
+  int bad = 0;
+  for (double end = test_now() + 20; got < N && test_now() < end;) {
+    int n = T->poll(a, 1, done, N);
+    for (int i = 0; i < n; i++) bad += done[i].status != 0;
+    got += n;
+    T->poll(b, 0, done + got, 0);
+  }
+  assert_int_equal(got, N);
+  assert_int_equal(bad, 0);
+  assert_memory_equal(in, out, N);
+  T->mem_deregister(mo);
+  T->mem_deregister(mi);
+  T->free(b);
+  T->free(a);
+}
+
+/* The port goes down mid-transfer: what is posted fails (-ENETDOWN), on
+ * both sides (the peer hears the connection close). */
+static void test_port_down(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  char *buf = malloc(1 << 20), err[256];
+  struct tmem *m = T->mem_register(a, buf, 1 << 20, err, sizeof(err));
+  assert_int_equal(T->recv(ca, m, buf, 1 << 20, 1, buf), 0);
+  char path[128];
+  snprintf(path, sizeof(path), "%s/raise-%d", test_verbs_emu_dir(), (int)getpid());
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "port_down emu0 1\n");
+  fclose(f);
+  struct tcompletion done[2];
+  assert_int_equal(collect(a, b, done, 1), 1);
+  /* both transports run on emu0 here: whichever hears the port's event
+   * fails with -ENETDOWN, its peer then hears the connection close */
+  assert_true(done[0].status == -ENETDOWN || done[0].status == -ECONNRESET);
+  assert_ptr_equal(done[0].user, buf);
+  char spare[4];
+  int peer_failed = T->recv(cb, NULL, spare, 4, 99, NULL) < 0;
+  if (!peer_failed) assert_int_equal(collect(b, b, done, 1), 1), peer_failed = done[0].status < 0;
+  assert_true(peer_failed);
+  T->mem_deregister(m);
+  T->free(a);
+  T->free(b);
+  free(buf);
+}
+
+/* What the daemon is told when verbs will not do. */
+static void test_no_port(void **state) {
+  char err[256];
+  struct transport_params p = params();
+  /* (devices of names no other test used: the emulation keeps a device
+   * while anything holds it) */
+  setenv("CCS_VERBS_EMU_DEVICES", "emu5:2:down", 1);
+  assert_null(T->open(&p, err, sizeof(err)));
+  assert_string_equal(err, "no active port among emu5:1 (down) emu5:2 (down)");
+  setenv("CCS_VERBS_EMU_DEVICES", "emu6:1:down,emu7:1:active", 1);
+  p.ib_devices = "emu6";
+  assert_null(T->open(&p, err, sizeof(err)));
+  assert_string_equal(err, "no active port among emu6:1 (down) of ib_devices");
+  p.ib_devices = "emu7:1";
+  struct transport *t = T->open(&p, err, sizeof(err));
+  assert_non_null(t);
+  char what[256];
+  T->describe(t, what, sizeof(what));
+  assert_non_null(strstr(what, "emu7 port 1 (RoCE, GID index 1"));
+  T->free(t);
+  unsetenv("CCS_VERBS_EMU_DEVICES");
+  p.ib_devices = "emu0:0";
+  assert_null(T->open(&p, err, sizeof(err)));
+  assert_non_null(strstr(err, "bad port in ib_devices"));
+  p.ib_devices = NULL;
+  p.ib_library = "/nonexistent/libibverbs.so.1";
+  assert_null(T->open(&p, err, sizeof(err)));
+  assert_non_null(strstr(err, "cannot load /nonexistent/libibverbs.so.1"));
+  p.ib_library = CCS_VERBS_EMU_PATH;
+  p.encrypt_data = 1;
+  assert_null(T->open(&p, err, sizeof(err)));
+  assert_non_null(strstr(err, "peer_encrypt needs transport tcp"));
+}
+
+static void test_gid_choice(void **state) {
+  struct ib_gid_entry g[4] = {0};
+  g[0].raw[0] = 0xfe, g[0].raw[1] = 0x80, g[0].raw[15] = 1, g[0].type = "IB/RoCE v1\n";
+  g[1].raw[10] = g[1].raw[11] = 0xff, g[1].raw[12] = 10, g[1].type = "IB/RoCE v1\n";
+  g[2] = g[0], g[2].type = "RoCE v2\n";
+  g[3] = g[1], g[3].type = "RoCE v2\n";
+  assert_int_equal(ccs_ib_pick_gid(g, 4, 1, -1), 3); /* RoCE v2, IPv4 */
+  assert_int_equal(ccs_ib_pick_gid(g, 3, 1, -1), 2); /* RoCE v2, IPv6 */
+  assert_int_equal(ccs_ib_pick_gid(g, 2, 1, -1), -1); /* v1 only */
+  assert_int_equal(ccs_ib_pick_gid(g, 4, 0, -1), 0);  /* InfiniBand */
+  assert_int_equal(ccs_ib_pick_gid(g, 4, 1, 1), 1);   /* as forced */
+  assert_int_equal(ccs_ib_pick_gid(g, 4, 1, 4), -1);  /* forced past the table */
+  g[0].type = g[1].type = NULL; /* no sysfs: the IPv4-mapped one */
+  assert_int_equal(ccs_ib_pick_gid(g, 2, 1, -1), 1);
+  memset(g[1].raw, 0, 16);
+  assert_int_equal(ccs_ib_pick_gid(g, 2, 1, 1), -1); /* an empty entry */
+  struct ib_want w[4];
+  char err[128];
+  assert_int_equal(ccs_ib_parse_devices("mlx5_0:1,mlx5_1", w, 4, err, sizeof(err)), 2);
+  assert_string_equal(w[0].dev, "mlx5_0");
+  assert_int_equal(w[0].port, 1);
+  assert_string_equal(w[1].dev, "mlx5_1");
+  assert_int_equal(w[1].port, 0);
+  assert_int_equal(ccs_ib_parse_devices("", w, 4, err, sizeof(err)), 0);
+  assert_int_equal(ccs_ib_parse_devices("a,b,c,d,e", w, 4, err, sizeof(err)), -1);
+  assert_int_equal(ccs_ib_parse_devices("mlx5_0:x", w, 4, err, sizeof(err)), -1);
+  assert_int_equal(ccs_ib_parse_devices(",", w, 4, err, sizeof(err)), -1);
+  assert_int_equal(ccs_ib_parse_devices("mlx5_0:256", w, 4, err, sizeof(err)), -1);
+}
+
+int main(void) {
+  test_verbs_emu_dir();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sizes_both_ways),
+      cmocka_unit_test(test_order_and_sizes_that_differ),
+      cmocka_unit_test(test_held_after_close),
+      cmocka_unit_test(test_many_then_close),
+      cmocka_unit_test(test_gid_choice),
+      /* last: they drive the emulated NIC itself (its devices, its events) */
+      cmocka_unit_test(test_port_down),
+      cmocka_unit_test(test_no_port),
+  };
+  size_t n = sizeof(tests) / sizeof(tests[0]) - (emulated() ? 0 : 2);
+  return _cmocka_run_group_tests("test_transport_ib", tests, n, NULL, NULL);
+}
