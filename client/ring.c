@@ -17,7 +17,9 @@
  * call that never went out, is written here; and a guard thread, started
  * with the first such call, writes every one still out when the daemon's
  * end of the socket closes (a job blocked in cudaStreamSynchronize calls
- * nothing of libccs that could notice). */
+ * nothing of libccs that could notice), or when the daemon's beat in the
+ * rings stood still for CCS_STALL_TIMEOUT while they were out (a daemon
+ * stopped, or its loop stuck, keeps its socket open). */
 #include <errno.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -62,6 +64,7 @@ struct ccs__ring {
   uint64_t spin_ns;
   int flags_state; /* the stream flags: 0 not tried, 1 registered with CUDA, -1 unusable */
   int daemon_flags; /* the daemon took them (RingSetup's reply) */
+  uint32_t beat_ms; /* the daemon's beat comes at least this often (0: it has none) */
   int dead;         /* the guard saw the daemon's end close: no call goes out any more */
   uint32_t ndraining;
   int guard_stop;  /* an eventfd that ends the guard thread; -1: none runs */
@@ -142,7 +145,10 @@ void ccs__ring_open(struct ccs__conn *c) {
     ccs__ring_free(r);
     return;
   }
-  r->daemon_flags = reply->body_case == CCS__REPLY__BODY_RING_SETUP && reply->ring_setup->stream_flags;
+  if (reply->body_case == CCS__REPLY__BODY_RING_SETUP) {
+    r->daemon_flags = reply->ring_setup->stream_flags;
+    r->beat_ms = reply->ring_setup->beat_ms;
+  }
   ccs__reply__free_unpacked(reply, NULL);
   c->ring = r;
 }
@@ -502,17 +508,58 @@ static void let_all_go(struct ccs__ring *r, const char *why) {
 struct guard_args {
   struct ccs__ring *r;
   int fd;
+  uint64_t stall_ns;
 };
 
+/* Every device call out ends here as failed: its stream goes on, its comm
+ * fails; what the daemon may still answer for it is ignored (the call is
+ * done). Later calls go out as ever: the daemon may come back. */
+static void give_up_device_calls(struct ccs__ring *r, const char *why) {
+  pthread_mutex_lock(&r->mu);
+  for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) {
+    struct call *call = &r->calls[i];
+    if (!call->busy || call->done || !call->device) continue;
+    call->done = 1;
+    call->status = CCS_ERR_DAEMON_UNAVAILABLE;
+    free(call->text);
+    call->text = strdup(why);
+    device_call_done(r, i);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* How long calls of a CUDA stream may stay out while the daemon's beat
+ * stands still (CCS_STALL_TIMEOUT, seconds, default 30, three beats at
+ * least; 0: no limit); 0 too where the daemon has no beat. */
+static uint64_t stall_ns(const struct ccs__ring *r) {
+  const char *v = getenv("CCS_STALL_TIMEOUT");
+  double s = v && *v ? strtod(v, NULL) : 30, least = 3e-3 * r->beat_ms;
+  if (!r->beat_ms || !(s > 0)) return 0;
+  return (uint64_t)((s < least ? least : s) * 1e9);
+}
+
+static int device_calls_out(struct ccs__ring *r) {
+  int out = 0;
+  pthread_mutex_lock(&r->mu);
+  for (uint32_t i = 0; i < CCS__RING_ENTRIES && !out; i++)
+    out = r->calls[i].busy && !r->calls[i].done && r->calls[i].device;
+  pthread_mutex_unlock(&r->mu);
+  return out;
+}
+
 /* Sleeps until the daemon's end of the socket closes (or the ring is
- * freed): asks for no events, so it never takes a reply from the threads
- * that read them; a hang-up is reported anyway. */
+ * freed), looking at the daemon's beat meanwhile: asks for no events, so
+ * it never takes a reply from the threads that read them; a hang-up is
+ * reported anyway. */
 static void *guard(void *arg) {
   struct ccs__ring *r = ((struct guard_args *)arg)->r;
   struct pollfd p[2] = {{((struct guard_args *)arg)->fd, 0, 0}, {r->guard_stop, POLLIN, 0}};
+  uint64_t stall = ((struct guard_args *)arg)->stall_ns, beat_at = now_ns();
   free(arg);
+  uint32_t beat = atomic_load_explicit(&r->sh->daemon_beat, memory_order_relaxed);
+  int every_ms = stall ? (int)(stall / 4000000 < 10 ? 10 : stall / 4000000 > 1000 ? 1000 : stall / 4000000) : -1;
   for (;;) {
-    if (poll(p, 2, -1) < 0) {
+    if (poll(p, 2, every_ms) < 0) {
       if (errno == EINTR) continue;
       return NULL;
     }
@@ -520,6 +567,20 @@ static void *guard(void *arg) {
     if (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
       let_all_go(r, "the connection to ccsd closed with calls of a CUDA stream out");
       return NULL;
+    }
+    if (!stall) continue;
+    uint32_t now_beat = atomic_load_explicit(&r->sh->daemon_beat, memory_order_relaxed);
+    uint64_t now = now_ns();
+    if (now_beat != beat || !device_calls_out(r)) { /* alive, or nothing to lose */
+      beat = now_beat;
+      beat_at = now;
+    } else if (now - beat_at >= stall) {
+      char why[200];
+      snprintf(why, sizeof(why), "ccsd showed no sign of life for %.1f s with calls of a CUDA "
+               "stream out (stopped, or its loop stuck): their streams go on, their outputs are "
+               "undefined", (double)(now - beat_at) / 1e9);
+      give_up_device_calls(r, why);
+      beat_at = now;
     }
   }
 }
@@ -530,7 +591,7 @@ static int guard_start(struct ccs__conn *c) {
   if (r->guard_stop >= 0) return 0;
   struct guard_args *g = malloc(sizeof(*g));
   if (!g) return -1;
-  *g = (struct guard_args){r, c->fd};
+  *g = (struct guard_args){r, c->fd, stall_ns(r)};
   r->guard_stop = eventfd(0, EFD_CLOEXEC);
   r->guard_pid = getpid();
   if (r->guard_stop >= 0 && pthread_create(&r->guard, NULL, guard, g) == 0) return 0;

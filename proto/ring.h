@@ -80,6 +80,8 @@ struct ccs__ring_shared {
   _Alignas(CCS__CACHE_LINE) _Atomic uint32_t sub_tail; /* client: entries published */
   _Alignas(CCS__CACHE_LINE) _Atomic uint32_t sub_head; /* daemon: entries taken */
   _Alignas(CCS__CACHE_LINE) _Atomic uint32_t daemon_sleeping; /* daemon: ring the doorbell */
+  _Atomic uint32_t daemon_beat; /* daemon: counts up every RingSetupReply.beat_ms while its loop
+                                   runs (a client tells a stalled daemon from a busy one by it) */
   _Alignas(CCS__CACHE_LINE) _Atomic uint32_t done_tail; /* daemon: completions published (a futex) */
   _Atomic uint32_t client_waiting;                      /* client: threads asleep on done_tail */
   _Alignas(CCS__CACHE_LINE) _Atomic uint32_t done_head; /* client: completions taken */

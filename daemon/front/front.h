@@ -148,7 +148,8 @@ struct daemon {
   struct tenant *tenants_by_uid; /* the same (uthash): uids come from peers too */
   struct membuf *buffers_by_id; /* every registered buffer (uthash) */
   size_t nbuffers, max_buffers; /* mappings, and half of vm.max_map_count */
-  uv_timer_t housekeeping; /* io deadlines of sessions */
+  uv_timer_t housekeeping; /* io deadlines of sessions, the rings' beats */
+  uint32_t housekeeping_ms;
   uint64_t started_ms;
   int socket_activated; /* the listening socket is systemd's: not ours to unlink */
   uv_timer_t watchdog;
@@ -415,6 +416,8 @@ void ccsd_journal_close(struct session *s); /* the session closes */
 /* marks call req_id of s (no journal, or a client gone: nothing) */
 void ccsd_journal_mark(struct session *s, uint64_t req_id, int via_ring, uint32_t state);
 void ccsd_ring_close(struct session *s); /* the session closes */
+/* Every ring's daemon_beat counted up: the loop runs (housekeeping). */
+void ccsd_rings_beat(struct daemon *d);
 /* Takes what the rings hold, up to a bound per connection: how many
  * batches were taken. */
 int ccsd_rings_poll(struct daemon *d);

@@ -20,6 +20,7 @@ static void on_housekeeping(uv_timer_t *t) {
   LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
     ccsd_session_check_io(LIST_ENTRY(it, struct session, link));
   }
+  ccsd_rings_beat(d);
 }
 
 /* vm.max_map_count: mappings one process may hold (the kernel's default
@@ -123,8 +124,11 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   }
   uv_timer_init(loop, &d->housekeeping);
   d->housekeeping.data = d;
-  uint64_t every = (uint64_t)(d->cfg.io_timeout_s * 250); /* a quarter of the io timeout */
-  uv_timer_start(&d->housekeeping, on_housekeeping, every ? every : 1, every ? every : 1);
+  /* a quarter of the io timeout, and every second at least: the beat
+   * clients with calls of a CUDA stream out watch (proto/ring.h) */
+  double every = d->cfg.io_timeout_s * 250;
+  d->housekeeping_ms = every < 1 ? 1 : every > 1000 ? 1000 : (uint32_t)every;
+  uv_timer_start(&d->housekeeping, on_housekeeping, d->housekeeping_ms, d->housekeeping_ms);
   if (d->cfg.metrics_listen[0] && ccsd_metrics_http_start(d)) return -1;
   return 0;
 }

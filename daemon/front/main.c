@@ -173,11 +173,7 @@ static int configure(int argc, char **argv, struct ccsd_config *cfg, int *check_
 int main(int argc, char **argv) {
   struct daemon d;
   int check_only = 0;
-  /* every CUDA kernel loaded when the GPUs start, before any thread runs
-   * (CUDA 13 loads lazily by default: a kernel's first launch would load
-   * its module and may synchronise the device behind clients' work); an
-   * operator's own setting stands */
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  ccsd_gpu_environment(); /* before any thread runs */
   if (configure(argc, argv, &d.cfg, &check_only)) return 2;
   ccs__log_init(d.cfg.log_level, d.cfg.log_subsys);
   if (check_only) {

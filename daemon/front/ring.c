@@ -65,6 +65,14 @@ void ccsd_ring_close(struct session *s) {
   uv_close((uv_handle_t *)&r->bell, on_bell_closed);
 }
 
+void ccsd_rings_beat(struct daemon *d) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &d->rings) {
+    struct ring *r = LIST_ENTRY(it, struct ring, link);
+    if (r->session) atomic_fetch_add_explicit(&r->sh->daemon_beat, 1, memory_order_relaxed);
+  }
+}
+
 /* Is fd what the client says it is? The kernel names the object. */
 static int is_eventfd(int fd) {
   char path[64], target[64];
@@ -146,6 +154,7 @@ void ccsd_ring_setup(struct session *s, uint64_t id) {
   Ccs__Reply reply = CCS__REPLY__INIT;
   Ccs__RingSetupReply body = CCS__RING_SETUP_REPLY__INIT;
   body.stream_flags = flags;
+  body.beat_ms = s->d->housekeeping_ms;
   reply.id = id;
   reply.body_case = CCS__REPLY__BODY_RING_SETUP;
   reply.ring_setup = &body;

@@ -35,6 +35,12 @@ struct engine_pool;
 
 struct gpu;
 
+/* What the CUDA runtime reads from the environment when it starts: set
+ * before any thread runs (setenv is not thread-safe), so in main. Every
+ * kernel loads when the GPUs start (CUDA 13 loads lazily by default: a
+ * kernel's first launch would load its module and may synchronise the
+ * device behind clients' work); an operator's own setting stands. */
+void ccsd_gpu_environment(void);
 /* The GPUs of this daemon, or NULL with the reason it runs host-only. */
 struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len);
 void ccsd_gpu_stop(struct gpu *g);

@@ -457,6 +457,8 @@ static void enable_peer_access(struct gpu *g) {
     }
 }
 
+void ccsd_gpu_environment(void) { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+
 struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
   if (ccs__cuda_usable(why, len)) return NULL;
   int n = 0;

@@ -5,6 +5,8 @@
 
 #include "run/gpu.h"
 
+void ccsd_gpu_environment(void) {}
+
 struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
   snprintf(why, len, "built without the CUDA toolkit");
   return NULL;

@@ -8,7 +8,9 @@
  * serves again once the stream wrote passed), a call that never goes out
  * (unclaimed), slots reused across more calls than the ring holds, and a
  * daemon killed with calls out (the guard thread writes every flag, fails
- * their comm, and no call goes out after). The test links the library's
+ * their comm, and no call goes out after), and a daemon stopped with calls
+ * out (its socket stays open: the guard ends them once the daemon's beat
+ * stood still for CCS_STALL_TIMEOUT, never while it beats). The test links the library's
  * sources to reach these internals. */
 #include <setjmp.h>
 #include <signal.h>
@@ -131,6 +133,16 @@ static void test_refused_and_unclaimed(void **state) {
   ccs_mem_free(buf);
 }
 
+static int released_by(const struct ccs__ring_claim *k, int n, double until) {
+  int released = 0;
+  do {
+    released = 0;
+    for (int i = 0; i < n; i++) released += done_of(&k[i]) == k[i].gen;
+    if (released < n) usleep(1000);
+  } while (released < n && test_now() < until);
+  return released;
+}
+
 /* The daemon dies with calls out: the guard writes their flags within a
  * moment, and their comm has the daemon's loss as its error. */
 static void test_daemon_killed_with_calls_out(void **state) {
@@ -141,13 +153,7 @@ static void test_daemon_killed_with_calls_out(void **state) {
   struct ccs__ring_claim k[3];
   for (int i = 0; i < 3; i++) assert_int_equal(ccs__ring_claim(c, comm, &k[i]), CCS_OK);
   test_daemon_kill(&dmn);
-  double until = test_now() + 5;
-  int released = 0;
-  while (released < 3 && test_now() < until) {
-    released = 0;
-    for (int i = 0; i < 3; i++) released += done_of(&k[i]) == k[i].gen;
-    if (released < 3) usleep(1000);
-  }
+  int released = released_by(k, 3, test_now() + 5);
   assert_int_equal(released, 3);
   assert_int_equal(comm->async_error, CCS_ERR_DAEMON_UNAVAILABLE);
   /* and no call goes out after: nobody would let its stream go */
@@ -157,10 +163,43 @@ static void test_daemon_killed_with_calls_out(void **state) {
   assert_int_equal(test_daemon_start(&dmn, NULL), 0); /* for the teardown */
 }
 
+/* A daemon that lives but does not go on (SIGSTOP: its socket stays open):
+ * calls held out longer than the stall limit while it beats stay out;
+ * once it stops, the guard ends them, failed, with their comm; once it
+ * goes on, calls go out again. */
+static void test_daemon_stalled_with_calls_out(void **state) {
+  (void)state;
+  ccs_comm_t *comm;
+  struct ccs__conn *c = connected(&comm);
+  setenv("CCS_STALL_TIMEOUT", "2", 1); /* 3 s: three of the daemon's 1 s beats */
+  assert_int_equal(ccs__ring_guard_start(c), 0);
+  unsetenv("CCS_STALL_TIMEOUT");
+  struct ccs__ring_claim k[2];
+  for (int i = 0; i < 2; i++) assert_int_equal(ccs__ring_claim(c, comm, &k[i]), CCS_OK);
+  assert_int_equal(released_by(k, 2, test_now() + 4.5), 0); /* a live daemon: kept */
+  assert_int_equal(comm->async_error, CCS_OK);
+
+  assert_int_equal(kill(dmn.pid, SIGSTOP), 0);
+  int released = released_by(k, 2, test_now() + 15);
+  kill(dmn.pid, SIGCONT);
+  assert_int_equal(released, 2);
+  assert_int_equal(comm->async_error, CCS_ERR_DAEMON_UNAVAILABLE);
+  assert_non_null(strstr(comm->last_error, "no sign of life"));
+  assert_int_equal(comm->inflight, 0); /* done: the comm can go */
+  ccs_comm_t *next;
+  assert_ptr_equal(connected(&next), c);
+  assert_int_equal(ccs_comm_destroy(comm), CCS_OK);
+  struct ccs__ring_claim late;
+  assert_int_equal(ccs__ring_claim(c, next, &late), CCS_OK);
+  ccs__ring_unclaim(c, &late, 0);
+  assert_int_equal(ccs_comm_destroy(next), CCS_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_refused_and_unclaimed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed_with_calls_out, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_daemon_stalled_with_calls_out, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,175 @@
+/* The GPU code's own logic, run against the CUDA stand-in (tests/cuda_standin)
+ * on a machine without a GPU: the daemon's GPU domain (run/gpu_cuda.c)
+ * starts and stops, enables peer access for every pair, and frees device
+ * scratch on its reaper thread, never on the loop; the runtime starts with
+ * eager module loading unless the operator set otherwise; a launch reports
+ * its own result, not an error an earlier call left on the thread; the
+ * client's CUDA calls leave the caller's thread in the context it had (its
+ * own, or none) and queue stream work in the caller's own context where it
+ * has one; device UUIDs are read from the driver once, not per lookup. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cuda_standin.h"
+#include "cuda_vmm.h"
+#include "internal.h"
+#include "kernels_device.h"
+#include "plan/pool.h"
+#include "run/gpu.h"
+
+enum { NDEVICES = 3 };
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void test_eager_loading(void **state) {
+  (void)state;
+  char why[256];
+  int n = 0;
+  assert_int_equal(ccs__cuda_usable(why, sizeof(why)), 0); /* the runtime starts */
+  assert_int_equal(cudaGetDeviceCount(&n), cudaSuccess);
+  assert_int_equal(n, NDEVICES);
+  assert_string_equal(standin.module_loading, "EAGER"); /* main set it before */
+  setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+  ccsd_gpu_environment();
+  assert_string_equal(getenv("CUDA_MODULE_LOADING"), "LAZY"); /* the operator's stands */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+}
+
+static void test_start_stop_peer_access(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  char why[256] = "";
+  uv_loop_init(&loop);
+  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
+  assert_non_null(g);
+  char text[512];
+  ccsd_gpu_describe(g, text, sizeof(text));
+  assert_non_null(strstr(text, "stand-in GPU 2"));
+  const uint64_t *reach = ccsd_gpu_reach(g);
+  for (int i = 0; i < NDEVICES; i++) {
+    assert_int_equal(reach[i], (1u << NDEVICES) - 1);
+    for (int j = 0; j < NDEVICES; j++) assert_int_equal(standin.peer[i][j], i != j);
+  }
+  ccsd_gpu_stop(g);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  assert_int_equal(atomic_load(&standin.streams), 0);
+}
+
+/* Scratch the pool lets go waits for the device when freed: never on the
+ * loop (the test's thread here). */
+static void test_scratch_freed_off_the_loop(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  char why[256] = "";
+  uv_loop_init(&loop);
+  int mallocs = atomic_load(&standin.mallocs), frees = atomic_load(&standin.frees);
+  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
+  assert_non_null(g);
+  struct engine_pool *pool = ccsd_gpu_pool(g, 1);
+  size_t got = 0, kept = 0;
+  void *big = engine_pool_get(pool, (size_t)300 << 20, &got); /* beyond what a pool keeps */
+  void *small = engine_pool_get(pool, 4096, &kept);
+  assert_non_null(big);
+  assert_non_null(small);
+  assert_int_equal(atomic_load(&standin.mallocs) - mallocs, 2);
+  engine_pool_put(pool, big, got); /* let go */
+  double until = seconds() + 5;
+  while (atomic_load(&standin.frees) == frees && seconds() < until) usleep(1000);
+  assert_int_equal(atomic_load(&standin.frees) - frees, 1);
+  engine_pool_put(pool, small, kept); /* kept for the next op: freed at stop */
+  ccsd_gpu_stop(g);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  assert_int_equal(atomic_load(&standin.frees) - frees, 2);
+  assert_int_equal(atomic_load(&standin.frees_on_loop), 0);
+}
+
+static void test_launch_reports_its_own_error(void **state) {
+  (void)state;
+  float in[2][64] __attribute__((aligned(16))), out[64] __attribute__((aligned(16)));
+  const void *inputs[2] = {in[0], in[1]};
+  void *outputs[1] = {out};
+  int launches = atomic_load(&standin.launches);
+  /* an earlier call left an error on this thread: not this launch's */
+  standin_set_last_error(cudaErrorInvalidValue);
+  assert_int_equal(ccs__reduce_device(CCS_FLOAT32, CCS_SUM, 0, inputs, 2, outputs, 1, 64, NULL),
+                   cudaSuccess);
+  standin_set_last_error(cudaErrorInvalidValue);
+  assert_int_equal(ccs__copy_device(in[0], outputs, 1, sizeof(out), NULL), cudaSuccess);
+  assert_int_equal(atomic_load(&standin.launches) - launches, 2);
+  /* a launch that fails says so, once */
+  standin.fail_next_launch = cudaErrorLaunchOutOfResources;
+  assert_int_equal(ccs__reduce_device(CCS_FLOAT32, CCS_MAX, 0, inputs, 2, outputs, 1, 64, NULL),
+                   cudaErrorLaunchOutOfResources);
+  standin.fail_next_launch = cudaErrorLaunchOutOfResources;
+  assert_int_equal(ccs__copy_device(in[0], outputs, 1, sizeof(out), NULL),
+                   cudaErrorLaunchOutOfResources);
+  assert_int_equal(ccs__copy_device(in[0], outputs, 1, sizeof(out), NULL), cudaSuccess);
+  assert_int_equal(cudaGetLastError(), cudaSuccess);
+}
+
+/* A framework's own context (not a primary one) on the caller's thread:
+ * libccs queues its stream work there and leaves it current; a thread
+ * with no context gets the device's primary one for the call and none
+ * after. */
+static void test_client_keeps_the_callers_context(void **state) {
+  (void)state;
+  static char own_context;
+  _Atomic uint32_t flag = 0;
+  void *event = NULL;
+  int set_device = atomic_load(&standin.set_device_calls);
+  standin_set_current_context(&own_context);
+  assert_int_equal(ccs__gpu_flag_write(NULL, 1, &flag, 7), CCS_OK);
+  assert_int_equal(atomic_load(&flag), 7);
+  assert_ptr_equal(standin.last_stream_context, &own_context);
+  assert_int_equal(ccs__gpu_flag_wait(NULL, 1, &flag, 7), CCS_OK);
+  assert_ptr_equal(standin.last_stream_context, &own_context);
+  assert_ptr_equal(standin_current_context(), &own_context);
+  assert_int_equal(atomic_load(&standin.set_device_calls), set_device);
+  assert_int_equal(ccs__gpu_record(&event, 2, NULL), CCS_OK); /* an event made on GPU 2 */
+  assert_ptr_equal(standin_current_context(), &own_context);
+  ccs__gpu_event_free(event);
+
+  standin_set_current_context(NULL);
+  assert_int_equal(ccs__gpu_flag_write(NULL, 2, &flag, 8), CCS_OK);
+  assert_ptr_equal(standin.last_stream_context, standin_context_of(2));
+  assert_null(standin_current_context());
+  assert_int_equal(atomic_load(&flag), 8);
+}
+
+static void test_uuids_read_once(void **state) {
+  (void)state;
+  uint8_t uuid[16];
+  for (int i = 0; i < 1000; i++) {
+    assert_int_equal(ccs__cuda_uuid_of_device(i % NDEVICES, uuid), 0);
+    assert_int_equal(ccs__cuda_device_of_uuid(uuid), i % NDEVICES);
+  }
+  assert_int_not_equal(ccs__cuda_uuid_of_device(NDEVICES, uuid), 0);
+  assert_int_equal(atomic_load(&standin.uuid_reads), NDEVICES); /* when the runtime started */
+}
+
+int main(void) {
+  standin_reset(NDEVICES);
+  ccsd_gpu_environment(); /* as ccsd's main does, before the first CUDA call */
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_eager_loading),
+      cmocka_unit_test(test_start_stop_peer_access),
+      cmocka_unit_test(test_scratch_freed_off_the_loop),
+      cmocka_unit_test(test_launch_reports_its_own_error),
+      cmocka_unit_test(test_client_keeps_the_callers_context),
+      cmocka_unit_test(test_uuids_read_once),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
