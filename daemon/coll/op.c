@@ -231,9 +231,11 @@ static int hand_down(struct xop *x) {
     r->orders[i] = p->order;
     const struct coll_buf *bufs[2] = {&p->send, &p->recv};
     for (int k = 0; k < 2; k++)
-      if (bufs[k]->base) r->regions[r->nregions++] = (struct run_region){bufs[k]->base, bufs[k]->size};
+      if (bufs[k]->base) /* a client's mapping: the layer above forgets it when it goes */
+        r->regions[r->nregions++] = (struct run_region){bufs[k]->base, bufs[k]->size, 1};
   }
-  if (x->scratch) r->regions[r->nregions++] = (struct run_region){x->scratch, x->scratch_len};
+  if (x->scratch) r->regions[r->nregions++] = (struct run_region){x->scratch, x->scratch_len, 0};
+  r->scratch_cacheable = r->plan.pool && r->plan.pool == c->co->pool;
   r->net = c->net;
   r->map = &c->map;
   r->part_node = x->part_node;

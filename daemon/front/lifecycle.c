@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -33,6 +34,16 @@ static size_t max_mappings(void) {
     fclose(f);
   }
   return n > 1024 ? (size_t)n : 65530;
+}
+
+static void *scratch_alloc(size_t bytes, void *ctx) {
+  (void)ctx;
+  return malloc(bytes ? bytes : 1);
+}
+
+static void scratch_release(void *mem, void *ctx) {
+  ccsd_peers_forget(((struct daemon *)ctx)->coll.peers, mem, 1);
+  free(mem);
 }
 
 static void on_peer_message(void *arg, const char *addr, const struct peer_msg *m) {
@@ -81,7 +92,8 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     LOG_INFO(CCS_LOG_INIT, "unique ids: the key in %s%s", key_path, made ? " (made now)" : "");
   }
   randombytes_buf(co->table_key, sizeof(co->table_key));
-  d->coll.pool = engine_pool_new(d->cfg.scratch_keep); /* scratch kept between ops */
+  /* scratch kept between ops, and registered with the transport meanwhile */
+  d->coll.pool = engine_pool_new_with(d->cfg.scratch_keep, scratch_alloc, scratch_release, d);
   ccsd_run_shares_init(&d->shares);
   d->coll.shares = &d->shares;
   ccsd_shares_start(d);
@@ -143,6 +155,7 @@ void ccsd_daemon_close(struct daemon *d) {
   ccsd_gpu_stop(d->coll.gpu);
   ccsd_executor_stop(d->coll.exec);
   uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
+  d->coll.peers = NULL; /* freed by them */
   engine_pool_free(d->coll.pool);
   ccsd_run_shares_close(&d->shares);
   uv_loop_close(d->loop);

@@ -211,6 +211,7 @@ void ccsd_membuf_ref(struct membuf *b) { b->refs++; }
 
 void ccsd_membuf_unref(struct membuf *b) {
   if (!b || --b->refs > 0) return;
+  ccsd_peers_forget(b->d->coll.peers, b->base, b->size); /* registered between ops until now */
   unmap(b);
   uncharge(b->d, b->tenant, b->size);
   free(b);

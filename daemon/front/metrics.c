@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "front/front.h"
+#include "regcache.h"
 #include "run/executor.h"
 
 static const double bounds[CCSD_LATENCY_BUCKETS] = {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, 100};
@@ -210,6 +211,18 @@ char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, s
         ccsd_executor_busy_seconds(d->coll.exec), d->cfg.threads, d->nrings,
         (unsigned long long)d->ring_calls,
         (double)(ccsd_now_ms(d) - d->started_ms) / 1000.0);
+  }
+  if (all && d->coll.peers) {
+    struct reg_cache_counts k;
+    ccsd_peers_registrations(d->coll.peers, &k);
+    textbuf_printf(&o, "# HELP ccs_transport_registrations_total Buffers and scratch registered with "
+                       "the transport for a call: made then, or kept from an earlier call.\n"
+                       "# TYPE ccs_transport_registrations_total counter\n"
+                       "ccs_transport_registrations_total{how=\"made\"} %llu\n"
+                       "ccs_transport_registrations_total{how=\"kept\"} %llu\n"
+                       "# HELP ccs_transport_registrations Registrations held now.\n"
+                       "# TYPE ccs_transport_registrations gauge\nccs_transport_registrations %llu\n",
+                   (unsigned long long)k.made, (unsigned long long)k.reused, (unsigned long long)k.held);
   }
   ccsd_shares_metrics(&o, d, view, uid);
   if (o.failed) {

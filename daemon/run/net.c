@@ -20,6 +20,7 @@
 #include "run/executor.h"
 #include "run/link.h"
 #include "run/net.h"
+#include "regcache.h"
 #include "transport.h"
 #include "wire.h"
 
@@ -129,6 +130,7 @@ struct peers {
   struct list deferred; /* transfers of failed data connections */
   struct list taken;    /* tasks this thread took, not yet run (posted, or computed) */
   struct net_links links; /* sends by link and tenant */
+  struct reg_cache *regs; /* buffers and scratch registered once (NULL once stopped) */
   int draining;           /* drain() is running: a send that fails inside does not recurse */
   double last_beat;
   double last_refusal_log;
@@ -399,23 +401,27 @@ static void transfer_fail_deferred(struct peers *p, struct net_task *rec) {
 /* The memory an op's messages may use, registered with the transport at
  * its first message: its ranks' buffers and its scratch. */
 struct net_mem {
+  struct reg_cache *regs;
   int n;
   struct {
     char *base;
     size_t len;
-    struct tmem *m;
+    struct reg_entry *e;
   } r[];
 };
 
-static int add_region(struct peers *p, struct net_mem *nm, void *base, size_t len) {
+static int add_region(struct net_mem *nm, void *base, size_t len, int keep) {
   char err[128];
   for (int i = 0; i < nm->n; i++)
     if (nm->r[i].base == base && nm->r[i].len == len) return 0; /* a buffer two ranks share */
-  struct tmem *m = p->ops->mem_register(p->t, base, len, err, sizeof(err));
-  if (!m) return -1;
+  struct reg_entry *e = reg_cache_get(nm->regs, base, len, keep, err, sizeof(err));
+  if (!e) {
+    LOG_WARN("registering %zu bytes with the transport: %s", len, err);
+    return -1;
+  }
   nm->r[nm->n].base = base;
   nm->r[nm->n].len = len;
-  nm->r[nm->n++].m = m;
+  nm->r[nm->n++].e = e;
   return 0;
 }
 
@@ -423,10 +429,13 @@ static struct net_mem *register_op(struct peers *p, struct run_op *x) {
   const struct engine_plan *pl = &x->plan;
   struct net_mem *nm = malloc(sizeof(*nm) + sizeof(nm->r[0]) * ((size_t)x->nregions + pl->nscratch));
   if (!nm) return NULL;
+  nm->regs = p->regs;
   nm->n = 0;
   int bad = 0;
-  for (int i = 0; i < x->nregions; i++) bad |= add_region(p, nm, x->regions[i].base, x->regions[i].len);
-  for (size_t i = 0; i < pl->nscratch; i++) bad |= add_region(p, nm, pl->scratch[i], pl->scratch_bytes[i]);
+  for (int i = 0; i < x->nregions; i++)
+    bad |= add_region(nm, x->regions[i].base, x->regions[i].len, x->regions[i].cacheable);
+  for (size_t i = 0; i < pl->nscratch; i++)
+    bad |= add_region(nm, pl->scratch[i], pl->scratch_bytes[i], x->scratch_cacheable);
   if (bad) {
     ccsd_peers_release(p, nm);
     return NULL;
@@ -435,9 +444,19 @@ static struct net_mem *register_op(struct peers *p, struct run_op *x) {
 }
 
 void ccsd_peers_release(struct peers *p, struct net_mem *nm) {
+  (void)p; /* (it may be gone: an op finishing after the network side stopped) */
   if (!nm) return;
-  for (int i = 0; i < nm->n; i++) p->ops->mem_deregister(nm->r[i].m);
+  for (int i = 0; i < nm->n; i++) reg_cache_put(nm->regs, nm->r[i].e);
   free(nm);
+}
+
+void ccsd_peers_forget(struct peers *p, const void *base, size_t len) {
+  if (p) reg_cache_forget(p->regs, base, len);
+}
+
+void ccsd_peers_registrations(struct peers *p, struct reg_cache_counts *out) {
+  *out = (struct reg_cache_counts){0};
+  if (p && p->regs) reg_cache_counts(p->regs, out);
 }
 
 /* The registration holding [buf, buf+len), or NULL (the transfer is refused). */
@@ -445,7 +464,7 @@ static struct tmem *region_of(const struct net_mem *nm, const void *buf, size_t 
   uintptr_t b = (uintptr_t)buf;
   for (int i = 0; i < nm->n; i++) {
     uintptr_t lo = (uintptr_t)nm->r[i].base;
-    if (b >= lo && b - lo <= nm->r[i].len && len <= nm->r[i].len - (b - lo)) return nm->r[i].m;
+    if (b >= lo && b - lo <= nm->r[i].len && len <= nm->r[i].len - (b - lo)) return reg_entry_mem(nm->r[i].e);
   }
   return NULL;
 }
@@ -1080,6 +1099,7 @@ static void hand_over(struct peers *p, struct run_op *x) {
 static void hand_over_cb(void *arg, struct run_op *x) { hand_over(arg, x); }
 
 static void peers_free(struct peers *p) {
+  reg_cache_free(p->regs); /* (a start that failed) */
   if (p->t) p->ops->free(p->t);
   ccsd_links_close(&p->links);
   pthread_mutex_destroy(&p->mu);
@@ -1151,7 +1171,8 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   }
   p->t = open_transport(p, &params, err, sizeof(err));
   ccs_auth_wipe_key(&params);
-  if (!p->t || p->ops->listen(p->t, opt->listen, bound, boundlen, err, sizeof(err))) {
+  if (p->t && !(p->regs = reg_cache_new(p->ops, p->t))) snprintf(err, sizeof(err), "out of memory");
+  if (!p->t || !p->regs || p->ops->listen(p->t, opt->listen, bound, boundlen, err, sizeof(err))) {
     LOG_ERROR("daemons' port: %s", err);
     return start_failed(p);
   }
@@ -1213,6 +1234,8 @@ void ccsd_peers_stop(struct peers *p) {
   while (!list_empty(&p->comms)) comm_free(p, LIST_ENTRY(p->comms.next, struct net_comm, link));
   run_taken(p);
   on_events(&p->async);
+  reg_cache_free(p->regs); /* registrations still in use go with their ops */
+  p->regs = NULL;
   p->ops->free(p->t);
   p->t = NULL;
   uv_close((uv_handle_t *)&p->async, on_async_closed);

@@ -105,6 +105,12 @@ int ccsd_peers_op_prepare(struct run_op *x);
  * the network thread); released with the op, after its last message. */
 struct net_mem;
 void ccsd_peers_release(struct peers *p, struct net_mem *nm);
+/* The mapping of [base, base + len) goes: what was registered of it is not
+ * served again (regions marked cacheable are kept registered between ops
+ * until their owner says so here). p NULL: nothing. */
+void ccsd_peers_forget(struct peers *p, const void *base, size_t len);
+struct reg_cache_counts;
+void ccsd_peers_registrations(struct peers *p, struct reg_cache_counts *out);
 
 /* The data tag of one chunk: ops by number (0: send/recv, from and to are
  * ranks and msg counts that pair's messages), the arguments the op was

@@ -30,6 +30,7 @@ struct run_share;
 struct run_region {
   void *base;
   size_t len;
+  int cacheable; /* its owner calls ccsd_peers_forget when the mapping goes */
 };
 
 struct run_op {
@@ -47,6 +48,7 @@ struct run_op {
   int p2p;                    /* a send and its receive: participants 0 and 1 */
   uint64_t seq, sig_key;      /* what its data tags carry */
   struct run_region *regions; /* the ranks' buffers and the launcher's scratch */
+  int scratch_cacheable;      /* the plan's scratch pool reports its frees (ccsd_peers_forget) */
   int nregions;
   void (*on_done)(struct run_op *x);     /* every task finished (or skipped) */
   _Atomic int cancelled;      /* anyone: skip the remaining work */

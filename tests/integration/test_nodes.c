@@ -575,6 +575,56 @@ static void test_late_ranks_across_nodes(void **state) {
   survivors_serve();
 }
 
+/* 40 all_reduce on the same two buffers, one from ccs_mem_alloc and one of
+ * malloc (staged), every element checked. */
+static int repeating_rank(int rank, int n, void *arg) {
+  (void)arg;
+  enum { COUNT = 1 << 16, CALLS = 40 };
+  ccs_comm_t *comm;
+  float *mapped, *heap = malloc(COUNT * sizeof(float));
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK || !heap ||
+      ccs_mem_alloc((void **)&mapped, COUNT * sizeof(float)) != CCS_OK)
+    return 2;
+  for (int i = 0; i < CALLS; i++) {
+    float *buf = i % 2 ? heap : mapped;
+    for (int k = 0; k < COUNT; k++) buf[k] = (float)(rank + 1) * (float)(k % 7 + i);
+    if (ccs_all_reduce(buf, buf, COUNT, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK) return 3;
+    for (int k = 0; k < COUNT; k++)
+      if (buf[k] != (float)(n * (n + 1) / 2) * (float)(k % 7 + i)) return 4;
+  }
+  ccs_comm_destroy(comm);
+  ccs_mem_free(mapped);
+  free(heap);
+  return 0;
+}
+
+static void registrations_of(int i, double *made, double *kept, double *held) {
+  char *text = raw_admin(dm[i].socket, "metrics");
+  assert_non_null(text);
+  *made = raw_metric(text, "ccs_transport_registrations_total{how=\"made\"}");
+  *kept = raw_metric(text, "ccs_transport_registrations_total{how=\"kept\"}");
+  *held = raw_metric(text, "ccs_transport_registrations");
+  free(text);
+}
+
+/* The ranks' buffers and the daemons' scratch are registered with the
+ * transport once, not per call; what a client's buffers held goes when
+ * they do (their mappings are gone: pages a registration still pinned
+ * would be written by the network in their place). */
+static void test_registrations_kept(void **state) {
+  (void)state;
+  assert_int_equal(test_run_ranks(NR, repeating_rank, NULL, 120, NULL), 0);
+  for (int i = 0; i < ND; i++) {
+    double made, kept, held;
+    registrations_of(i, &made, &kept, &held);
+    fprintf(stderr, "# daemon %d: %.0f registrations made, %.0f kept from earlier calls, %.0f held after\n",
+            i, made, kept, held);
+    assert_true(made + kept >= 40 * per);  /* every call used one at least */
+    assert_true(made <= 2 * per + 8);      /* its ranks' two buffers each, and a few scratch blocks */
+    assert_true(held <= made - 2 * per);   /* the buffers' went with them; scratch stays */
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_junk_on_the_port, setup, teardown),
@@ -586,6 +636,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_roots_differ_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_op_timeout_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_late_ranks_across_nodes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_registrations_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_stopped, setup, teardown),
