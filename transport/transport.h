@@ -87,6 +87,11 @@ struct transport_ops {
   void (*wake)(struct transport *t);
   void (*free)(struct transport *t);
   void (*peer_name)(struct tconn *c, char *buf, size_t len); /* "ADDR:PORT" of the other end */
+  /* Why a failed connection failed, where the transport knows more than
+   * its status says (verbs: the device, port and event): 2 when this
+   * end's device failed (nothing the peer did), 1 for other failures, 0
+   * when it has nothing to add. NULL: never. */
+  int (*failure)(struct tconn *c, char *buf, size_t len);
   void (*describe)(struct transport *t, char *buf, size_t len); /* for the log: what it runs on */
   void (*counters)(struct transport *t, struct transport_counters *out); /* NULL: none kept */
 };

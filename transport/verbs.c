@@ -152,6 +152,8 @@ struct tconn {
   uint32_t psn;
   int ready;  /* RTS: the peer's details came */
   int failed; /* its status; 0 while it works */
+  char why[160]; /* the device's word on it, when it failed for the device */
+  int why_local; /* an event of this device (port, device, queue pair), not a completion */
   /* the wrapped connection is down: what it holds (headers, eager bytes)
    * is still taken; the connection fails when the headers run out */
   int tcp_down;
@@ -633,6 +635,10 @@ static void on_immediate(struct tconn *c, uint32_t rid) {
 
 static void on_wc(struct tconn *c, const struct ibv_wc *wc) {
   if (wc->status != IBV_WC_SUCCESS) {
+    if (!c->failed && !c->why[0])
+      snprintf(c->why, sizeof(c->why), "%s port %d: a work request of queue pair %u: %s (vendor error %#x)",
+               c->t->port.dev, c->t->port.port,
+               c->qp ? c->qp->qp_num : 0, c->t->lib.wc_status_str(wc->status), wc->vendor_err);
     conn_fail(c, wc->status == IBV_WC_RETRY_EXC_ERR ? -ECONNRESET : -EIO, 0);
     if (c->quiescing) qp_stop(c, c->failed); /* a write of its own failed: the rest will too */
     return;
@@ -743,10 +749,23 @@ static void async_events(struct transport *t) {
     case IBV_EVENT_CQ_ERR: status = -EIO; break;
     default: break;
     }
+    char why[160];
+    if (qp)
+      snprintf(why, sizeof(why), "%s port %d: queue pair %u: %s", t->port.dev, t->port.port,
+               qp->qp_num, t->lib.event_type_str(ev.event_type));
+    else
+      snprintf(why, sizeof(why), "%s port %d: %s", t->port.dev, t->port.port,
+               t->lib.event_type_str(ev.event_type));
     t->lib.ack_async_event(&ev);
     if (!status) continue;
     for (struct tconn *c = t->conns; c; c = c->next)
-      if (!c->closed && (!qp || c->qp == qp)) conn_fail(c, status, 0);
+      if (!c->closed && (!qp || c->qp == qp)) {
+        if (!c->failed) {
+          snprintf(c->why, sizeof(c->why), "%s", why);
+          c->why_local = 1;
+        }
+        conn_fail(c, status, 0);
+      }
   }
 }
 
@@ -1019,6 +1038,12 @@ static void ib_free(struct transport *t) {
 
 static void ib_counters(struct transport *t, struct transport_counters *out) { *out = t->counters; }
 
+static int ib_failure(struct tconn *c, char *buf, size_t len) {
+  if (!c->failed || !c->why[0]) return 0;
+  snprintf(buf, len, "%s", c->why);
+  return c->why_local ? 2 : 1;
+}
+
 static void ib_peer_name(struct tconn *c, char *buf, size_t len) {
   if (c->tcp) ccs_transport_tcp.peer_name(c->tcp, buf, len);
   else snprintf(buf, len, "?");
@@ -1047,6 +1072,7 @@ const struct transport_ops ccs_transport_ib = {
     .free = ib_free,
     .wake = ib_wake,
     .peer_name = ib_peer_name,
+    .failure = ib_failure,
     .describe = ib_describe,
     .counters = ib_counters,
 };

@@ -381,6 +381,24 @@ static const char *failure_text(int status) {
   }
 }
 
+/* Why c failed: the transport's own word where it has one (verbs: the
+ * device, port and event), else what its status means. */
+static const char *conn_failure(struct peers *p, struct pconn *c, int status, char *buf, size_t len) {
+  if (c && p->ops->failure && p->ops->failure(c->tc, buf, len)) return buf;
+  return failure_text(status);
+}
+
+/* Fails rec at once where c failed for this daemon's own device (verbs:
+ * a port down, the device lost, a queue pair in error): no word from the
+ * peer can say more. 1 when it did. */
+static int failed_here(struct peers *p, struct pconn *c, struct net_task *rec) {
+  char detail[160], why[200];
+  if (!c || !p->ops->failure || p->ops->failure(c->tc, detail, sizeof(detail)) != 2) return 0;
+  snprintf(why, sizeof(why), "data connection lost: this daemon's %s", detail);
+  transfer_fail(p, rec, CCS_ERR_PEER_LOST, why);
+  return 1;
+}
+
 /* Fails rec after the grace (see FAIL_GRACE_S): the reason may come. why
  * is a constant text; status, when not 0, the transport's error. */
 static void transfer_fail_later(struct peers *p, struct net_task *rec, const char *why, int status) {
@@ -427,6 +445,7 @@ static int add_region(struct net_mem *nm, void *base, size_t len, int keep) {
 
 static struct net_mem *register_op(struct peers *p, struct run_op *x) {
   const struct engine_plan *pl = &x->plan;
+  if (!p->regs) return NULL; /* stopped: nothing goes out any more */
   struct net_mem *nm = malloc(sizeof(*nm) + sizeof(nm->r[0]) * ((size_t)x->nregions + pl->nscratch));
   if (!nm) return NULL;
   nm->regs = p->regs;
@@ -498,7 +517,7 @@ static void transfer_start(struct peers *p, struct pconn *c, struct net_task *re
   }
   int rc = send ? p->ops->send(c->tc, m, sbuf, len, tag, rec)
                 : p->ops->recv(c->tc, m, rbuf, len, tag, rec);
-  if (rc) transfer_fail_later(p, rec, "its data connection is closed", 0);
+  if (rc && !failed_here(p, c, rec)) transfer_fail_later(p, rec, "its data connection is closed", 0);
 }
 
 /* rec goes on its data connection, or waits for it to come. */
@@ -739,8 +758,8 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
   }
   int rc = post_control_recv(p, c);
   if (rc) { /* the transport's word: a dead connection refuses the next receive */
-    char why[160];
-    snprintf(why, sizeof(why), "connection lost: %s", failure_text(rc));
+    char why[200], detail[160];
+    snprintf(why, sizeof(why), "connection lost: %s", conn_failure(p, c, rc, detail, sizeof(detail)));
     drop_conn(p, c, why);
   }
 }
@@ -749,13 +768,13 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
 static void log_failure(struct peers *p, struct pconn *c, int status) {
   if (c->failure_logged || status == -ECONNRESET || status == -EPIPE) return;
   c->failure_logged = 1;
-  char who[96];
+  char who[96], detail[160];
+  const char *why = conn_failure(p, c, status, detail, sizeof(detail));
   p->ops->peer_name(c->tc, who, sizeof(who));
   if (c->addr[0] && strcmp(c->addr, who))
-    LOG_WARN("daemon connection with %s (from %s): %s: closed", c->addr, who, failure_text(status));
+    LOG_WARN("daemon connection with %s (from %s): %s: closed", c->addr, who, why);
   else
-    LOG_WARN("daemon connection %s %s: %s: closed", c->outbound ? "to" : "from", who,
-             failure_text(status));
+    LOG_WARN("daemon connection %s %s: %s: closed", c->outbound ? "to" : "from", who, why);
 }
 
 static struct pconn *conn_of(struct peers *p, struct tconn *tc) {
@@ -779,8 +798,8 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
     }
     if (c && tc->status && tc->status != -ECANCELED) log_failure(p, c, tc->status);
     if (c && tc->status && !c->is_data) {
-      char why[160];
-      snprintf(why, sizeof(why), "connection lost: %s", failure_text(tc->status));
+      char why[200], detail[160];
+      snprintf(why, sizeof(why), "connection lost: %s", conn_failure(p, c, tc->status, detail, sizeof(detail)));
       drop_conn(p, c, why);
     }
     /* a data connection the other daemon closed stays until its comm goes:
@@ -789,7 +808,7 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
   }
   struct net_task *rec = tc->user;
   if (tc->status) {
-    transfer_fail_later(p, rec, "data connection lost", tc->status);
+    if (!failed_here(p, c, rec)) transfer_fail_later(p, rec, "data connection lost", tc->status);
     return;
   }
   if (!tc->is_send) { /* whole chunks only: a short one means the ranks disagree */

@@ -209,38 +209,49 @@ static void test_daemon_stopped(void **state) {
   survivors_serve();
 }
 
-/* With transport=ib over the emulated NIC: daemon 2's RDMA port goes down
- * mid-collective. Every connection of its is a queue pair beside the TCP
- * connection it runs with: each fails, the TCP ones close, and the other
- * daemons hear it at once. Ranks elsewhere fail naming daemon 2, which
- * still stops cleanly; daemons 0 and 1 serve on. */
-static void port_down_2(void) {
+/* With transport=ib over the emulated NIC: daemon 2's RDMA port goes down,
+ * its queue pairs go into error, or its device fails, mid-collective.
+ * Every connection of its is a queue pair beside the TCP connection it
+ * runs with: each fails, the TCP ones close, and the other daemons hear it
+ * at once. Ranks elsewhere fail naming daemon 2, which still stops
+ * cleanly; daemons 0 and 1 serve on. */
+static const char *emu_fault; /* what the emulated NIC of daemon 2 is told */
+
+static void nic_fault_2(void) {
   char path[256];
   snprintf(path, sizeof(path), "%s/raise-%d", getenv("CCS_VERBS_EMU_DIR"), (int)dm[2].pid);
   FILE *f = fopen(path, "w");
-  if (!f || fprintf(f, "port_down emu0 1\n") < 0 || fclose(f)) fprintf(stderr, "# cannot write %s\n", path);
+  if (!f || fprintf(f, "%s\n", emu_fault) < 0 || fclose(f)) fprintf(stderr, "# cannot write %s\n", path);
 }
 
-static void test_rdma_port_down(void **state) {
-  (void)state;
+static void rdma_fault(const char *fault) {
   char addr[64], want[128];
+  emu_fault = fault;
   address_of(2, addr, sizeof(addr));
-  pid_t helper = fault_later(port_down_2);
+  pid_t helper = fault_later(nic_fault_2);
   test_run_ranks(NR, looping_rank, NULL, 120, NULL);
   waitpid(helper, NULL, 0);
   snprintf(want, sizeof(want), "the daemon at %s serving rank(s) 2", addr);
   for (int r = 0; r < NR; r++) {
     if (r % ND == 2) continue;
     double after = sh->failed_at[r] - sh->fault_at;
-    fprintf(stderr, "# port down: rank %d: %s after %.2f s: %s\n", r, ccs_result_name(sh->code[r]), after,
-            sh->text[r]);
+    fprintf(stderr, "# %s: rank %d: %s after %.2f s: %s\n", fault, r, ccs_result_name(sh->code[r]),
+            after, sh->text[r]);
     assert_int_equal(sh->code[r], CCS_ERR_PEER_LOST);
     assert_non_null(strstr(sh->text[r], want));
     assert_true(after < PEER_TIMEOUT_S - HEARTBEAT_S); /* not by the heartbeat */
   }
+  for (int r = 2; r < NR; r += ND) { /* (mostly "this daemon's emu0 port 1: ...") */
+    fprintf(stderr, "# %s: rank %d (daemon 2): %s: %s\n", fault, r, ccs_result_name(sh->code[r]), sh->text[r]);
+    assert_int_equal(sh->code[r], CCS_ERR_PEER_LOST);
+  }
   assert_int_equal(test_daemon_stop(&dm[2]), 0);
   survivors_serve();
 }
+
+static void test_rdma_port_down(void **state) { (void)state; rdma_fault("port_down emu0 1"); }
+static void test_rdma_qp_error(void **state) { (void)state; rdma_fault("qp_error all"); }
+static void test_rdma_device_fatal(void **state) { (void)state; rdma_fault("device_fatal emu0"); }
 
 static void cut_daemon_2(void) {
   const char *link = getenv("CCS_TEST_NETNS_LINK");
@@ -640,10 +651,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_stopped, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_rdma_port_down, setup, teardown), /* last: ib only */
+      /* last: the NIC's faults, where the emulated NIC takes them (test_nodes_*_ib) */
+      cmocka_unit_test_setup_teardown(test_rdma_port_down, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rdma_qp_error, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rdma_device_fatal, setup, teardown),
   };
-  /* the port-down fault needs the emulated NIC's hand (test_nodes_*_ib) */
   const char *ib = getenv("CCS_TEST_IB_LIBRARY");
-  size_t n = sizeof(tests) / sizeof(tests[0]) - !(ib && strstr(ib, "verbs_emu"));
+  size_t n = sizeof(tests) / sizeof(tests[0]) - (ib && strstr(ib, "verbs_emu") ? 0 : 3);
   return _cmocka_run_group_tests("test_nodes", tests, n, NULL, NULL);
 }
