@@ -4,7 +4,9 @@
  * ccs_mem_alloc'ed buffers are registered once per connection (again,
  * lazily, after a fork or a daemon restart: the fd is kept for that).
  * Unregistered user buffers are staged through a pool of registered areas,
- * bounded in total by CCS_STAGING_MAX_BYTES (default 1 GiB). */
+ * bounded in total by CCS_STAGING_MAX_BYTES (default 1 GiB). Under
+ * libccs-alloc (alloc/ccs_alloc.c) large mallocs are memfds of this table
+ * too, registered on first use. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -23,6 +25,11 @@ struct allocation {
   uint8_t ipc[CCS__IPC_MEM_BYTES];
   struct ccs__conn *conn; /* where id is valid; NULL: not registered */
   uint64_t id;
+  /* a large malloc under libccs-alloc (alloc/ccs_alloc.c): registered on
+   * first use; `refused` where the daemon would not take it (then staged);
+   * `copied` in a forked child, which got a private copy (staged too) */
+  int interposed, copied;
+  struct ccs__conn *refused;
 };
 
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -178,7 +185,7 @@ static int take(const void *ptr, int borrowed, struct allocation *ret) {
   int found = -1;
   pthread_mutex_lock(&mem_mu);
   for (size_t i = 0; i < nallocs; i++)
-    if (allocs[i].ptr == ptr && allocs[i].borrowed == borrowed) {
+    if (allocs[i].ptr == ptr && allocs[i].borrowed == borrowed && !allocs[i].interposed) {
       *ret = allocs[i];
       allocs[i] = allocs[--nallocs];
       found = 0;
@@ -265,11 +272,14 @@ int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *
   for (size_t i = 0; i < nallocs; i++) {
     struct allocation *a = &allocs[i];
     if (p < a->ptr || p >= a->ptr + a->size || len > (size_t)(a->ptr + a->size - p)) continue;
+    if (a->copied || (a->interposed && a->refused == c)) break; /* staged */
     if (a->conn != c) {
-      /* Made on an older connection (fork, daemon restart): register here. */
+      /* Made on an older connection (fork, daemon restart), or not yet
+       * registered (a large malloc): register here. */
       uint64_t id;
       if (register_on(c, a->fd, a->device, a->ptr, a->size, a->borrowed ? a->ipc : NULL, &id) != CCS_OK) {
-        found = -1;
+        if (a->interposed) a->refused = c; /* a quota, say: it is staged as any malloc'd buffer */
+        else found = -1;
         break;
       }
       if (a->conn) ccs__conn_put(a->conn);
@@ -284,6 +294,76 @@ int ccs__mem_lookup(struct ccs__conn *c, const void *ptr, size_t len, uint64_t *
   }
   pthread_mutex_unlock(&mem_mu);
   return found;
+}
+
+/* --- libccs-alloc: large mallocs the daemon can map ----------------------- */
+
+CCS__API void *ccs_interpose_alloc(size_t bytes) {
+  size_t size = (bytes + 4095) & ~(size_t)4095;
+  int fd;
+  void *p;
+  if (size < bytes || ccs__memfd_map(size, &fd, &p) != CCS_OK) return NULL;
+  struct allocation a = {.ptr = p, .size = size, .fd = fd, .device = -1, .interposed = 1};
+  if (remember(&a) != CCS_OK) {
+    munmap(p, size);
+    close(fd);
+    return NULL;
+  }
+  return p;
+}
+
+/* The block at ptr: its size, or 0 when ptr is not one (size 0 never is). */
+CCS__API size_t ccs_interpose_size(const void *ptr) {
+  size_t size = 0;
+  pthread_mutex_lock(&mem_mu);
+  for (size_t i = 0; i < nallocs && !size; i++)
+    if (allocs[i].ptr == ptr && allocs[i].interposed) size = allocs[i].size;
+  pthread_mutex_unlock(&mem_mu);
+  return size;
+}
+
+/* 0 when ptr was a block (now gone), -1 when it is none. */
+CCS__API int ccs_interpose_free(void *ptr) {
+  struct allocation a = {0};
+  int found = -1;
+  pthread_mutex_lock(&mem_mu);
+  for (size_t i = 0; i < nallocs; i++)
+    if (allocs[i].ptr == ptr && allocs[i].interposed) {
+      a = allocs[i];
+      allocs[i] = allocs[--nallocs];
+      found = 0;
+      break;
+    }
+  pthread_mutex_unlock(&mem_mu);
+  if (found) return -1;
+  if (!a.copied) forget(&a);
+  munmap(a.ptr, a.size);
+  if (a.fd >= 0) close(a.fd);
+  return 0;
+}
+
+/* Around fork (pthread_atfork): 0 before, 1 in the parent after, 2 in the
+ * child after. The child gets a private copy of every block, as fork
+ * gives of any malloc'd memory: a shared mapping would let parent and
+ * child see each other's writes. */
+CCS__API void ccs_interpose_fork(int phase) {
+  if (phase == 0) {
+    pthread_mutex_lock(&mem_mu);
+    return;
+  }
+  if (phase == 2)
+    for (size_t i = 0; i < nallocs; i++) {
+      struct allocation *a = &allocs[i];
+      if (!a->interposed || a->copied) continue;
+      void *copy = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (copy == MAP_FAILED) abort(); /* no memory for the child's copy: as a failed fork would */
+      memcpy(copy, a->ptr, a->size);
+      if (mremap(copy, a->size, a->size, MREMAP_MAYMOVE | MREMAP_FIXED, a->ptr) == MAP_FAILED) abort();
+      close(a->fd);
+      a->fd = -1;
+      a->copied = 1;
+    }
+  pthread_mutex_unlock(&mem_mu);
 }
 
 /* --- staging --- */
@@ -341,7 +421,8 @@ ccs_result_t ccs__staging_take(struct ccs__conn *c, size_t bytes, int device,
   if (staging_bytes + size > limit) {
     pthread_mutex_unlock(&staging_mu);
     ccs__set_error("unregistered buffers need %zu bytes of staging, over the limit of %zu "
-                   "(CCS_STAGING_MAX_BYTES); allocate them with ccs_mem_alloc", bytes, limit);
+                   "(CCS_STAGING_MAX_BYTES); allocate them with ccs_mem_alloc, or run the program with "
+                   "LD_PRELOAD=libccs-alloc.so", bytes, limit);
     return CCS_ERR_NO_MEMORY;
   }
   struct ccs__staging *s = calloc(1, sizeof(*s));

@@ -18,7 +18,8 @@ int ccsd_run_op_peer_node(const struct run_op *x, size_t task) {
 }
 
 void ccsd_run_op_net_error(struct run_op *x, ccs_result_t status, const char *why) {
-  if (!x->net_error[0]) {
+  int unset = 0;
+  if (atomic_compare_exchange_strong(&x->net_error_taken, &unset, 1)) {
     snprintf(x->net_error, sizeof(x->net_error), "%s", why);
     x->net_status = status;
   }

@@ -69,8 +69,10 @@ struct run_op {
   struct net_task *net_tasks; /* per task, made at launch (net.h: ccsd_peers_op_prepare) */
   struct list net_link;       /* handed over, not yet taken (under the network side's lock) */
   struct net_mem *net_mem;    /* its regions, registered with the transport */
-  char net_error[160];        /* a network task failed (the first reason) */
+  char net_error[160];        /* a network task failed (the first reason; read once the op is done) */
   ccs_result_t net_status;
+  _Atomic int net_error_taken; /* whoever sets it writes the reason: the network thread, or
+                                  an executor thread finishing hand-overs after the stop */
 
   /* the GPU threads' (under their lock) */
   char gpu_error[160];

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -315,3 +316,49 @@ def test_grow_and_finalize(daemon):
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0, 0]
+
+
+ALLOC_SCRIPT = r"""
+import multiprocessing as mp, sys
+import numpy as np
+import ccs
+
+def rank(r, n, uid, q):
+    try:
+        with ccs.Comm(r, n, uid) as comm:
+            x = (np.arange(1 << 20) % 1000 + r).astype(np.float32)  # 4 MiB: malloc'd by NumPy
+            y = np.empty_like(x)
+            comm.all_reduce(x, y)
+            want = sum((np.arange(1 << 20) % 1000 + k).astype(np.float64) for k in range(n))
+            np.testing.assert_array_equal(y, want.astype(np.float32))
+        q.put(None)
+    except BaseException as e:
+        q.put(repr(e))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    q, uid = ctx.Queue(), ccs.get_unique_id()
+    procs = [ctx.Process(target=rank, args=(r, 2, uid, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    errors = [e for e in (q.get(timeout=120) for _ in procs) if e]
+    for p in procs:
+        p.join(10)
+    sys.exit(repr(errors) if errors else 0)
+"""
+
+
+def test_numpy_arrays_zero_copy_under_libccs_alloc(daemon):
+    """NumPy's own arrays, under LD_PRELOAD=libccs-alloc.so, go zero copy:
+    with staging kept too small for them, the call succeeds only so."""
+    lib = os.environ.get("CCS_LIBRARY", os.path.join(ROOT, "build", "client", "libccs.so.0"))
+    alloc = os.path.join(os.path.dirname(lib), "libccs-alloc.so")
+    assert os.path.exists(alloc), alloc
+    env = dict(os.environ, LD_PRELOAD=alloc, CCS_STAGING_MAX_BYTES="65536")
+    done = subprocess.run([sys.executable, "-c", ALLOC_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    env.pop("LD_PRELOAD")  # and without it the same arrays are staged: refused here
+    done = subprocess.run([sys.executable, "-c", ALLOC_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0 and "CCS_STAGING_MAX_BYTES" in done.stderr + done.stdout
