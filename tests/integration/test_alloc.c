@@ -6,7 +6,8 @@
  * keeps its contract for both, from several threads at once; a forked
  * child gets a private copy; and collectives on malloc'd, calloc'd and
  * realloc'd buffers run zero copy (the staging area is kept too small to
- * stage them) with every element checked, on 1-3 ranks. */
+ * stage them) with every element checked, on 1-3 ranks; a block the
+ * daemon refuses (a quota) is staged instead. */
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -223,12 +224,51 @@ static void test_collectives_zero_copy(void **state) {
   assert_int_equal(test_daemon_stop(&d), 0);
 }
 
+/* A block the daemon will not take (its tenant's buffer quota is spent)
+ * is staged as any malloc'd buffer: through the staging area a small
+ * staged call made first. */
+static int quota_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, id, rank) != CCS_OK) return 2;
+  float small[1000], *x = malloc(MIB), *y = malloc(MIB);
+  size_t count = MIB / sizeof(float);
+  for (int i = 0; i < 1000; i++) small[i] = (float)i;
+  for (size_t i = 0; i < count; i++) x[i] = y[i] = (float)(i % 100);
+  if (ccs_all_reduce(small, small, 1000, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK || /* staged */
+      ccs_all_reduce(x, x, count, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK ||         /* registered */
+      ccs_all_reduce(y, y, count, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK ||         /* refused: staged */
+      ccs_all_reduce(y, y, count, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK) {
+    fprintf(stderr, "rank %d: %s\n", rank, ccs_comm_last_error(comm));
+    return 3;
+  }
+  for (int i = 0; i < 1000; i++)
+    if (small[i] != (float)i) return 4;
+  for (size_t i = 0; i < count; i++)
+    if (x[i] != (float)(i % 100) || y[i] != (float)(i % 100)) return 5;
+  ccs_comm_destroy(comm);
+  free(x);
+  free(y);
+  return 0;
+}
+
+static void test_refused_blocks_staged(void **state) {
+  (void)state;
+  struct test_daemon d;
+  static const char *const args[] = {"--quota_buffers", "2", NULL};
+  assert_int_equal(test_daemon_start(&d, args), 0);
+  assert_int_equal(ccs_get_unique_id(&id), CCS_OK);
+  assert_int_equal(test_run_ranks(1, quota_rank, NULL, 60, NULL), 0);
+  assert_int_equal(test_daemon_stop(&d), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_entry_points),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_fork_copies),
       cmocka_unit_test(test_collectives_zero_copy),
+      cmocka_unit_test(test_refused_blocks_staged),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
