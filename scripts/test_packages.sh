@@ -32,7 +32,8 @@ echo "# the packages: $(cd "$build" && ls ./*.deb | xargs)"
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$PWD/$build"/*.deb >/dev/null
 installed=(/usr/bin/ccsd /usr/bin/ccsctl /usr/bin/ccs-perf /usr/lib/systemd/system/ccsd.socket
            /usr/lib/systemd/system/ccsd.service /usr/lib/sysusers.d/ccs.conf /usr/lib/tmpfiles.d/ccs.conf
-           /usr/include/ccs.h "$lib/libccs.so.0" "$lib/pkgconfig/ccs.pc" "$lib/ccs-nccl/libnccl.so.2")
+           /usr/include/ccs.h "$lib/libccs.so.0" "$lib/libccs-alloc.so" "$lib/pkgconfig/ccs.pc"
+           "$lib/ccs-nccl/libnccl.so.2")
 for f in "${installed[@]}"; do
   [ -e "$f" ] || { echo "missing after install: $f"; exit 1; }
 done
@@ -47,6 +48,14 @@ for _ in $(seq 100); do [ -S /run/ccs/ccsd.sock ] && break; sleep 0.1; done
 unset CCS_SOCKET # the default socket
 /usr/bin/ccs-perf all_reduce --np 3 -b 8 -e 1M -f 32 -c 1 | tee "$scratch/perf.txt"
 grep -q "# Out of bounds values : 0 OK" "$scratch/perf.txt"
+# malloc'd buffers zero copy under the preload (staging too small for them)
+if ! LD_PRELOAD="$lib/libccs-alloc.so" CCS_STAGING_MAX_BYTES=65536 /usr/bin/ccs-perf all_reduce \
+       --np 2 --registered 0 -b 4M -e 4M -c 1 > "$scratch/alloc.txt" 2>&1 ||
+   grep -q CCS_ERR "$scratch/alloc.txt" || ! grep -q "Out of bounds values : 0 OK" "$scratch/alloc.txt"; then
+  cat "$scratch/alloc.txt"
+  echo "ccs-perf on malloc'd buffers under libccs-alloc failed"
+  exit 1
+fi
 cc examples/first.c $(pkg-config --cflags --libs ccs) -o "$scratch/first"
 CCS_RANK=0 CCS_NRANKS=1 CCS_JOB=packages "$scratch/first"
 cc -Iclient/nccl/include examples/nccl_allreduce.c -L"$lib/ccs-nccl" -l:libnccl.so.2 \
