@@ -94,6 +94,9 @@ struct transport_ops {
   int (*failure)(struct tconn *c, char *buf, size_t len);
   void (*describe)(struct transport *t, char *buf, size_t len); /* for the log: what it runs on */
   void (*counters)(struct transport *t, struct transport_counters *out); /* NULL: none kept */
+  /* Bytes per second a link to another daemon carries, for the tuner;
+   * NULL, or 0: as TCP does on these machines (plan/tuner.c). */
+  double (*link_rate)(struct transport *t);
 };
 
 extern const struct transport_ops ccs_transport_tcp;

@@ -1056,6 +1056,9 @@ static void ib_describe(struct transport *t, char *buf, size_t len) {
            ccs_ib_port_gbps(&p->attr));
 }
 
+/* The port's rate, less what headers take (90%). */
+static double ib_link_rate(struct transport *t) { return 0.9 * ccs_ib_port_gbps(&t->port.attr) * 1e9 / 8; }
+
 const struct transport_ops ccs_transport_ib = {
     .name = "ib",
     .open = ib_open,
@@ -1074,5 +1077,6 @@ const struct transport_ops ccs_transport_ib = {
     .peer_name = ib_peer_name,
     .failure = ib_failure,
     .describe = ib_describe,
+    .link_rate = ib_link_rate,
     .counters = ib_counters,
 };

@@ -54,6 +54,7 @@ struct coll {
   struct executor *exec;
   struct gpu *gpu;            /* NULL: host-only */
   struct peers *peers;        /* NULL: this node only */
+  struct link_model link;     /* a link to another daemon, as the tuner sees it */
   struct engine_pool *pool;   /* ops' scratch, kept between ops */
   struct run_shares *shares;  /* tenants' weights and accounts (run/share.h) */
   struct list comms;

@@ -151,7 +151,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     op.coll = coll_of[x->kind];
     op.root = c->node_of_rank[p0->root];
     op.avg_divisor = (size_t)c->nranks;
-    op.algo = ccsd_tune(op.coll, n, bytes, &ccsd_link_tcp, &c->rules, x->why, whylen);
+    op.algo = ccsd_tune(op.coll, n, bytes, &c->co->link, &c->rules, x->why, whylen);
   } else {
     op.coll = x->kind == CCS__BARRIER ? SCHED_ALL_REDUCE : coll_of[x->kind];
     if (x->kind == CCS__BARRIER) op.count = 1; /* one byte each way: the barrier is its arrival */
@@ -167,7 +167,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
       if (r == p0->root) op.root = p;
     }
     if (c->spans) op.rank_of = c->rank_of;
-    op.algo = ccsd_tune(op.coll, n, bytes, c->spans ? &ccsd_link_tcp : &ccsd_link_mapped, &c->rules,
+    op.algo = ccsd_tune(op.coll, n, bytes, c->spans ? &c->co->link : &ccsd_link_mapped, &c->rules,
                         x->why, whylen);
   }
   uint64_t pieces = bytes / op.chunk_bytes; /* blocks of a pipelined chain or tree */

@@ -127,6 +127,9 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
     struct peers_hooks hooks = {on_peer_message, on_peer_lost, d};
     d->coll.peers = ccsd_peers_start(loop, &opt, &hooks, d->coll.exec, d->coll.self, sizeof(d->coll.self));
     if (!d->coll.peers) return -1;
+    d->coll.link = ccsd_peers_link_model(d->coll.peers);
+    LOG_INFO(CCS_LOG_INIT, "the tuner sees a link to another daemon as %.0f us a step and %.1f GB/s",
+             d->coll.link.alpha_s * 1e6, d->coll.link.beta_Bps / 1e9);
     if (!strncmp(d->coll.self, "0.0.0.0:", 8) || !strncmp(d->coll.self, "[::]:", 5)) {
       LOG_ERROR("listen=%s accepts on every address: set advertise to the one other daemons use",
                 d->cfg.listen);

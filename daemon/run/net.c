@@ -16,6 +16,7 @@
 #include "addr.h"
 #include "auth.h"
 #include "base/log.h"
+#include "plan/tuner.h"
 #include "run/engine_run.h"
 #include "run/executor.h"
 #include "run/link.h"
@@ -467,6 +468,16 @@ void ccsd_peers_release(struct peers *p, struct net_mem *nm) {
   if (!nm) return;
   for (int i = 0; i < nm->n; i++) reg_cache_put(nm->regs, nm->r[i].e);
   free(nm);
+}
+
+/* A step's fixed cost stays TCP's on every transport: verbs waits for a
+ * clear-to-send over the TCP connection it wraps before each registered
+ * message. Its bytes go at the transport's rate where it knows one. */
+struct link_model ccsd_peers_link_model(struct peers *p) {
+  struct link_model m = ccsd_link_tcp;
+  double rate = p && p->ops->link_rate ? p->ops->link_rate(p->t) : 0;
+  if (rate > 0) m.beta_Bps = rate;
+  return m;
 }
 
 void ccsd_peers_forget(struct peers *p, const void *base, size_t len) {

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "plan/tuner.h"
 #include "run/op.h"
 #include "run/peer_msg.h"
 
@@ -111,6 +112,8 @@ void ccsd_peers_release(struct peers *p, struct net_mem *nm);
 void ccsd_peers_forget(struct peers *p, const void *base, size_t len);
 struct reg_cache_counts;
 void ccsd_peers_registrations(struct peers *p, struct reg_cache_counts *out);
+/* How the tuner should see a link to another daemon over p's transport. */
+struct link_model ccsd_peers_link_model(struct peers *p);
 
 /* The data tag of one chunk: ops by number (0: send/recv, from and to are
  * ranks and msg counts that pair's messages), the arguments the op was

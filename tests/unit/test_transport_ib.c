@@ -137,6 +137,8 @@ static void test_sizes_both_ways(void **state) {
     struct transport_counters ka, kb;
     T->counters(a, &ka);
     T->counters(b, &kb);
+    /* the tuner's rate: the emulated port's 4X EDR less the headers */
+    assert_true(T->link_rate(a) == 0.9 * 4 * 25.78125e9 / 8);
     uint64_t large = 0, small = 0;
     for (int i = 0; i < N; i++) sizes[i] >= (16 << 10) ? (large++) : (small++);
     if (recv_first) {

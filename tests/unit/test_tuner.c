@@ -35,6 +35,26 @@ static void test_model_choices(void **state) {
   assert_true(ccsd_algo_cost(SCHED_RING, SCHED_ALL_REDUCE, 1, 1 << 20, &ccsd_link_tcp) == 0);
 }
 
+/* The smallest power-of-two size from which an all_reduce of 6 takes the
+ * ring (the fewest bytes, the most steps), over a link of that rate. */
+static uint64_t switch_size(double beta_Bps) {
+  struct link_model link = ccsd_link_tcp;
+  struct algo_rules rules = {.n = 0};
+  link.beta_Bps = beta_Bps;
+  for (uint64_t bytes = 8; bytes <= (1ull << 34); bytes *= 2)
+    if (ccsd_tune(SCHED_ALL_REDUCE, 6, bytes, &link, &rules, NULL, 0) == SCHED_RING) return bytes;
+  return 0;
+}
+
+/* A faster link (verbs: the port's rate) keeps the fewer-steps algorithms
+ * for larger ops: bandwidth matters later. */
+static void test_link_rate(void **state) {
+  (void)state;
+  uint64_t tcp = switch_size(ccsd_link_tcp.beta_Bps), edr = switch_size(0.9 * 100e9 / 8);
+  assert_true(tcp > 0 && edr > 0);
+  assert_true(edr > tcp);
+}
+
 static void test_rules(void **state) {
   const char *r = "all_reduce:ring;all_reduce:tree:0-64K;broadcast:tree";
   assert_int_equal(pick(SCHED_ALL_REDUCE, 16, 8, r), SCHED_TREE);       /* the later, narrower */
@@ -115,6 +135,7 @@ static void test_bad_rules(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_model_choices),
+      cmocka_unit_test(test_link_rate),
       cmocka_unit_test(test_rules),
       cmocka_unit_test(test_bad_rules),
   };
