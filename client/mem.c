@@ -312,16 +312,6 @@ CCS__API void *ccs_interpose_alloc(size_t bytes) {
   return p;
 }
 
-/* The block at ptr: its size, or 0 when ptr is not one (size 0 never is). */
-CCS__API size_t ccs_interpose_size(const void *ptr) {
-  size_t size = 0;
-  pthread_mutex_lock(&mem_mu);
-  for (size_t i = 0; i < nallocs && !size; i++)
-    if (allocs[i].ptr == ptr && allocs[i].interposed) size = allocs[i].size;
-  pthread_mutex_unlock(&mem_mu);
-  return size;
-}
-
 /* 0 when ptr was a block (now gone), -1 when it is none. */
 CCS__API int ccs_interpose_free(void *ptr) {
   struct allocation a = {0};

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,6 +120,28 @@ static void test_entry_points(void **state) {
     free(b[i]);
   }
   free(NULL);
+}
+
+/* Each block holds a file descriptor: a quarter of the process's limit
+ * at most are blocks, the rest come from the C library. */
+static void test_blocks_bounded(void **state) {
+  (void)state;
+  struct rlimit r;
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, &r), 0);
+  size_t cap = r.rlim_cur == RLIM_INFINITY ? SIZE_MAX : r.rlim_cur / 4 < 16 ? 16 : r.rlim_cur / 4;
+  enum { N = 300 };
+  void *p[N];
+  size_t blocks = 0;
+  for (int i = 0; i < N; i++) {
+    assert_non_null(p[i] = malloc(MIB));
+    memset(p[i], i, MIB);
+    blocks += on_memfd(p[i]) == 1;
+  }
+  assert_int_equal(blocks, N < cap ? N : cap);
+  for (int i = 0; i < N; i++) free(p[i]);
+  void *again = malloc(MIB); /* and freed blocks count no more */
+  assert_int_equal(on_memfd(again), 1);
+  free(again);
 }
 
 static void *churn(void *arg) {
@@ -265,6 +288,7 @@ static void test_refused_blocks_staged(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_entry_points),
+      cmocka_unit_test(test_blocks_bounded),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_fork_copies),
       cmocka_unit_test(test_collectives_zero_copy),
