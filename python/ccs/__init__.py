@@ -14,7 +14,8 @@ import weakref
 
 import numpy as np
 
-__all__ = ["Comm", "Error", "empty", "get_unique_id", "group", "SUM", "PROD", "MAX", "MIN", "AVG"]
+__all__ = ["Comm", "Error", "alloc_library", "empty", "get_unique_id", "group", "SUM", "PROD", "MAX",
+           "MIN", "AVG"]
 
 SUM, PROD, MAX, MIN, AVG = "sum", "prod", "max", "min", "avg"
 _OPS = {SUM: 0, PROD: 1, MAX: 2, MIN: 3, AVG: 4}
@@ -33,6 +34,19 @@ def _load():
 
 
 _lib = _load()
+
+
+def alloc_library():
+    """The path of libccs-alloc beside the libccs this module loaded, for
+    LD_PRELOAD: a program's large mallocs (NumPy arrays) then are memory
+    the daemon maps, zero copy (docs/using.md). None where it is not there."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and os.path.basename(fields[5]).startswith("libccs.so"):
+                path = os.path.join(os.path.dirname(fields[5]), "libccs-alloc.so")
+                return path if os.path.exists(path) else None
+    return None
 
 
 class _UniqueId(ctypes.Structure):

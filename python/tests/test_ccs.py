@@ -351,9 +351,8 @@ if __name__ == "__main__":
 def test_numpy_arrays_zero_copy_under_libccs_alloc(daemon):
     """NumPy's own arrays, under LD_PRELOAD=libccs-alloc.so, go zero copy:
     with staging kept too small for them, the call succeeds only so."""
-    lib = os.environ.get("CCS_LIBRARY", os.path.join(ROOT, "build", "client", "libccs.so.0"))
-    alloc = os.path.join(os.path.dirname(lib), "libccs-alloc.so")
-    assert os.path.exists(alloc), alloc
+    alloc = ccs.alloc_library()  # beside the libccs loaded here
+    assert alloc and os.path.exists(alloc), alloc
     env = dict(os.environ, LD_PRELOAD=alloc, CCS_STAGING_MAX_BYTES="65536")
     done = subprocess.run([sys.executable, "-c", ALLOC_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=300)
