@@ -36,14 +36,10 @@ static size_t max_mappings(void) {
   return n > 1024 ? (size_t)n : 65530;
 }
 
-static void *scratch_alloc(size_t bytes, void *ctx) {
-  (void)ctx;
-  return malloc(bytes ? bytes : 1);
-}
-
+/* Scratch freed: the transport forgets what it kept registered of it. */
 static void scratch_release(void *mem, void *ctx) {
   ccsd_peers_forget(((struct daemon *)ctx)->coll.peers, mem, 1);
-  free(mem);
+  engine_pool_host_release(mem, NULL);
 }
 
 static void on_peer_message(void *arg, const char *addr, const struct peer_msg *m) {
@@ -93,7 +89,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   }
   randombytes_buf(co->table_key, sizeof(co->table_key));
   /* scratch kept between ops, and registered with the transport meanwhile */
-  d->coll.pool = engine_pool_new_with(d->cfg.scratch_keep, scratch_alloc, scratch_release, d);
+  d->coll.pool = engine_pool_new_with(d->cfg.scratch_keep, engine_pool_host_alloc, scratch_release, d);
   ccsd_run_shares_init(&d->shares);
   d->coll.shares = &d->shares;
   ccsd_shares_start(d);

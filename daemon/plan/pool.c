@@ -17,8 +17,8 @@ struct engine_pool {
   void *ctx;
 };
 
-static void *host_alloc(size_t bytes, void *ctx) { return malloc(bytes ? bytes : 1); }
-static void host_release(void *mem, void *ctx) { free(mem); }
+void *engine_pool_host_alloc(size_t bytes, void *ctx) { return malloc(bytes ? bytes : 1); }
+void engine_pool_host_release(void *mem, void *ctx) { free(mem); }
 
 struct engine_pool *engine_pool_new_with(size_t keep_bytes, void *(*alloc)(size_t, void *),
                                          void (*release)(void *, void *), void *ctx) {
@@ -28,7 +28,7 @@ struct engine_pool *engine_pool_new_with(size_t keep_bytes, void *(*alloc)(size_
 }
 
 struct engine_pool *engine_pool_new(size_t keep_bytes) {
-  return engine_pool_new_with(keep_bytes, host_alloc, host_release, NULL);
+  return engine_pool_new_with(keep_bytes, engine_pool_host_alloc, engine_pool_host_release, NULL);
 }
 
 void engine_pool_free(struct engine_pool *pool) {
@@ -49,7 +49,7 @@ void *engine_pool_get(struct engine_pool *pool, size_t bytes, size_t *got) {
       best = b;
   if (!best) {
     *got = bytes;
-    return pool ? pool->alloc(bytes, pool->ctx) : host_alloc(bytes, NULL);
+    return pool ? pool->alloc(bytes, pool->ctx) : engine_pool_host_alloc(bytes, NULL);
   }
   struct pool_block *blk = *best;
   void *mem = blk->mem;
@@ -76,7 +76,7 @@ void engine_pool_put(struct engine_pool *pool, void *mem, size_t bytes) {
   struct pool_block *blk = pool && pool->kept + bytes <= pool->keep ? malloc(sizeof(*blk)) : NULL;
   if (!blk) {
     if (pool) pool->release(mem, pool->ctx);
-    else host_release(mem, NULL);
+    else engine_pool_host_release(mem, NULL);
     return;
   }
   *blk = (struct pool_block){pool->blocks, bytes, mem};

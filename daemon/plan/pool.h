@@ -12,6 +12,9 @@ struct engine_pool *engine_pool_new(size_t keep_bytes);
 struct engine_pool *engine_pool_new_with(size_t keep_bytes, void *(*alloc)(size_t bytes, void *ctx),
                                          void (*release)(void *mem, void *ctx), void *ctx);
 void engine_pool_free(struct engine_pool *pool);
+/* engine_pool_new's kind of memory (malloc), for pools that wrap it. */
+void *engine_pool_host_alloc(size_t bytes, void *ctx);
+void engine_pool_host_release(void *mem, void *ctx);
 /* Memory of at least bytes (*got: how much), from the kept blocks or new;
  * pool NULL: malloc. */
 void *engine_pool_get(struct engine_pool *pool, size_t bytes, size_t *got);
