@@ -20,6 +20,7 @@
 #endif
 
 #include "harness.h"
+#include "nccl_check.h"
 
 #define N 4099 /* odd, past a page */
 
@@ -72,15 +73,6 @@ static void get(void *host, const void *dev, size_t bytes, cudaStream_t s) {
   memcpy(host, dev, bytes);
 }
 
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      fprintf(stderr, "rank %d: ", rank);                 \
-      fprintf(stderr, __VA_ARGS__);                       \
-      fprintf(stderr, " (%s)\n", ncclGetLastError(NULL)); \
-      return 1;                                           \
-    }                                                     \
-  } while (0)
 
 /* Every collective once on buffers a (input) and b (output) of n * N
  * int32s; ha and hb their host copies. */

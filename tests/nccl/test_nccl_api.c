@@ -16,6 +16,7 @@
 #include <nccl.h>
 
 #include "harness.h"
+#include "nccl_check.h"
 
 #define N 257 /* odd */
 
@@ -45,15 +46,6 @@ static int32_t in32(int rank, size_t i, int salt) {
   return (int32_t)(test_mix(sh->seed + (uint64_t)salt, (uint64_t)rank * 100003 + i) % 2001) - 1000;
 }
 
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      fprintf(stderr, "rank %d: ", rank);                  \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fprintf(stderr, " (%s)\n", ncclGetLastError(NULL));  \
-      return 1;                                            \
-    }                                                      \
-  } while (0)
 
 static int collectives(ncclComm_t comm, int rank, int n) {
   cudaStream_t s = NULL;

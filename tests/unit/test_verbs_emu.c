@@ -241,6 +241,23 @@ static void msg_recv(int sock, void *m, size_t len) {
   CHECK(recv(sock, m, len, 0) == (ssize_t)len);
 }
 
+/* This side's details to the other process and its to this one, then
+ * connected: the forked peer speaks first, the test answers; seed is what
+ * this side's data is made from (0: none). The peer's details. */
+static struct info side_meet(struct side *s, int sock, int speak_first, uint64_t seed) {
+  struct info mine = side_info(s), peer;
+  mine.seed = seed;
+  if (speak_first) {
+    msg_send(sock, &mine, sizeof(mine));
+    msg_recv(sock, &peer, sizeof(peer));
+  } else {
+    msg_recv(sock, &peer, sizeof(peer));
+    msg_send(sock, &mine, sizeof(mine));
+  }
+  side_connect(s, &peer);
+  return peer;
+}
+
 /* Forks the peer running fn on its end of a socket pair. */
 static pid_t peer_start(void (*fn)(int sock), int *sock) {
   int sv[2];
@@ -440,10 +457,7 @@ static void peer_writes(int sock) {
   struct side s;
   side_open(&s, WRITE_REGION, 64);
   for (int i = 0; i < 4; i++) CHECK(post_recv(&s, 100 + (uint64_t)i, 0, 0) == 0); /* no SGE: imm only */
-  struct info mine = side_info(&s), peer;
-  msg_send(sock, &mine, sizeof(mine));
-  msg_recv(sock, &peer, sizeof(peer));
-  side_connect(&s, &peer);
+  struct info peer = side_meet(&s, sock, 1, 0);
   uint8_t *want = malloc(WRITE_REGION);
   CHECK(want);
   for (int i = 0; i < 4; i++) {
@@ -468,13 +482,10 @@ static void test_write_imm_sizes(void **state) {
   pid_t pid = peer_start(peer_writes, &sock);
   struct side s;
   side_open(&s, (8u << 20) + 3, 64);
-  struct info mine = side_info(&s), peer;
-  mine.seed = test_seed();
-  msg_recv(sock, &peer, sizeof(peer));
-  msg_send(sock, &mine, sizeof(mine));
-  side_connect(&s, &peer);
+  uint64_t seed = test_seed();
+  struct info peer = side_meet(&s, sock, 0, seed);
   for (int i = 0; i < 4; i++) {
-    fill(s.buf, write_sizes[i], mine.seed + (uint64_t)i);
+    fill(s.buf, write_sizes[i], seed + (uint64_t)i);
     assert_int_equal(post_send(&s, (uint64_t)i, IBV_WR_RDMA_WRITE_WITH_IMM, 0, write_sizes[i],
                                peer.addr + write_places[i], peer.rkey, htonl(0xc0de0000u + (uint32_t)i),
                                IBV_SEND_SIGNALED), 0);
@@ -498,10 +509,7 @@ static void peer_sends(int sock) {
   struct side s;
   side_open(&s, 1 << 16, 64);
   CHECK(post_recv(&s, 11, 0, 4096) == 0);
-  struct info mine = side_info(&s), peer;
-  msg_send(sock, &mine, sizeof(mine));
-  msg_recv(sock, &peer, sizeof(peer));
-  side_connect(&s, &peer);
+  struct info peer = side_meet(&s, sock, 1, 0);
   uint8_t want[3000];
   struct ibv_wc wc;
   CHECK(next_wc(&s, &wc, 10) == 1);
@@ -532,22 +540,19 @@ static void test_send_and_rnr(void **state) {
   pid_t pid = peer_start(peer_sends, &sock);
   struct side s;
   side_open(&s, 1 << 16, 64);
-  struct info mine = side_info(&s), peer;
-  mine.seed = test_seed();
-  msg_recv(sock, &peer, sizeof(peer));
-  msg_send(sock, &mine, sizeof(mine));
-  side_connect(&s, &peer); /* rnr_retry 7: for ever */
-  fill(s.buf, 3000, mine.seed);
+  uint64_t seed = test_seed();
+  side_meet(&s, sock, 0, seed); /* rnr_retry 7: for ever */
+  fill(s.buf, 3000, seed);
   assert_int_equal(post_send(&s, 1, IBV_WR_SEND_WITH_IMM, 0, 3000, 0, 0, htonl(0xabcd), IBV_SEND_SIGNALED), 0);
   struct ibv_wc wc;
   assert_int_equal(next_wc(&s, &wc, 10), 1);
   assert_int_equal(wc.status, IBV_WC_SUCCESS);
   assert_int_equal(wc.opcode, IBV_WC_SEND);
 
-  fill(s.buf + 4096, 200, mine.seed + 1);
+  fill(s.buf + 4096, 200, seed + 1);
   double posted = test_now();
   assert_int_equal(post_send(&s, 2, IBV_WR_SEND, 4096, 200, 0, 0, 0, IBV_SEND_SIGNALED), 0);
-  fill(s.buf + 8192, 48, mine.seed + 2);
+  fill(s.buf + 8192, 48, seed + 2);
   assert_int_equal(post_send(&s, 3, IBV_WR_SEND, 8192, 48, 0, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_INLINE), 0);
   memset(s.buf + 8192, 0, 48); /* inline: copied when posted */
   assert_int_equal(next_wc(&s, &wc, 10), 1);
@@ -569,10 +574,7 @@ static void test_send_and_rnr(void **state) {
 static void peer_dies(int sock) {
   struct side s;
   side_open(&s, 4096, 16);
-  struct info mine = side_info(&s), peer;
-  msg_send(sock, &mine, sizeof(mine));
-  msg_recv(sock, &peer, sizeof(peer));
-  side_connect(&s, &peer);
+  side_meet(&s, sock, 1, 0);
   char go;
   msg_recv(sock, &go, 1);
   usleep(50 * 1000);
@@ -584,10 +586,7 @@ static void test_peer_exit(void **state) {
   pid_t pid = peer_start(peer_dies, &sock);
   struct side s;
   side_open(&s, 4096, 16);
-  struct info mine = side_info(&s), peer;
-  msg_recv(sock, &peer, sizeof(peer));
-  msg_send(sock, &mine, sizeof(mine));
-  side_connect(&s, &peer);
+  side_meet(&s, sock, 0, 0);
   assert_int_equal(post_send(&s, 1, IBV_WR_SEND, 0, 100, 0, 0, 0, IBV_SEND_SIGNALED), 0);
   assert_int_equal(post_send(&s, 2, IBV_WR_SEND, 0, 100, 0, 0, 0, 0), 0);
   char go = 'g';

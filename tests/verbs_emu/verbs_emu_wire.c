@@ -772,6 +772,21 @@ static void *progress_main(void *arg) {
   return NULL;
 }
 
+/* What the progress thread used (none runs): its pipe and buffers. */
+static void progress_free(struct emu_ctx *ctx) {
+  if (ctx->wake[0] >= 0) close(ctx->wake[0]);
+  if (ctx->wake[1] >= 0) close(ctx->wake[1]);
+  ctx->wake[0] = ctx->wake[1] = -1;
+  free(ctx->rx_buf);
+  free(ctx->tx_buf);
+  free(ctx->pfd);
+  free(ctx->pgen);
+  ctx->rx_buf = ctx->tx_buf = NULL;
+  ctx->pfd = NULL;
+  ctx->pgen = NULL;
+  ctx->pcap = 0;
+}
+
 /* From the first QP on (ctx->lock held). Signals stay with the caller's threads. */
 int emu_progress_start(struct emu_ctx *ctx) {
   ctx->rx_buf = malloc(sizeof(struct emu_pkt) + EMU_PAYLOAD);
@@ -799,17 +814,7 @@ int emu_progress_start(struct emu_ctx *ctx) {
   ctx->thread_started = true;
   return 0;
 fail:
-  if (ctx->wake[0] >= 0) close(ctx->wake[0]);
-  if (ctx->wake[1] >= 0) close(ctx->wake[1]);
-  ctx->wake[0] = ctx->wake[1] = -1;
-  free(ctx->rx_buf);
-  free(ctx->tx_buf);
-  free(ctx->pfd);
-  free(ctx->pgen);
-  ctx->rx_buf = ctx->tx_buf = NULL;
-  ctx->pfd = NULL;
-  ctx->pgen = NULL;
-  ctx->pcap = 0;
+  progress_free(ctx);
   return -1;
 }
 
@@ -821,11 +826,5 @@ void emu_progress_stop(struct emu_ctx *ctx) {
   emu_wake(ctx);
   pthread_mutex_unlock(&ctx->lock);
   if (started) pthread_join(ctx->thread, NULL);
-  if (ctx->wake[0] >= 0) close(ctx->wake[0]);
-  if (ctx->wake[1] >= 0) close(ctx->wake[1]);
-  ctx->wake[0] = ctx->wake[1] = -1;
-  free(ctx->rx_buf);
-  free(ctx->tx_buf);
-  free(ctx->pfd);
-  free(ctx->pgen);
+  progress_free(ctx);
 }
