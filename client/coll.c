@@ -190,22 +190,20 @@ static ccs_result_t copy_out(struct op *ops, size_t n, const struct ccs__staging
 static struct ccs__call *track(struct ccs__conn *c, const struct op *ops, size_t n,
                                const uint64_t *numbers, ccs_result_t *rc) {
   *rc = CCS_OK;
-  ccs_comm_t **comms = malloc(n * sizeof(*comms));
-  uint32_t *kinds = malloc(n * sizeof(*kinds));
-  int *peers = malloc(n * sizeof(*peers)), *unsafe = malloc(n * sizeof(*unsafe)), moving = 0;
+  struct ccs__call_desc few[8], *d = n <= 8 ? few : malloc(n * sizeof(*d));
   struct ccs__call *call = NULL;
-  if (comms && kinds && peers && unsafe) {
-    for (size_t i = 0; i < n; i++) {
-      const struct op *o = &ops[i];
-      comms[i] = o->comm, kinds[i] = o->kind, peers[i] = o->root;
-      /* run again, an in-place op on registered memory would read what it
-       * wrote; a device op: what its GPU did is not known */
-      unsafe[i] = o->device >= 0 || (o->send_len && o->recv_len && !o->stage_lo &&
-                                     o->send < o->recv + o->recv_len && o->recv < o->send + o->send_len);
-    }
-    call = ccs__call_new(c, comms, kinds, peers, unsafe, n, numbers, &moving);
+  int moving = 0;
+  for (size_t i = 0; d && i < n; i++) {
+    const struct op *o = &ops[i];
+    /* run again, an in-place op on registered memory would read what it
+     * wrote; a device op: what its GPU did is not known */
+    d[i] = (struct ccs__call_desc){o->comm, o->kind, o->root,
+                                   o->device >= 0 || (o->send_len && o->recv_len && !o->stage_lo &&
+                                                      o->send < o->recv + o->recv_len &&
+                                                      o->recv < o->send + o->send_len)};
   }
-  free(comms), free(kinds), free(peers), free(unsafe);
+  if (d) call = ccs__call_new(c, d, n, numbers, &moving);
+  if (d != few) free(d);
   if (moving) {
     *rc = CCS_ERR_DAEMON_UNAVAILABLE;
     ccs__set_error("the connection to ccsd closed");
@@ -267,7 +265,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
                               int given, enum again *again);
 
 static ccs_result_t submit(struct op *ops, size_t n) {
-  uint64_t *numbers = malloc(sizeof(*numbers) * (n ? n : 1));
+  uint64_t few[8], *numbers = n <= 8 ? few : malloc(sizeof(*numbers) * n);
   if (!numbers) return fail(ops[0].comm, CCS_ERR_NO_MEMORY, "%s", "out of memory");
   int given = 0;
   ccs_result_t rc;
@@ -279,11 +277,9 @@ static ccs_result_t submit(struct op *ops, size_t n) {
     if (again == DONE) break;
     given |= again == RESUBMITTED; /* the resubmitted ops keep theirs */
   }
-  free(numbers);
+  if (numbers != few) free(numbers);
   return rc;
 }
-
-static int moving(struct ccs__conn *c) { return ccs__conn_moving(c); }
 
 static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops, uint64_t *numbers,
                               int given, enum again *again) {
@@ -305,7 +301,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   }
   size_t staged_bytes;
   ccs_result_t rc = resolve(c, ops, n, &staged_bytes);
-  if (rc != CCS_OK && moving(c)) *again = MOVED;
+  if (rc != CCS_OK && ccs__conn_moving(c)) *again = MOVED;
   if (rc != CCS_OK) return rc;
   struct ccs__host_stream *hs = ops[0].host_stream;
   int debug = 0, one_comm = 1, p2p = 0; /* how ops ran comes back only over the socket */
@@ -325,12 +321,12 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   if (hs && (!async || (hs->inflight && hs->comm != ops[0].comm))) ccs__host_stream_drain(hs);
   for (size_t i = 0; i < n && !async && !flagged; i++)
     if (ops[i].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[i].comm->inflight)) != CCS_OK) {
-      if (moving(c)) *again = MOVED;
+      if (ccs__conn_moving(c)) *again = MOVED;
       return fail(ops[i].comm, rc, "%s", ccs__error());
     }
   struct ccs__staging *st = NULL;
   if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, device, &st)) != CCS_OK) {
-    if (moving(c)) *again = MOVED;
+    if (ccs__conn_moving(c)) *again = MOVED;
     return fail(ops[0].comm, rc, "%s", ccs__error());
   }
   /* a blocking call on host buffers is listed while it is out: a daemon
@@ -417,7 +413,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   req.submit = &sub;
   Ccs__Reply *reply = NULL;
   if (async) { /* its answer goes to the stream */
-    if ((rc = ccs__ring_post(c, ptrs, n, hs, ops[0].comm)) != CCS_OK && moving(c)) *again = MOVED;
+    if ((rc = ccs__ring_post(c, ptrs, n, hs, ops[0].comm)) != CCS_OK && ccs__conn_moving(c)) *again = MOVED;
     else if (rc != CCS_OK) ccs__comm_failed(ops[0].comm, rc, ccs__error());
     goto out;
   }

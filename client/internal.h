@@ -303,8 +303,13 @@ struct ccs__call {
  * lists the call as out on c. NULL when c keeps no journal or memory runs
  * out (the call then goes out untracked), or, with *moving set, when c
  * broke and its keeper is at work (call again on the comm's connection). */
-struct ccs__call *ccs__call_new(struct ccs__conn *c, ccs_comm_t *const *comms, const uint32_t *kinds,
-                                const int *peers, const int *unsafe_to_rerun, size_t n,
+struct ccs__call_desc {
+  ccs_comm_t *comm;
+  uint32_t kind;
+  int peer;            /* a send's or receive's */
+  int unsafe_to_rerun; /* run again, it could read what it wrote (or a GPU's unknown work) */
+};
+struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc *ops, size_t n,
                                 const uint64_t *numbers, int *moving);
 /* The registry of comms the keeper rejoins (comm.c keeps it current). */
 void ccs__comm_track(ccs_comm_t *comm);

@@ -131,15 +131,14 @@ static void unlist(struct ccs__call *call) {
   call->conn = NULL;
 }
 
-struct ccs__call *ccs__call_new(struct ccs__conn *c, ccs_comm_t *const *comms, const uint32_t *kinds,
-                                const int *peers, const int *unsafe_to_rerun, size_t n,
+struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc *ops, size_t n,
                                 const uint64_t *numbers, int *moving) {
   *moving = 0;
   if (!c->journal || !c->keeper_started) return NULL; /* no restart to prepare for */
   struct ccs__call *call = calloc(1, sizeof(*call) + n * sizeof(call->op[0]));
   if (!call) { /* its numbers unknown: its comms cannot be rejoined */
     pthread_mutex_lock(&mu);
-    for (size_t i = 0; i < n; i++) comms[i]->has_id = 0;
+    for (size_t i = 0; i < n; i++) ops[i].comm->has_id = 0;
     pthread_mutex_unlock(&mu);
     return NULL;
   }
@@ -156,16 +155,16 @@ struct ccs__call *ccs__call_new(struct ccs__conn *c, ccs_comm_t *const *comms, c
     return NULL;
   }
   for (size_t i = 0; i < n; i++) {
-    int p2p = kinds[i] == CCS__SEND || kinds[i] == CCS__RECV;
-    int chan = ccs__chan_of(comms[i], p2p ? peers[i] : -1, kinds[i] == CCS__SEND);
+    int p2p = ops[i].kind == CCS__SEND || ops[i].kind == CCS__RECV;
+    int chan = ccs__chan_of(ops[i].comm, p2p ? ops[i].peer : -1, ops[i].kind == CCS__SEND);
     if (chan < 0) {
-      for (size_t k = 0; k < n; k++) comms[k]->has_id = 0;
+      for (size_t k = 0; k < n; k++) ops[k].comm->has_id = 0;
       pthread_mutex_unlock(&mu);
       free(call);
       return NULL;
     }
-    call->op[i] = (struct ccs__call_op){comms[i], chan, 0, unsafe_to_rerun[i], CCS__OUT};
-    call->op[i].number = numbers ? numbers[i] : comms[i]->chans[chan].next++;
+    call->op[i] = (struct ccs__call_op){ops[i].comm, chan, 0, ops[i].unsafe_to_rerun, CCS__OUT};
+    call->op[i].number = numbers ? numbers[i] : ops[i].comm->chans[chan].next++;
   }
   call->n = n;
   call->conn = c;
