@@ -6,13 +6,16 @@
  * its own result, not an error an earlier call left on the thread; the
  * client's CUDA calls leave the caller's thread in the context it had (its
  * own, or none) and queue stream work in the caller's own context where it
- * has one; device UUIDs are read from the driver once, not per lookup. */
+ * has one; device UUIDs are read from the driver once, not per lookup; a
+ * sticky error ends the daemon (its reason logged first), any other fails
+ * its op alone. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -21,7 +24,10 @@
 #include "cuda_vmm.h"
 #include "internal.h"
 #include "kernels_device.h"
+#include "plan/engine.h"
 #include "plan/pool.h"
+#include "run/op.h"
+#include "run/share.h"
 #include "run/gpu.h"
 
 enum { NDEVICES = 3 };
@@ -160,6 +166,84 @@ static void test_uuids_read_once(void **state) {
   assert_int_equal(atomic_load(&standin.uuid_reads), NDEVICES); /* when the runtime started */
 }
 
+static uv_loop_t *failing_loop;
+static void stop_loop(struct run_op *x) {
+  (void)x;
+  uv_stop(failing_loop);
+}
+
+/* In a child, as a daemon would: one all_reduce through the domain's
+ * submitter, its first launch failing with e. Exits 0 once the op is back
+ * with its error (2: back without it, 3: could not set up); a sticky e
+ * must end it before. Returns the wait status; the child's stderr (the
+ * log) in log. */
+static int run_failing_op(cudaError_t e, char *log, size_t len) {
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    alarm(30); /* a hang fails the test, never holds it */
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    enum { COUNT = 256 };
+    static float send[2][COUNT], recv[2][COUNT];
+    struct engine_part ranks[2] = {{(char *)send[0], (char *)recv[0], 0},
+                                   {(char *)send[1], (char *)recv[1], 0}};
+    struct engine_op eo = {SCHED_ALL_REDUCE, SCHED_DIRECT, 2, 0, 1, COUNT, CCS_FLOAT32,
+                           CCS_SUM, ranks, NULL, 1 << 12};
+    static struct run_share share = {.uid = 1000, .weight = 1, .cap = 1};
+    static struct run_op x;
+    uv_loop_t loop;
+    char why[256];
+    uv_loop_init(&loop);
+    struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
+    if (!g || engine_compile(&eo, &x.plan, why, sizeof(why)) != CCS_OK) _exit(3);
+    x.share = &share;
+    x.device = 0;
+    x.stream_key = 1;
+    failing_loop = &loop;
+    x.on_done = stop_loop;
+    standin.fail_next_launch = e;
+    ccsd_gpu_submit(g, &x);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    if (!strstr(x.gpu_error, "launching a kernel")) _exit(2);
+    engine_plan_free(&x.plan);
+    ccsd_gpu_stop(g);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    _exit(0);
+  }
+  close(fds[1]);
+  size_t got = 0;
+  ssize_t n;
+  while (got + 1 < len && (n = read(fds[0], log + got, len - 1 - got)) > 0) got += (size_t)n;
+  log[got] = '\0';
+  close(fds[0]);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* A sticky error leaves the context unusable for every tenant: the
+ * daemon logs why and exits at once (for systemd to start a fresh one),
+ * without running exit's handlers under the threads still in CUDA. Any
+ * other launch failure fails its op and the daemon goes on. */
+static void test_sticky_error_ends_the_daemon(void **state) {
+  (void)state;
+  char log[4096];
+  int status = run_failing_op(cudaErrorIllegalAddress, log, sizeof(log));
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), EXIT_FAILURE);
+  assert_non_null(strstr(log, "launching a kernel"));
+  assert_non_null(strstr(log, "(CUDA error 700) leaves the context unusable"));
+  assert_non_null(strstr(log, "the service manager restarts the daemon"));
+
+  status = run_failing_op(cudaErrorLaunchOutOfResources, log, sizeof(log));
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_null(strstr(log, "leaves the context unusable"));
+}
+
 int main(void) {
   standin_reset(NDEVICES);
   ccsd_gpu_environment(); /* as ccsd's main does, before the first CUDA call */
@@ -170,6 +254,7 @@ int main(void) {
       cmocka_unit_test(test_launch_reports_its_own_error),
       cmocka_unit_test(test_client_keeps_the_callers_context),
       cmocka_unit_test(test_uuids_read_once),
+      cmocka_unit_test(test_sticky_error_ends_the_daemon),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
