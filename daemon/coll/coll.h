@@ -21,6 +21,7 @@
 
 #include "base/fair.h"
 #include "base/list.h"
+#include "plan/plan_cache.h"
 #include "plan/tuner.h"
 #include "run/gpu.h"
 #include "run/net.h"
@@ -159,6 +160,7 @@ struct comm {
   struct list agreements;   /* agree.c: words heard on ops, not yet from every daemon */
   struct agree_recent *agree_recent; /* agree.c: what this daemon's ranks called lately */
   size_t np2p;
+  struct plan_cache plans; /* its last small op's plan, for the next like it */
   int refs;          /* members, xops, the timer handle */
   int gone;          /* unreferenced: leaves the list once its timer closed; walks skip it */
 };
@@ -233,6 +235,7 @@ int ccsd_slot_has(const struct slot *sl, int rank);
 
 /* A matched op: the posts of every local rank, and its run state (the
  * run layer's part, run/op.h) which comes back through run.on_done. */
+#define CCSD_WHY_MAX 160
 struct xop {
   struct run_op run;
   struct list comm_link; /* in comm->running */
@@ -242,11 +245,14 @@ struct xop {
   uint32_t kind;
   uint64_t seq;
   enum sched_algo algo;
-  char why[160];           /* why this algorithm (CCS_DEBUG=INFO) */
+  char *why;               /* why this algorithm, when explained (CCS_DEBUG=INFO, traces): out of
+                              the op itself, which then fits the allocator's per-thread cache */
   int *part_node;          /* across daemons: each participant's node */
   void *scratch;           /* a barrier's bytes */
   size_t scratch_len;
   uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
+  int plan_kept;           /* its plan goes back to comm->plans, made for key plan_gen */
+  uint64_t plan_gen;
 };
 
 /* unique_id.c: issued signed for a uid, checked on join */

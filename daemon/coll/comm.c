@@ -26,6 +26,7 @@ static void on_timer_closed(uv_handle_t *handle) {
     free(c->members[r]);
   }
   free(c->members);
+  plan_cache_free(&c->plans);
   free(c);
 }
 

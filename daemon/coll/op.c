@@ -39,10 +39,12 @@ static uint64_t op_bytes(const struct post *p, int n) {
 
 void ccsd_xop_free(struct xop *x) {
   if (!x) return;
+  if (x->plan_kept) plan_cache_give_back(&x->comm->plans, &x->run.plan, x->plan_gen);
   ccsd_run_op_free(&x->run);
   free(x->posts);
   free(x->part_node);
   free(x->scratch);
+  free(x->why);
   free(x);
 }
 
@@ -74,7 +76,8 @@ static int explained(const struct xop *x) {
 
 static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   struct comm *c = x->comm;
-  size_t whylen = explained(x) ? sizeof(x->why) : 0;
+  if (explained(x)) x->why = calloc(1, CCSD_WHY_MAX); /* none: no explanation */
+  size_t whylen = x->why ? CCSD_WHY_MAX : 0;
   const struct coll_config *cfg = &c->co->cfg;
   const struct post *p0 = first_post(x);
   int p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
@@ -82,7 +85,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   uint64_t bytes = op_bytes(p0, n);
   if (x->kind == CCS__BARRIER && !c->spans) { /* nothing to move: matching was the barrier */
     x->algo = SCHED_DIRECT;
-    snprintf(x->why, sizeof(x->why), "a barrier moves no data");
+    if (x->why) snprintf(x->why, whylen, "a barrier moves no data");
     return CCS_OK;
   }
   struct engine_part *ranks = calloc((size_t)n, sizeof(*ranks));
@@ -114,8 +117,8 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     ranks[1].remote = !recv;
     x->part_node[0] = c->spans ? c->node_of_rank[from] : 0;
     x->part_node[1] = c->spans ? c->node_of_rank[to] : 0;
-    snprintf(x->why, sizeof(x->why), "a send and its receive: %s",
-             send && recv ? "one copy" : "one message between daemons");
+    if (x->why) snprintf(x->why, whylen, "a send and its receive: %s",
+                      send && recv ? "one copy" : "one message between daemons");
   } else if (c->spans && x->kind != CCS__ALL_TO_ALL && x->kind != CCS__BARRIER) {
     /* Among daemons: one participant per node, standing for its ranks; this
      * node's are reduced in one pass before the network and get the result
@@ -181,8 +184,18 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     op.dtype = CCS_UINT8;
     op.redop = CCS_MAX;
   }
-  ccs_result_t rc = barrier || x->kind != CCS__BARRIER ? engine_compile(&op, &x->run.plan, err, errlen)
-                                                       : CCS_ERR_NO_MEMORY;
+  ccs_result_t rc = CCS_ERR_NO_MEMORY;
+  int keepable = x->run.device < 0 && !p2p && plan_cache_fits(&op);
+  if (keepable && plan_cache_take(&c->plans, &op, &x->run.plan, &x->plan_gen)) {
+    rc = CCS_OK;
+    x->plan_kept = 1;
+  } else if (barrier || x->kind != CCS__BARRIER) {
+    rc = engine_compile(&op, &x->run.plan, err, errlen);
+    const struct engine_plan *pl = &x->run.plan;
+    if (rc == CCS_OK && keepable && !pl->net_items && !pl->nscratch &&
+        pl->bytes_moved <= cfg->inline_bytes)
+      x->plan_kept = plan_cache_note(&c->plans, &op, &x->plan_gen);
+  }
   free(ranks);
   free(members);
   x->scratch = barrier;
@@ -207,7 +220,7 @@ static void describe(const struct xop *x, char *buf, size_t len) {
   snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks%s%s: %s (%s); %zu items, %zu tasks",
            (unsigned long long)x->comm->id, ccs__coll_name(x->kind), (unsigned long long)x->seq,
            (unsigned long long)op_bytes(first_post(x), n), n,
-           x->comm->spans ? " across daemons" : "", where, sched_algo_name(x->algo), x->why,
+           x->comm->spans ? " across daemons" : "", where, sched_algo_name(x->algo), x->why ? x->why : "",
            x->run.plan.nitems, x->run.plan.ntasks);
 }
 
