@@ -295,7 +295,7 @@ struct ccs__call {
   int keyed;
   int settled;             /* the keeper decided every op's verdict (or the comms failed) */
   ccs_result_t failed;     /* not CCS_OK: the comms could not rejoin */
-  char text[CCS__ERROR_TEXT_MAX];
+  char *text;              /* with failed (NULL when out of memory: the code's own text) */
   size_t n;
   struct ccs__call_op op[];
 };

@@ -199,11 +199,19 @@ void ccs__call_answered(struct ccs__call *call, ccs_result_t status) {
   pthread_mutex_unlock(&mu);
 }
 
+/* Why call failed, kept out of the call itself: most calls never fail,
+ * and a call small enough for the allocator's per-thread cache costs less
+ * to make. */
+static void fail_text(struct ccs__call *call, const char *text) {
+  free(call->text);
+  call->text = strdup(text);
+}
+
 ccs_result_t ccs__call_await(struct ccs__call *call) {
   pthread_mutex_lock(&mu);
   while (!call->settled) pthread_cond_wait(&settled_cv, &mu);
   ccs_result_t rc = call->failed;
-  if (rc != CCS_OK) ccs__set_error("%s", call->text);
+  if (rc != CCS_OK) ccs__set_error("%s", call->text ? call->text : ccs_strerror(rc));
   pthread_mutex_unlock(&mu);
   return rc;
 }
@@ -213,6 +221,7 @@ void ccs__call_free(struct ccs__call *call) {
   pthread_mutex_lock(&mu);
   unlist(call);
   pthread_mutex_unlock(&mu);
+  free(call->text);
   free(call);
 }
 
@@ -401,7 +410,7 @@ static void settle_calls(struct ccs__conn *c, ccs_comm_t *failed_comm, ccs_resul
     for (size_t i = 0; i < call->n; i++) {
       if (failed_comm && call->op[i].comm == failed_comm) {
         call->failed = failed;
-        snprintf(call->text, sizeof(call->text), "%s", text);
+        fail_text(call, text);
       }
       ready &= call->op[i].verdict != CCS__OUT;
     }
@@ -541,7 +550,7 @@ static void restart(struct ccs__conn *c) {
   for (struct ccs__call *call = c->calls, *next; call; call = next) {
     next = call->next;
     call->failed = CCS_ERR_DAEMON_UNAVAILABLE;
-    snprintf(call->text, sizeof(call->text), "the connection to ccsd closed under this call");
+    fail_text(call, "the connection to ccsd closed under this call");
     call->settled = 1;
     unlist(call);
   }

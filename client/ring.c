@@ -78,13 +78,6 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ volatile("yield");
-#endif
-}
 
 static void let_all_go(struct ccs__ring *r, const char *why);
 
@@ -267,15 +260,23 @@ static void take_completions(struct ccs__ring *r) {
  * budget, then asleep on it. CCS_OK, or the connection's failure. Only a
  * few pauses before yielding: where ranks and the daemon share CPUs the
  * daemon must run for the answer to come (8 B all_reduce, 4 ranks on 2
- * CPUs: 8.6 us after 64 pauses, 7.3 us after 8). */
+ * CPUs: 8.6 us after 64 pauses, 7.3 us after 8). A yield that comes
+ * straight back means nobody shares this CPU: then pauses alone for a
+ * while (proto/ring.h). */
 static ccs_result_t wait_done(struct ccs__conn *c, uint32_t seen) {
   struct ccs__ring_shared *sh = c->ring->sh;
-  uint64_t start = now_ns();
+  uint64_t start = now_ns(), watch_until = 0;
   for (int k = 0;; k++) {
     if (atomic_load_explicit(&sh->done_tail, memory_order_acquire) != seen) return CCS_OK;
-    if (k < 8) cpu_relax();
-    else if (now_ns() - start < c->ring->spin_ns) sched_yield();
-    else break;
+    if (k < 8 || (watch_until && ((k & 15) || now_ns() < watch_until))) {
+      ccs__cpu_relax();
+      continue;
+    }
+    uint64_t yielded = now_ns();
+    if (yielded - start >= c->ring->spin_ns) break;
+    sched_yield();
+    uint64_t back = now_ns(); /* alone on this CPU: watch a while without system calls */
+    watch_until = back - yielded < CCS__YIELD_ALONE_NS ? back + CCS__WATCH_ALONE_NS : 0;
   }
   for (;;) {
     atomic_fetch_add_explicit(&sh->client_waiting, 1, memory_order_seq_cst);

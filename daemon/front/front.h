@@ -421,6 +421,9 @@ void ccsd_rings_beat(struct daemon *d);
 /* Takes what the rings hold, up to a bound per connection: how many
  * batches were taken. */
 int ccsd_rings_poll(struct daemon *d);
+/* Looks at the rings, pausing between looks, until one has work (1) or
+ * uv_hrtime() reaches until_ns (0): no system call. */
+int ccsd_rings_watch(struct daemon *d, uint64_t until_ns);
 /* A batch's answer through its connection's completion ring. */
 void ccsd_ring_complete(struct session *s, uint64_t req_id, ccs_result_t status, const char *error);
 /* Before the loop sleeps: clients ring the doorbell from now on. 1 when a

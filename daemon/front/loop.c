@@ -3,7 +3,8 @@
  * takes batches from the rings as they come, and gives libuv's events
  * (sockets, timers, finished ops) a turn without blocking, yielding the
  * CPU to whoever else wants it (ranks spinning on their answers share
- * it). While calls from the rings are unanswered (an op across daemons
+ * it), or, where nobody does, watching the rings a few microseconds
+ * between libuv's turns. While calls from the rings are unanswered (an op across daemons
  * takes a network round trip) it polls up to INFLIGHT_SPIN times longer,
  * and drives the transport itself (run/net.h): a small op's messages and
  * its answer then cross no thread. Idle, it gives the transport back,
@@ -12,6 +13,7 @@
 #include <sched.h>
 
 #include "front/front.h"
+#include "ring.h"
 
 #define INFLIGHT_SPIN 20 /* 1 ms at the default poll_spin_us */
 
@@ -36,7 +38,14 @@ void ccsd_loop_run(struct daemon *d) {
       /* libuv's turn costs a system call: while batches keep coming it
        * waits a few rounds */
       if (!got || ++busy_rounds >= 8) uv_run(d->loop, UV_RUN_NOWAIT), busy_rounds = 0;
-      if (!got) sched_yield();
+      if (!got) {
+        uint64_t yielded = uv_hrtime();
+        sched_yield();
+        /* back at once: nobody else wants this CPU, so the rings are
+         * watched a while without system calls (proto/ring.h) */
+        if (!driving && uv_hrtime() - yielded < CCS__YIELD_ALONE_NS)
+          ccsd_rings_watch(d, yielded + CCS__WATCH_ALONE_NS);
+      }
       continue;
     }
     if (driving) ccsd_peers_drive_end(d->coll.peers), driving = 0;

@@ -229,6 +229,17 @@ static int has_work(const struct ring *r) {
   return r->session && atomic_load_explicit(&r->sh->sub_tail, memory_order_acquire) != r->sub_head;
 }
 
+int ccsd_rings_watch(struct daemon *d, uint64_t until_ns) {
+  for (unsigned k = 1;; k++) {
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, &d->rings) {
+      if (has_work(LIST_ENTRY(it, struct ring, link))) return 1;
+    }
+    ccs__cpu_relax();
+    if (k % 16 == 0 && uv_hrtime() >= until_ns) return 0;
+  }
+}
+
 /* Tenants take turns by weight (ccsd_tenant_turns): a round passes over
  * the rings again while some have work and none got a whole turn yet, so
  * that light tenants are not kept waiting when nobody else wants the loop. */
