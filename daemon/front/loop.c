@@ -4,12 +4,12 @@
  * (sockets, timers, finished ops) a turn without blocking, yielding the
  * CPU to whoever else wants it (ranks spinning on their answers share
  * it), or, where nobody does, watching the rings a few microseconds
- * between libuv's turns. While calls from the rings are unanswered (an op across daemons
- * takes a network round trip) it polls up to INFLIGHT_SPIN times longer,
- * and drives the transport itself (run/net.h): a small op's messages and
- * its answer then cross no thread. Idle, it gives the transport back,
- * arms the doorbells and sleeps in libuv until something happens: an idle
- * daemon uses no CPU. */
+ * between libuv's turns. While calls from the rings are unanswered (an op
+ * across daemons takes a network round trip) it polls up to INFLIGHT_SPIN
+ * times longer, and drives the transport itself (run/net.h): a small op's
+ * messages and its answer then cross no thread. Idle, it gives the
+ * transport back, arms the doorbells and sleeps in libuv until something
+ * happens: an idle daemon uses no CPU. */
 #include <sched.h>
 
 #include "front/front.h"
