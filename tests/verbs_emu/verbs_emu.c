@@ -19,7 +19,8 @@
  * $CCS_VERBS_EMU_DIR/raise-<pid>, read within ~50 ms once its last line
  * ends (best written elsewhere and renamed there), with lines
  * `port_down DEV PORT`, `port_up DEV PORT`, `qp_error QPN|all`,
- * `device_fatal DEV`. A port that is down carries no packets: its QPs'
+ * `device_fatal DEV`, `rkeys_revoked` (every region of the process loses
+ * its remote rights). A port that is down carries no packets: its QPs'
  * sends time out as on a dead link. */
 #include <arpa/inet.h>
 #include <endian.h>
@@ -672,6 +673,18 @@ EMU_API int ccs_verbs_emu_raise(struct ibv_context *ibctx, enum ibv_event_type t
   return rc ? -1 : 0;
 }
 
+/* Every region of this process's contexts loses its remote rights, as if
+ * deregistered under the peers' feet: their next RDMA write or read here
+ * is a remote access error (g_lock held). */
+static void revoke_rkeys(void) {
+  for (struct emu_ctx *c = g_ctxs; c; c = c->next) {
+    pthread_mutex_lock(&c->lock);
+    for (struct emu_mr *m = c->mrs; m; m = m->next)
+      m->access &= ~(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+    pthread_mutex_unlock(&c->lock);
+  }
+}
+
 static struct emu_dev *dev_named(const char *name) {
   for (struct emu_dev *d = g_devs; d; d = d->next)
     if (!strcmp(d->ibdev.name, name)) return d;
@@ -718,6 +731,8 @@ void emu_raise_file(const char *dir) {
       raise_locked(NULL, NULL, IBV_EVENT_QP_FATAL, -1);
     else if (sscanf(line, "device_fatal %63s", name) == 1)
       raise_locked(dev_named(name), NULL, IBV_EVENT_DEVICE_FATAL, 0);
+    else if (sscanf(line, "%31s", verb) == 1 && !strcmp(verb, "rkeys_revoked"))
+      revoke_rkeys();
     else if (sscanf(line, " %31s", verb) == 1)
       fprintf(stderr, "verbs_emu: %s: line not understood: %s\n", path, line);
   }
