@@ -96,7 +96,8 @@ struct net_task {
   struct link_send send; /* a SEND task's place in its link's shares */
   double fail_at;   /* deferred: a failed data connection, why, and */
   const char *why;
-  int status;       /* the transport's error (negative errno), or 0 */
+  int status;       /* the transport's error (negative errno), or 0, */
+  char *detail;     /* and its account of it (verbs: the work completion's status), or NULL */
 };
 
 /* A data connection that fails is often the other daemon closing it because
@@ -252,7 +253,8 @@ static struct pconn *adopt(struct peers *p, struct tconn *tc, const char *addr, 
 static size_t task_of(const struct net_task *rec) { return (size_t)(rec - rec->x->net_tasks); }
 
 static void transfer_fail(struct peers *p, struct net_task *rec, ccs_result_t status, const char *why);
-static void transfer_fail_later(struct peers *p, struct net_task *rec, const char *why, int status);
+static void transfer_fail_later(struct peers *p, struct net_task *rec, const char *why, int status,
+                                const char *detail);
 
 static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
   if (c->is_data && c->nc && c->node >= 0 && c->nc->data[c->node * c->nc->lanes + c->lane] == c) {
@@ -264,7 +266,7 @@ static void drop_conn(struct peers *p, struct pconn *c, const char *why) {
       struct net_task *rec = LIST_ENTRY(it, struct net_task, link);
       if (ccsd_run_op_peer_node(rec->x, task_of(rec)) != c->node) continue;
       list_remove(&rec->link);
-      transfer_fail_later(p, rec, "it closed the communicator's connection", 0);
+      transfer_fail_later(p, rec, "it closed the communicator's connection", 0, NULL);
     }
   }
   if (!c->is_data && (c->got_hello || c->outbound) && why) emit(p, c->addr, NULL, why);
@@ -402,9 +404,11 @@ static int failed_here(struct peers *p, struct pconn *c, struct net_task *rec) {
 
 /* Fails rec after the grace (see FAIL_GRACE_S): the reason may come. why
  * is a constant text; status, when not 0, the transport's error. */
-static void transfer_fail_later(struct peers *p, struct net_task *rec, const char *why, int status) {
+static void transfer_fail_later(struct peers *p, struct net_task *rec, const char *why, int status,
+                                const char *detail) {
   rec->why = why;
   rec->status = status;
+  rec->detail = detail ? strdup(detail) : NULL;
   rec->fail_at = now_s() + FAIL_GRACE_S;
   list_insert_tail(&p->deferred, &rec->link);
 }
@@ -413,7 +417,9 @@ static void transfer_fail_later(struct peers *p, struct net_task *rec, const cha
 static void transfer_fail_deferred(struct peers *p, struct net_task *rec) {
   char why[256];
   snprintf(why, sizeof(why), "%s%s%s", rec->why, rec->status ? ": " : "",
-           rec->status ? failure_text(rec->status) : "");
+           rec->status ? rec->detail ? rec->detail : failure_text(rec->status) : "");
+  free(rec->detail);
+  rec->detail = NULL;
   transfer_fail(p, rec, CCS_ERR_PEER_LOST, why);
 }
 
@@ -528,7 +534,7 @@ static void transfer_start(struct peers *p, struct pconn *c, struct net_task *re
   }
   int rc = send ? p->ops->send(c->tc, m, sbuf, len, tag, rec)
                 : p->ops->recv(c->tc, m, rbuf, len, tag, rec);
-  if (rc && !failed_here(p, c, rec)) transfer_fail_later(p, rec, "its data connection is closed", 0);
+  if (rc && !failed_here(p, c, rec)) transfer_fail_later(p, rec, "its data connection is closed", 0, NULL);
 }
 
 /* rec goes on its data connection, or waits for it to come. */
@@ -542,7 +548,7 @@ static void post(struct peers *p, struct net_task *rec) {
   }
   struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
   if (c) transfer_start(p, c, rec);
-  else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection", 0);
+  else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection", 0, NULL);
   else list_insert_tail(&nc->waiting, &rec->link);
 }
 
@@ -819,7 +825,10 @@ static void on_completion(struct peers *p, const struct tcompletion *tc) {
   }
   struct net_task *rec = tc->user;
   if (tc->status) {
-    if (!failed_here(p, c, rec)) transfer_fail_later(p, rec, "data connection lost", tc->status);
+    char detail[160];
+    if (!failed_here(p, c, rec))
+      transfer_fail_later(p, rec, "data connection lost", tc->status,
+                          conn_failure(p, c, tc->status, detail, sizeof(detail)));
     return;
   }
   if (!tc->is_send) { /* whole chunks only: a short one means the ranks disagree */
