@@ -5,6 +5,9 @@
 # one daemon per node on loopback ports, and one daemon per node in its own
 # network namespace (veth + bridge; needs root). The daemons authenticate
 # every message; CCS_PEER_ENCRYPT=1 in the environment encrypts the data too.
+# Beside them the loopback stream bound: one TCP connection between two
+# processes (build/tests/tcp-stream), what one link between daemons here
+# carries at most; lo/stream is ccs-lo's busbw over it.
 #   scripts/compare_mpi_nodes.sh [ITERS [WARMUP]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +55,8 @@ ccs_run() {
 }
 
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
+bound=$(build/tests/tcp-stream 2048)
+echo "# loopback stream bound (one TCP connection, 1 MiB writes): $bound GB/s"
 echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl self,tcp on lo), float sum, out of place, $iters iterations after $warmup, busbw in GB/s"
 for shape in 2x1 4x1 2x2; do
   nodes=${shape%x*} per=${shape#*x}
@@ -67,8 +72,8 @@ for shape in 2x1 4x1 2x2; do
     stop_daemons
     echo
     echo "## $coll, $nodes nodes of $per rank(s)"
-    printf '%12s %12s %12s %12s %10s\n' "size(B)" "OpenMPI-tcp" "ccs-lo" "ccs-netns" "lo/OMPI"
+    printf '%12s %12s %12s %12s %10s %10s\n' "size(B)" "OpenMPI-tcp" "ccs-lo" "ccs-netns" "lo/OMPI" "lo/stream"
     join <(echo "$mpi" | sort -k1,1) <(echo "$lo" | sort -k1,1) | join - <(echo "$ns" | sort -k1,1) | sort -n |
-      awk '{r = $2 > 0 ? $3 / $2 : 0; printf "%12d %12.3f %12.3f %12.3f %10.2f\n", $1, $2, $3, $4, r}'
+      awk -v bound="$bound" '{r = $2 > 0 ? $3 / $2 : 0; printf "%12d %12.3f %12.3f %12.3f %10.2f %10.2f\n", $1, $2, $3, $4, r, $3 / bound}'
   done
 done
