@@ -18,6 +18,12 @@ cleanup() {
   ip link del "$bridge" 2>/dev/null || true
 }
 trap cleanup EXIT
+# a signal at any moment, during the set-up too, ends the command and
+# cleans up (bash runs traps only between commands, so the command runs in
+# the background and is waited for)
+stop() { pkill -P $$ 2>/dev/null || true; exit "$1"; }
+trap 'stop 130' INT
+trap 'stop 143' TERM
 # namespaces ccs<pid>n<i> and bridges cb<pid> of runs that are gone
 sweep() {
   local name pid
@@ -42,10 +48,5 @@ for i in $(seq 0 $((n - 1))); do
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
 done
-# in the background, so that a signal to this script cleans up at once
-# (bash runs traps only between commands, and wait is one)
 CCS_TEST_NETNS=$prefix CCS_TEST_NETNS_LINK=$link "$@" &
-child=$!
-trap 'kill "$child" 2>/dev/null; exit 130' INT
-trap 'kill "$child" 2>/dev/null; exit 143' TERM
-wait "$child"
+wait "$!"

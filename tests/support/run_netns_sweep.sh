@@ -10,29 +10,38 @@ fail() { echo "FAIL: $*"; status=1; }
 # ours: namespaces ccs<pid>n<i> and the bridge cb<pid>
 left_by() { ip netns list | grep -c "^ccs$1n" || true; }
 bridge_of() { ip -o link show type bridge | grep -c ": cb$1[:@]" || true; }
-wait_for_namespaces() { # pid count
-  for _ in $(seq 200); do [ "$(left_by "$1")" = "$2" ] && return 0; sleep 0.05; done
-  fail "run $1 never made its $2 namespaces"
+# a run whose command sleeps, once its namespaces are made: the sleeper's
+# pid in $dir/<name> when it started (set-up done)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+sleeping_run() { # name D
+  "$netns" "$2" bash -c "echo \$\$ > $dir/$1.tmp && mv $dir/$1.tmp $dir/$1 && exec sleep 600" &
+}
+wait_for_sleeper() { # name pid count
+  for _ in $(seq 400); do
+    [ -s "$dir/$1" ] && [ "$(left_by "$2")" = "$3" ] && return 0
+    sleep 0.05
+  done
+  fail "run $2 never made its $3 namespaces and started its command"
   return 1
 }
 
 # SIGKILL: no trap runs; the next run sweeps
-"$netns" 2 sleep 600 &
+sleeping_run killed 2
 killed=$!
-wait_for_namespaces "$killed" 2
-sleeper=$(cat /proc/"$killed"/task/*/children 2>/dev/null || true)
+wait_for_sleeper killed "$killed" 2
 kill -KILL "$killed"
 wait "$killed" 2>/dev/null || true
-for p in $sleeper; do kill -KILL "$p" 2>/dev/null || true; done
+kill -KILL "$(cat "$dir/killed")" 2>/dev/null || true
 [ "$(left_by "$killed")" = 2 ] || fail "the killed run's namespaces were gone before the sweep"
 "$netns" 1 true
 [ "$(left_by "$killed")" = 0 ] || fail "the next run left the killed run's namespaces"
 [ "$(bridge_of "$killed")" = 0 ] || fail "the next run left the killed run's bridge"
 
 # SIGTERM: the run cleans up after itself, at once
-"$netns" 2 sleep 600 &
+sleeping_run stopped 2
 stopped=$!
-wait_for_namespaces "$stopped" 2
+wait_for_sleeper stopped "$stopped" 2
 kill -TERM "$stopped"
 rc=0
 wait "$stopped" || rc=$?
