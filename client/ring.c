@@ -266,7 +266,7 @@ static void take_completions(struct ccs__ring *r) {
 static ccs_result_t wait_done(struct ccs__conn *c, uint32_t seen) {
   struct ccs__ring_shared *sh = c->ring->sh;
   uint64_t start = now_ns(), watch_until = 0;
-  for (int k = 0;; k++) {
+  for (unsigned k = 0;; k++) { /* (pauses count too: unsigned, it wraps harmlessly) */
     if (atomic_load_explicit(&sh->done_tail, memory_order_acquire) != seen) return CCS_OK;
     if (k < 8 || (watch_until && ((k & 15) || now_ns() < watch_until))) {
       ccs__cpu_relax();

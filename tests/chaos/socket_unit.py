@@ -39,8 +39,11 @@ def on_signal(signum, frame):
     global ending
     if signum == signal.SIGTERM:
         ending = True
-    if daemon:
-        os.kill(daemon, {signal.SIGUSR1: signal.SIGKILL}.get(signum, signal.SIGTERM))
+    if daemon:  # none between its end and its restart: nothing to signal
+        try:
+            os.kill(daemon, {signal.SIGUSR1: signal.SIGKILL}.get(signum, signal.SIGTERM))
+        except ProcessLookupError:  # ended on its own, not yet reaped
+            pass
 
 
 for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
@@ -51,10 +54,13 @@ while True:
         pid, status = os.waitpid(daemon, 0)
     except InterruptedError:
         continue
+    daemon = None
     if ending:
         break
     print(f"socket_unit: ccsd (pid {pid}) ended ({status:#x}); starting it again", file=sys.stderr, flush=True)
     time.sleep(restart_sec)
+    if ending:  # told to end while no daemon ran
+        break
     start()
 print(f"socket_unit: {starts} daemon start(s)", file=sys.stderr, flush=True)
 sys.exit(0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else 1)
