@@ -2,11 +2,13 @@
 # Open MPI (shared-memory path) against ccs on this machine, in one run,
 # alternating per collective: busbw for 16 B .. 64 MiB with 2 and 4 ranks,
 # then 8 B all_reduce latency (median of repeated runs), then the memcpy
-# bandwidth of this machine for scale.
-#   scripts/compare_mpi.sh [ITERS]
+# bandwidth of this machine for scale. Each cell is the median of ROUNDS
+# runs, the two sides taking turns (on a shared VM one run's mean is often
+# one preemption's).
+#   scripts/compare_mpi.sh [ITERS [ROUNDS]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-iters=${1:-20}
+iters=${1:-20} rounds=${2:-3}
 scripts/setup.sh build >/dev/null
 . scripts/daemon.sh
 mpi_perf_build
@@ -24,17 +26,29 @@ ccs_rows() {
   [ "$1" = broadcast ] && which=in_place
   sed -n "s/.*\"size\": \([0-9]*\).*\"$which\": {[^}]*\"busbw\": \([0-9.]*\).*/\1 \2/p" "$dir/rows.json"
 }
+# "size value" rows of several runs -> "size median" per size
+median_rows() {
+  sort -k1,1n -k2,2g | awk '
+    function flush() { if (n) print size, v[int((n + 1) / 2)]; n = 0 }
+    $1 != size { flush(); size = $1 }
+    { v[++n] = $2 }
+    END { flush() }'
+}
 
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
-echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl vader), float sum, out of place (broadcast: in place), $iters iterations, busbw in GB/s"
+echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl vader), float sum, out of place (broadcast: in place), $iters iterations, busbw in GB/s, median of $rounds runs"
 for np in 2 4; do
   for coll in all_reduce all_gather reduce_scatter broadcast all_to_all; do
     for reg in 1 0; do
       [ "$reg" = 0 ] && [ "$coll" != all_reduce ] && continue
-      mpi=$(mpirun_ "$np" build/mpi-perf "$coll" 16 67108864 4 "$iters" 2 | awk '{print $1, $2}')
-      build/client/ccs-perf "$coll" --np "$np" --registered "$reg" -b 16 -e 64M -f 4 \
-        -n "$iters" -w 2 -c 0 -J "$dir/rows.json" >/dev/null
-      ccs=$(ccs_rows "$coll")
+      mpi="" ccs=""
+      for _ in $(seq "$rounds"); do
+        mpi+=$(mpirun_ "$np" build/mpi-perf "$coll" 16 67108864 4 "$iters" 2 | awk '{print $1, $2}')$'\n'
+        build/client/ccs-perf "$coll" --np "$np" --registered "$reg" -b 16 -e 64M -f 4 \
+          -n "$iters" -w 2 -c 0 -J "$dir/rows.json" >/dev/null
+        ccs+=$(ccs_rows "$coll")$'\n'
+      done
+      mpi=$(echo -n "$mpi" | median_rows) ccs=$(echo -n "$ccs" | median_rows)
       label=$([ "$reg" = 1 ] && echo registered || echo staged)
       echo
       echo "## $coll, $np ranks, ccs $label buffers"

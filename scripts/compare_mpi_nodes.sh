@@ -7,7 +7,8 @@
 # every message; CCS_PEER_ENCRYPT=1 in the environment encrypts the data too.
 # Beside them the loopback stream bound: one TCP connection between two
 # processes (build/tests/tcp-stream), what one link between daemons here
-# carries at most; lo/stream is ccs-lo's busbw over it.
+# carries at most; lo/stream is ccs-lo's busbw over it. The two-way bound
+# (both ends sending at once, as two daemons do) is printed beside it.
 #   scripts/compare_mpi_nodes.sh [ITERS [WARMUP]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +57,7 @@ ccs_run() {
 
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
 bound=$(build/tests/tcp-stream 2048)
-echo "# loopback stream bound (one TCP connection, 1 MiB writes): $bound GB/s"
+echo "# loopback stream bound (one TCP connection, 1 MiB writes): $bound GB/s one way, $(build/tests/tcp-stream 2048 2) GB/s each way when both ends send"
 echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl self,tcp on lo), float sum, out of place, $iters iterations after $warmup, busbw in GB/s"
 for shape in 2x1 4x1 2x2; do
   nodes=${shape%x*} per=${shape#*x}
