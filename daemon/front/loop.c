@@ -4,7 +4,8 @@
  * (sockets, timers, finished ops) a turn without blocking, yielding the
  * CPU to whoever else wants it (ranks spinning on their answers share
  * it), or, where nobody does, watching the rings a few microseconds
- * between libuv's turns. While calls from the rings are unanswered (an op
+ * between libuv's turns; a task of an op the executor has ready comes
+ * before either (run/executor.h). While calls from the rings are unanswered (an op
  * across daemons takes a network round trip) it polls up to INFLIGHT_SPIN
  * times longer, and drives the transport itself (run/net.h): a small op's
  * messages and its answer then cross no thread. Idle, it gives the
@@ -13,6 +14,7 @@
 #include <sched.h>
 
 #include "front/front.h"
+#include "run/executor.h"
 #include "ring.h"
 
 #define INFLIGHT_SPIN 20 /* 1 ms at the default poll_spin_us */
@@ -38,6 +40,9 @@ void ccsd_loop_run(struct daemon *d) {
       /* libuv's turn costs a system call: while batches keep coming it
        * waits a few rounds */
       if (!got || ++busy_rounds >= 8) uv_run(d->loop, UV_RUN_NOWAIT), busy_rounds = 0;
+      /* idle: a task of an op rather than a look at the rings (not while
+       * it drives the transport, whose messages would wait behind it) */
+      if (!got && !driving && d->coll.exec && ccsd_executor_help(d->coll.exec)) continue;
       if (!got) {
         uint64_t yielded = uv_hrtime();
         sched_yield();

@@ -173,6 +173,25 @@ static void set_priority(enum executor_priority prio) {
     LOG_WARN("executor thread: SCHED_IDLE refused");
 }
 
+/* Runs x's claimed task; entered and left under e->mu. */
+static void run_claimed(struct executor *e, struct run_op *x, size_t task, double charged) {
+  pthread_mutex_unlock(&e->mu);
+  uint64_t t0 = ccsd_now_ns();
+  if (!atomic_load_explicit(&x->cancelled, memory_order_relaxed))
+    engine_run_task(&x->plan, task, x->streaming);
+  ccsd_failpoint("task");
+  uint64_t took = ccsd_now_ns() - t0;
+  atomic_fetch_add(&e->busy_ns, took);
+  pthread_mutex_lock(&e->mu);
+  e->running--;
+  account(e, x, took, charged);
+  if (finish_locked(e, x, task, 0)) { /* x lives on: its network tasks wait */
+    pthread_mutex_unlock(&e->mu);
+    e->handover(e->handover_arg, x);
+    pthread_mutex_lock(&e->mu);
+  }
+}
+
 static void *worker(void *arg) {
   struct executor *e = arg;
   set_priority(e->priority);
@@ -187,25 +206,21 @@ static void *worker(void *arg) {
       wait_until(e, retry);
       continue;
     }
-    pthread_mutex_unlock(&e->mu);
-
-    uint64_t t0 = ccsd_now_ns();
-    if (!atomic_load_explicit(&x->cancelled, memory_order_relaxed))
-      engine_run_task(&x->plan, task, x->streaming);
-    ccsd_failpoint("task");
-    uint64_t took = ccsd_now_ns() - t0;
-    atomic_fetch_add(&e->busy_ns, took);
-    pthread_mutex_lock(&e->mu);
-    e->running--;
-    account(e, x, took, charged);
-    if (finish_locked(e, x, task, 0)) { /* x lives on: its network tasks wait */
-      pthread_mutex_unlock(&e->mu);
-      e->handover(e->handover_arg, x);
-      pthread_mutex_lock(&e->mu);
-    }
+    run_claimed(e, x, task, charged);
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;
+}
+
+int ccsd_executor_help(struct executor *e) {
+  if (e->priority != EXECUTOR_NORMAL || pthread_mutex_trylock(&e->mu)) return 0;
+  size_t task;
+  uint64_t retry = 0;
+  double charged;
+  struct run_op *x = e->queued && !e->stop ? claim(e, &task, &charged, &retry) : NULL;
+  if (x) run_claimed(e, x, task, charged);
+  pthread_mutex_unlock(&e->mu);
+  return x != NULL;
 }
 
 int ccsd_executor_healthy(struct executor *e, uint64_t *seen) {

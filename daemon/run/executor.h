@@ -24,6 +24,14 @@ void ccsd_executor_stop(struct executor *e);
 /* From the loop thread: x is compiled and filled (run/op.h). */
 void ccsd_executor_submit(struct executor *e, struct run_op *x);
 
+/* The loop thread, with nothing else to do: runs one ready task as a
+ * thread of the executor would, so that an op's work begins while the
+ * threads wake (each wake-up is tens of microseconds where CPUs are
+ * shared). 1 when it ran one. Never when the threads run below the
+ * loop's priority (bulk work is not to run at the loop's), nor when the
+ * executor's lock is taken (the loop never waits for it). */
+int ccsd_executor_help(struct executor *e);
+
 /* The network side. fn is told (from any thread, outside the executor's
  * lock) that x has ready network tasks for it to take with net_step. */
 void ccsd_executor_set_handover(struct executor *e, void (*fn)(void *arg, struct run_op *x),
