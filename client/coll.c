@@ -3,7 +3,9 @@
  * submits all of the thread's ops in one request and returns when all are
  * done (on a host stream, once submitted: stream.c; on a CUDA stream, once
  * queued on it, ordered by the stream flags: ring.c). Unregistered buffers
- * are copied through a staging area. */
+ * are copied through a staging area; so are device buffers of a comm whose
+ * ranks span daemons, through host memory (the daemons move host memory
+ * between them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,7 @@ struct op {
   const char *stage2_lo; /* a second, disjoint staged range (send) */
   size_t stage2_len, stage2_off;
   int device;   /* the GPU holding the buffers; -1: host memory */
+  int via_host; /* device buffers staged through host memory (the comm spans daemons) */
   void *stream; /* cudaStream_t (device buffers) */
   struct ccs__host_stream *host_stream; /* or a host stream (host buffers) */
 };
@@ -89,6 +92,7 @@ static ccs_result_t check_domain(struct op *o, ccs_stream_t stream) {
     return fail(o->comm, CCS_ERR_INVALID_USAGE,
                 "%s: a host stream (ccs_stream_create) takes host buffers; device buffers take "
                 "a CUDA stream", name);
+  o->via_host = o->device >= 0 && o->comm->spans;
   return CCS_OK;
 }
 
@@ -128,13 +132,13 @@ static ccs_result_t resolve(struct ccs__conn *c, struct op *ops, size_t n, size_
   size_t bytes = 0;
   for (size_t i = 0; i < n; i++) {
     struct op *o = &ops[i];
-    int send_staged = 0, recv_staged = 0, r;
-    if (o->send_len) {
+    int send_staged = o->via_host && o->send_len, recv_staged = o->via_host && o->recv_len, r;
+    if (o->send_len && !o->via_host) {
       r = ccs__mem_lookup(c, o->send, o->send_len, &o->send_id, &o->send_off);
       if (r < 0) return fail(o->comm, CCS_ERR_SYSTEM, "%s", ccs__error());
       send_staged = r;
     }
-    if (o->recv_len) {
+    if (o->recv_len && !o->via_host) {
       r = ccs__mem_lookup(c, o->recv, o->recv_len, &o->recv_id, &o->recv_off);
       if (r < 0) return fail(o->comm, CCS_ERR_SYSTEM, "%s", ccs__error());
       recv_staged = r;
@@ -299,6 +303,11 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
     if (ops[i].comm->async_error != CCS_OK)
       return fail(ops[i].comm, ops[i].comm->async_error, "%s", ops[i].comm->last_error);
   }
+  /* one staging area per call: in host memory for all its device ops
+   * where one of them goes through the host */
+  int via_host = 0;
+  for (size_t i = 0; i < n; i++) via_host |= ops[i].via_host;
+  for (size_t i = 0; i < n; i++) ops[i].via_host = via_host && ops[i].device >= 0;
   size_t staged_bytes;
   ccs_result_t rc = resolve(c, ops, n, &staged_bytes);
   if (rc != CCS_OK && ccs__conn_moving(c)) *again = MOVED;
@@ -314,7 +323,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   /* a CUDA stream's call returns once queued, through the stream flags */
   /* (one op alone, no send or receive: a group's ops and a send's pairing
    * run as several ops, each of which would let the stream go) */
-  int flagged = device >= 0 && ops[0].stream && !debug && n == 1 && !p2p && ccs__ring_takes(c, n) &&
+  int flagged = device >= 0 && !via_host && ops[0].stream && !debug && n == 1 && !p2p && ccs__ring_takes(c, n) &&
                 ccs__ring_stream_flags(c, device) == 0;
   /* the order of a stream, and of a comm whose streams' calls run: what
    * does not follow them through the rings waits for them */
@@ -325,7 +334,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
       return fail(ops[i].comm, rc, "%s", ccs__error());
     }
   struct ccs__staging *st = NULL;
-  if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, device, &st)) != CCS_OK) {
+  if (staged_bytes && (rc = ccs__staging_take(c, staged_bytes, via_host ? -1 : device, &st)) != CCS_OK) {
     if (ccs__conn_moving(c)) *again = MOVED;
     return fail(ops[0].comm, rc, "%s", ccs__error());
   }
@@ -435,7 +444,8 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
       fprintf(stderr, "ccs INFO rank %d: %s\n", ops[0].comm->rank, reply->info);
     if (reply) ccs__reply__free_unpacked(reply, NULL);
     rc = copy_out(ops, n, st);
-    if (rc == CCS_OK && device >= 0 && !ops[0].stream) rc = ccs__gpu_sync(NULL);
+    /* (through the host: the results are on the GPU when the call returns) */
+    if (rc == CCS_OK && device >= 0 && (!ops[0].stream || via_host)) rc = ccs__gpu_sync(ops[0].stream);
     if (rc != CCS_OK) goto copy_failed;
   } else {
     for (size_t i = 0; i < n; i++) ccs__comm_failed(ops[i].comm, rc, ccs__error());

@@ -42,8 +42,8 @@ int ccsd_gpu_op_device(struct post *const *posts, int n, int spans, const uint64
   }
   *rc = CCS_ERR_UNSUPPORTED;
   if (spans) {
-    snprintf(err, errlen, "device buffers across daemons are not supported yet: use host "
-             "buffers for communicators that span nodes");
+    snprintf(err, errlen, "device buffers across daemons go through host memory: the client "
+             "stages them (libccs does), the daemons take host buffers");
     return -2;
   }
   if (local > CCS_DEVICE_MAX_PTRS) {

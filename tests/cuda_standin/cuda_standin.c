@@ -8,7 +8,8 @@
  * NVIDIA's. What it models: devices and their UUIDs, each thread's current
  * context (a device's primary one after cudaSetDevice), the thread's last
  * error as cudaGetLastError reads and clears it, launches that succeed or
- * fail as the test asks, memory from malloc, peer access, and which thread
+ * fail as the test asks, memory from malloc (device memory to
+ * cudaPointerGetAttributes), peer access, and which thread
  * called what. Streams run what they are given at once on the caller's
  * thread (host functions on a thread of their own, as a GPU would call
  * them); no kernel computes anything: the tests check the control, the
@@ -17,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,15 +123,44 @@ const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no er
 
 /* --- runtime: memory -------------------------------------------------------- */
 
+/* The allocations cudaMalloc made, so a pointer into one is device memory
+ * of its GPU to cudaPointerGetAttributes, as libccs asks. */
+struct allocation {
+  struct allocation *next;
+  char *base;
+  size_t size;
+  int device;
+};
+static struct allocation *allocations;
+static pthread_mutex_t allocations_mu = PTHREAD_MUTEX_INITIALIZER;
+
 cudaError_t cudaMalloc(void **ptr, size_t size) {
   init();
-  if (!(*ptr = malloc(size ? size : 1))) return fail(cudaErrorMemoryAllocation);
+  struct allocation *a = malloc(sizeof(*a));
+  if (!a || !(*ptr = malloc(size ? size : 1))) {
+    free(a);
+    return fail(cudaErrorMemoryAllocation);
+  }
+  *a = (struct allocation){NULL, *ptr, size ? size : 1, current_device};
+  pthread_mutex_lock(&allocations_mu);
+  a->next = allocations;
+  allocations = a;
+  pthread_mutex_unlock(&allocations_mu);
   atomic_fetch_add(&standin.mallocs, 1);
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void *ptr) {
   if (!ptr) return cudaSuccess;
+  pthread_mutex_lock(&allocations_mu);
+  for (struct allocation **p = &allocations; *p; p = &(*p)->next)
+    if ((*p)->base == ptr) {
+      struct allocation *a = *p;
+      *p = a->next;
+      free(a);
+      break;
+    }
+  pthread_mutex_unlock(&allocations_mu);
   free(ptr);
   atomic_fetch_add(&standin.frees, 1);
   if (pthread_equal(pthread_self(), standin.loop)) atomic_fetch_add(&standin.frees_on_loop, 1);
@@ -143,10 +174,22 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
   return cudaSuccess;
 }
 
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, count, kind, NULL);
+}
+
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *ptr) {
-  (void)ptr;
   memset(a, 0, sizeof(*a));
   a->type = cudaMemoryTypeUnregistered;
+  pthread_mutex_lock(&allocations_mu);
+  for (const struct allocation *m = allocations; m; m = m->next)
+    if ((const char *)ptr >= m->base && (const char *)ptr < m->base + m->size) {
+      a->type = cudaMemoryTypeDevice;
+      a->device = m->device;
+      a->devicePointer = (void *)(uintptr_t)ptr;
+      break;
+    }
+  pthread_mutex_unlock(&allocations_mu);
   return cudaSuccess;
 }
 

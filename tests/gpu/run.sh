@@ -10,11 +10,13 @@
 #                    forbids ranks and the daemon sharing GPU 0), the daemon's
 #                    GPU line (not host-only), one 2-rank all_reduce on device
 #                    memory, checked
-#   matrix  (4 min)  every collective x dtype x op x size, in and out of place,
+#   matrix  (5 min)  every collective x dtype x op x size, in and out of place,
 #                    ccs_mem_alloc_device and cudaMalloc buffers, on a stream
 #                    (through the stream flags) and on the NULL stream, with
 #                    2 and 4 ranks on GPU 0, then cudaMalloc buffers by legacy
-#                    IPC handle, checked element by element (test_collectives)
+#                    IPC handle, then 3 ranks on two daemons (device buffers
+#                    staged through host memory by libccs), checked element
+#                    by element (test_collectives)
 #   perf    (3 min)  ccs-perf --device 0 all_reduce, all_gather, reduce_scatter,
 #                    1 MiB .. 1 GiB on 4 ranks, beside the GPU's own
 #                    device-to-device copy bandwidth
@@ -147,6 +149,8 @@ matrix() {
   check matrix "every collective, 2 ranks" 80 env CCS_TEST_MEMORY=device "$build/tests/test_collectives" 2
   check matrix "every collective, 4 ranks" 100 env CCS_TEST_MEMORY=device "$build/tests/test_collectives" 4
   check matrix "cudaMalloc by legacy IPC, 2 ranks" 60 "${legacy[@]}" "$build/tests/test_collectives" 2
+  check matrix "across 2 daemons through host memory, 3 ranks" 40 \
+    env CCS_TEST_MEMORY=device CCS_TEST_DAEMONS=2 "$build/tests/test_collectives" 3
 }
 
 perf() {

@@ -7,7 +7,13 @@
  * from ccs_mem_alloc_device ("registered") and cudaMalloc ("staged"), ops
  * on a stream (every other one on the NULL stream), results copied back to
  * be checked on the host. CCS_TEST_MEMORY=device-legacy: the cudaMalloc
- * buffers are ccs_mem_register'ed (the daemon needs cuda_legacy_ipc). */
+ * buffers are ccs_mem_register'ed (the daemon needs cuda_legacy_ipc).
+ * Built as test_collectives_standin (CCS_TEST_STANDIN), the program runs
+ * against the CUDA stand-in (tests/cuda_standin) with libccs compiled in:
+ * "device" buffers are the stand-in's (host memory that libccs takes for a
+ * GPU's), all of them from cudaMalloc (the stand-in has no VMM), on a
+ * machine without a GPU; across daemons libccs stages them through host
+ * memory, which is what this build checks. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +27,11 @@
 #include <cmocka.h>
 #ifdef CCS_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#endif
+#ifdef CCS_TEST_STANDIN
+#include <dlfcn.h>
+
+#include "cuda_standin.h"
 #endif
 
 #include "algo_table.h"
@@ -163,6 +174,9 @@ static int mem_alloc(struct mem *m, size_t bytes, int registered) {
   }
 #ifdef CCS_HAVE_CUDA
   m->host = malloc(m->bytes);
+#ifdef CCS_TEST_STANDIN
+  m->registered = registered = 0;
+#endif
   if (registered) ccs_mem_alloc_device((void **)&m->ptr, m->bytes, 0);
   else if (cudaMalloc((void **)&m->ptr, m->bytes) != cudaSuccess) m->ptr = NULL;
   if (!registered && legacy_ipc && m->ptr && ccs_mem_register(m->ptr, m->bytes) != CCS_OK) {
@@ -536,6 +550,15 @@ int main(int argc, char **argv) {
 #ifndef CCS_HAVE_CUDA
   if (on_device) {
     fprintf(stderr, "CCS_TEST_MEMORY=device: this build has no CUDA\n");
+    return 2;
+  }
+#endif
+#ifdef CCS_TEST_STANDIN
+  /* one stand-in GPU; the driver's library loaded (by its soname), as in
+   * a CUDA program, which is when libccs looks at device pointers */
+  standin_reset(1);
+  if (!dlopen(CCS_CUDA_DRIVER, RTLD_NOW | RTLD_LOCAL)) {
+    fprintf(stderr, "%s: %s\n", CCS_CUDA_DRIVER, dlerror());
     return 2;
   }
 #endif
