@@ -85,6 +85,7 @@ static void test_sizes_both_ways(void **state) {
   static const size_t sizes[] = {0, 1, 4097, (16 << 10) - 1, 16 << 10, 1 << 20, (8 << 20) + 3};
   enum { N = sizeof(sizes) / sizeof(sizes[0]) };
   uint64_t seed = test_seed();
+  uint64_t rdma_first = 0, eager_first = 0;
   for (int recv_first = 1; recv_first >= 0; recv_first--) {
     char *out_a[N], *out_b[N], *in_a[N], *in_b[N];
     struct tmem *m_oa[N], *m_ob[N], *m_ia[N], *m_ib[N];
@@ -142,11 +143,15 @@ static void test_sizes_both_ways(void **state) {
     uint64_t large = 0, small = 0;
     for (int i = 0; i < N; i++) sizes[i] >= (16 << 10) ? (large++) : (small++);
     if (recv_first) {
-      assert_int_equal(ka.rdma_messages + kb.rdma_messages, 2 * large);
-      assert_int_equal(ka.eager_messages + kb.eager_messages, 2 * small);
-    } else {
-      assert_int_equal(ka.rdma_messages + kb.rdma_messages, 2 * large);
-      assert_int_equal(ka.eager_messages + kb.eager_messages, 2 * small + 2 * N);
+      /* each message went one way; a large one whose answer came later
+       * than CTS_WAIT_S (a loaded machine) went eager after all */
+      rdma_first = ka.rdma_messages + kb.rdma_messages, eager_first = ka.eager_messages + kb.eager_messages;
+      assert_int_equal(rdma_first + eager_first, 2 * N);
+      assert_true(rdma_first <= 2 * large && eager_first >= 2 * small);
+      assert_true(rdma_first > 0 || large == 0);
+    } else { /* (the counters go on from the round before) */
+      assert_int_equal(ka.rdma_messages + kb.rdma_messages, rdma_first);
+      assert_int_equal(ka.eager_messages + kb.eager_messages, eager_first + 2 * N);
     }
     for (int i = 0; i < N; i++) {
       assert_memory_equal(in_a[i], out_b[i], sizes[i]);
