@@ -40,7 +40,7 @@ static int setup(void **state) {
   (void)state;
   unsetenv("CCS_ROOT"); /* whatever a failed test before left */
   sh = test_shared_new(sizeof(*sh));
-  const char *args[] = {"--init-timeout", "3", "--socket-mode", "0666", NULL}; /* two tenants */
+  const char *args[] = {"--init-timeout", "8", "--socket-mode", "0666", NULL}; /* two tenants */
   if (!sh || test_daemons_start(dm, 2, args)) return -1;
   sh->seed = test_seed();
   return 0;
