@@ -30,7 +30,7 @@ struct op {
   const char *stage2_lo; /* a second, disjoint staged range (send) */
   size_t stage2_len, stage2_off;
   int device;   /* the GPU holding the buffers; -1: host memory */
-  int via_host; /* device buffers staged through host memory (the comm spans daemons) */
+  int via_host; /* device buffers staged through host memory (submit_on: a comm spans daemons) */
   void *stream; /* cudaStream_t (device buffers) */
   struct ccs__host_stream *host_stream; /* or a host stream (host buffers) */
 };
@@ -92,7 +92,6 @@ static ccs_result_t check_domain(struct op *o, ccs_stream_t stream) {
     return fail(o->comm, CCS_ERR_INVALID_USAGE,
                 "%s: a host stream (ccs_stream_create) takes host buffers; device buffers take "
                 "a CUDA stream", name);
-  o->via_host = o->device >= 0 && o->comm->spans;
   return CCS_OK;
 }
 
@@ -303,10 +302,11 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
     if (ops[i].comm->async_error != CCS_OK)
       return fail(ops[i].comm, ops[i].comm->async_error, "%s", ops[i].comm->last_error);
   }
-  /* one staging area per call: in host memory for all its device ops
-   * where one of them goes through the host */
+  /* device buffers of a comm across daemons go through host memory (the
+   * daemons move host memory); one staging area per call, so all its
+   * device ops do */
   int via_host = 0;
-  for (size_t i = 0; i < n; i++) via_host |= ops[i].via_host;
+  for (size_t i = 0; i < n; i++) via_host |= ops[i].device >= 0 && ops[i].comm->spans;
   for (size_t i = 0; i < n; i++) ops[i].via_host = via_host && ops[i].device >= 0;
   size_t staged_bytes;
   ccs_result_t rc = resolve(c, ops, n, &staged_bytes);
@@ -323,8 +323,8 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   /* a CUDA stream's call returns once queued, through the stream flags */
   /* (one op alone, no send or receive: a group's ops and a send's pairing
    * run as several ops, each of which would let the stream go) */
-  int flagged = device >= 0 && !via_host && ops[0].stream && !debug && n == 1 && !p2p && ccs__ring_takes(c, n) &&
-                ccs__ring_stream_flags(c, device) == 0;
+  int flagged = device >= 0 && !via_host && ops[0].stream && !debug && n == 1 && !p2p &&
+                ccs__ring_takes(c, n) && ccs__ring_stream_flags(c, device) == 0;
   /* the order of a stream, and of a comm whose streams' calls run: what
    * does not follow them through the rings waits for them */
   if (hs && (!async || (hs->inflight && hs->comm != ops[0].comm))) ccs__host_stream_drain(hs);
