@@ -456,16 +456,6 @@ static void restart(struct ccs__conn *c) {
     pthread_mutex_unlock(&mu);
     mine[i--] = mine[--n];
   }
-  /* those across daemons failed there when this one went */
-  for (size_t i = 0; i < n; i++) {
-    if (!mine[i]->spans) continue;
-    comm_lost(mine[i], CCS_ERR_DAEMON_UNAVAILABLE, "the connection to ccsd closed; the "
-              "communicator spans daemons, whose others failed it: create it again");
-    pthread_mutex_lock(&mu);
-    settle_calls(c, mine[i], CCS_ERR_DAEMON_UNAVAILABLE, mine[i]->last_error);
-    pthread_mutex_unlock(&mu);
-    mine[i--] = mine[--n];
-  }
   struct report *reports = calloc(n ? n : 1, sizeof(*reports));
   Ccs__Request **reqs = calloc(n ? n : 1, sizeof(*reqs));
   Ccs__Reply **replies = calloc(n ? n : 1, sizeof(*replies));

@@ -43,6 +43,7 @@ struct coll_hooks {
 
 struct coll_config {
   double init_timeout_s, op_timeout_s, id_ttl_s;
+  double peer_restart_grace_s; /* comms across a daemon that went are held this long */
   size_t chunk_bytes, stream_bytes, inline_bytes;
   int peer_connections;
   char algo[512]; /* the daemon's algorithm rules */
@@ -62,6 +63,7 @@ struct coll {
   struct comm *comms_by_name; /* the same (uthash, keyed by table_key) */
   uint8_t id_key[32];         /* signs the unique ids this daemon issues */
   uint8_t table_key[16];      /* keys tables of names that come from outside */
+  int silent;                 /* stopping for a restart: other daemons hold its comms, told nothing */
   uint64_t *next_id;          /* numbers for logs, shared with the layer above */
   struct coll_hooks hooks;
 };
@@ -97,6 +99,9 @@ struct coll_rejoin {
   struct coll_channel ch[];
 };
 void ccsd_rejoin_free(struct coll_rejoin *r);
+/* A rank's report, checked field by field (a channel per peer and
+ * direction, a retry per call a journal holds); NULL with err. */
+struct coll_rejoin *ccsd_rejoin_parse(const Ccs__Rejoin *m, int nranks, char *err, size_t errlen);
 
 struct member {
   struct comm *comm;
@@ -161,6 +166,10 @@ struct comm {
   struct agree_recent *agree_recent; /* agree.c: what this daemon's ranks called lately */
   size_t np2p;
   struct plan_cache plans; /* its last small op's plan, for the next like it */
+  struct comm_hold *hold;  /* hold.c: a daemon of it went; held until it is back */
+  int rejoining;           /* made again by its ranks after this daemon restarted */
+  struct regather *regather; /* span.c: the daemons that held it, heard so far */
+  uint64_t coll_finished, coll_retry; /* the rejoin's verdict on its collectives (rejoin.c) */
   int refs;          /* members, xops, the timer handle */
   int gone;          /* unreferenced: leaves the list once its timer closed; walks skip it */
 };
@@ -302,8 +311,24 @@ void ccsd_comm_unref(struct comm *c);
  * in their reports, and the collectives' numbering goes on from them */
 ccs_result_t ccsd_rejoin_settle(struct comm *c);
 
+/* hold.c: a comm across daemons whose daemon at node went (its
+ * connections closed) waits peer_restart_grace for it to come back. 0:
+ * held (or held already for that daemon); -1: it cannot be (the caller
+ * fails it). */
+int ccsd_hold_start(struct comm *c, int node, const char *why);
+/* x failed while its comm is (now) held: its posts wait with the comm,
+ * unanswered (1); 0: x is answered as ever. */
+int ccsd_hold_keep(struct xop *x);
+void ccsd_hold_op_done(struct xop *x); /* x finished while its comm is held */
+void ccsd_hold_defer(struct comm *c, struct post *p); /* a send/recv across daemons, for after */
+void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume *m);
+void ccsd_hold_end(struct comm *c); /* the comm failed: what waited is answered with its error */
+
 /* match.c */
 void ccsd_post_submit(struct post *p);
+/* The slot of op #seq made of posts (NULLs skipped); NULL when out of memory. */
+struct slot *ccsd_slot_of(struct comm *c, struct post *const *posts, int n, uint64_t seq);
+void ccsd_slot_drop(struct slot *sl, ccs_result_t status, const char *error); /* its posts answered */
 void ccsd_comm_check_deadlines(struct comm *c);
 /* Answers p (unless it was) and lets it go. */
 void ccsd_post_finish(struct post *p, ccs_result_t status, const char *error);
@@ -339,5 +364,18 @@ void ccsd_span_ready(struct comm *c);                     /* the root: every ran
 void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
 void ccsd_span_free(struct comm *c);
 void ccsd_span_stopping(struct coll *co);                 /* fails comms with ranks elsewhere */
+int ccsd_span_node_of(const struct comm *c, const char *addr); /* -1: none of its daemons */
+/* The map (rank r at the daemon at rank_addr[r]) and the data connections. -1: out of memory */
+int ccsd_span_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]);
+void ccsd_span_tell_failed(struct coll *co, const char *addr, const uint8_t *name, ccs_result_t status,
+                           const char *error);
+
+/* regather.c: this daemon restarted; a comm of its ranks that spans
+ * daemons is made again from what the daemons that held it say (hold.c)
+ * and what its ranks report when they rejoin. */
+void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_rejoin *m);
+void ccsd_regather_check(struct comm *c); /* a local rank rejoined: maybe every rank is back */
+int ccsd_regather_involved(const struct comm *c, const char *addr);
+void ccsd_regather_free(struct comm *c);
 
 #endif

@@ -84,6 +84,16 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
 static void on_init_timeout(uv_timer_t *t) {
   struct comm *c = t->data;
   char missing[256], present[256];
+  if (c->rejoining) {
+    format_ranks(present, sizeof(present), c, 0);
+    format_ranks(missing, sizeof(missing), c, 1);
+    ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
+                   "rejoining after the restart timed out after %.1f s: rank(s) %s are back, rank(s) %s "
+                   "did not rejoin here%s", c->co->cfg.init_timeout_s, present, missing[0] ? missing : "(none)",
+                   c->regather ? "" : " and no other daemon held the communicator for them (it failed "
+                   "there, or their peer_restart_grace is 0)");
+    return;
+  }
   if (c->root[0]) {
     format_ranks(present, sizeof(present), c, 0);
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
@@ -188,7 +198,7 @@ ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const ch
 
 /* Every rank arrived (the root), or the root said so (another daemon). */
 void ccsd_comm_ready(struct comm *c) {
-  if (c->spans && !c->root[0]) ccsd_span_ready(c);
+  if (c->spans && !c->root[0] && !c->rejoining) ccsd_span_ready(c);
   if (c->state != COMM_JOINING) return;
   if (ccsd_rejoin_settle(c) != CCS_OK) return;
   c->state = COMM_READY;
@@ -290,7 +300,9 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
   LOG_TRACE(CCS_LOG_INIT, "comm %llu: rank %d joined (pid %d), %d/%d", (unsigned long long)c->id, rank,
             (int)pid, c->joined, c->nranks);
   *ret = mb;
-  if (c->root[0]) ccsd_span_joined(c, mb); /* the root says when all are there */
+  if (rejoin && c->joined == 1) c->rejoining = 1; /* made again after this daemon restarted */
+  if (c->regather) ccsd_regather_check(c); /* the daemons that held it spoke */
+  else if (c->root[0] && !c->rejoining) ccsd_span_joined(c, mb); /* the root says when all are there */
   else if (c->joined == c->nranks) ccsd_comm_ready(c);
   return CCS_OK;
 }

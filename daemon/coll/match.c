@@ -28,15 +28,40 @@ static void slot_free(struct slot *sl) {
   free(sl);
 }
 
+static struct slot *slot_new(struct comm *c, uint64_t seq) {
+  struct slot *sl = calloc(1, sizeof(*sl) + sizeof(uint64_t) * ((size_t)c->nranks + 63) / 64);
+  if (sl) sl->seq = seq, sl->opened_ms = ccsd_fresh_ms_of(c->co);
+  return sl;
+}
+
+struct slot *ccsd_slot_of(struct comm *c, struct post *const *posts, int n, uint64_t seq) {
+  struct slot *sl = slot_new(c, seq);
+  if (sl && !(sl->posts = malloc(sizeof(*sl->posts) * (size_t)(n ? n : 1)))) {
+    free(sl);
+    return NULL;
+  }
+  for (int i = 0; sl && i < n; i++) {
+    if (!posts[i]) continue;
+    int r = posts[i]->member->rank;
+    sl->posted[r / 64] |= (uint64_t)1 << (r % 64);
+    sl->posts[sl->nposted++] = posts[i];
+  }
+  if (sl) sl->cap = n;
+  return sl;
+}
+
+void ccsd_slot_drop(struct slot *sl, ccs_result_t status, const char *error) {
+  list_remove(&sl->link);
+  for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], status, error);
+  slot_free(sl);
+}
+
 void ccsd_comm_fail_pending(struct comm *c) {
   struct list *it, *tmp;
   struct list *pending[2] = {&c->slots, &c->queued};
   for (int k = 0; k < 2; k++)
     LIST_FOREACH_SAFE(it, tmp, pending[k]) {
-      struct slot *sl = LIST_ENTRY(it, struct slot, link);
-      list_remove(&sl->link);
-      for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], c->error, c->error_text);
-      slot_free(sl);
+      ccsd_slot_drop(LIST_ENTRY(it, struct slot, link), c->error, c->error_text);
     }
   LIST_FOREACH_SAFE(it, tmp, &c->p2p) {
     struct post *p = LIST_ENTRY(it, struct post, link);
@@ -47,6 +72,7 @@ void ccsd_comm_fail_pending(struct comm *c) {
     atomic_store(&LIST_ENTRY(it, struct xop, comm_link)->run.cancelled, 1);
   }
   ccsd_agree_release(c);
+  ccsd_hold_end(c);
 }
 
 int ccsd_op_sig_describe(char *buf, size_t len, const struct op_sig *s) {
@@ -135,7 +161,7 @@ static void on_op_timer(uv_timer_t *t) { ccsd_comm_check_deadlines(t->data); }
 /* Fails the comm when its oldest pending op is past the deadline, naming
  * who has not called it; otherwise arms the timer for the next deadline. */
 void ccsd_comm_check_deadlines(struct comm *c) {
-  if (c->state != COMM_READY) return;
+  if (c->state != COMM_READY || c->hold) return; /* held: the hold's own deadline */
   uint64_t now = ccsd_now_ms_of(c->co), limit = (uint64_t)(c->op_timeout_s * 1000);
   const struct slot *sl = list_empty(&c->slots) ? NULL : LIST_ENTRY(c->slots.next, struct slot, link);
   const struct post *p = list_empty(&c->p2p) ? NULL : LIST_ENTRY(c->p2p.next, struct post, link);
@@ -246,7 +272,7 @@ static void launch_slot(struct comm *c, struct slot *sl) {
 void ccsd_comm_launch_queued(struct comm *c) {
   if (c->launching) return;
   c->launching = 1;
-  while (c->state == COMM_READY && list_empty(&c->running) && !list_empty(&c->queued)) {
+  while (c->state == COMM_READY && !c->hold && list_empty(&c->running) && !list_empty(&c->queued)) {
     struct slot *sl = LIST_ENTRY(c->queued.next, struct slot, link);
     list_remove(&sl->link);
     launch_slot(c, sl);
@@ -270,7 +296,8 @@ void ccsd_post_submit(struct post *p) {
     return;
   }
   if (p2p && peer->remote) { /* its half runs alone; the other daemon runs the other */
-    ccsd_op_launch(c, &p, 1, 0);
+    if (c->hold) ccsd_hold_defer(c, p);
+    else ccsd_op_launch(c, &p, 1, 0);
     return;
   }
   if (p2p) {
@@ -280,9 +307,7 @@ void ccsd_post_submit(struct post *p) {
   uint64_t seq = ++p->member->coll_seq;
   struct slot *sl = find_slot(c, seq);
   struct post **grown = NULL;
-  if (!sl && (sl = calloc(1, sizeof(*sl) + sizeof(uint64_t) * ((size_t)c->nranks + 63) / 64))) {
-    sl->seq = seq;
-    sl->opened_ms = ccsd_fresh_ms_of(c->co);
+  if (!sl && (sl = slot_new(c, seq))) {
     /* ranks submit in order: a new op is the newest (find_slot) */
     list_insert_tail(&c->slots, &sl->link);
     if (!uv_is_active((uv_handle_t *)&c->timer)) ccsd_comm_check_deadlines(c);
@@ -312,8 +337,9 @@ void ccsd_post_submit(struct post *p) {
     if (c->spans) ccsd_comm_fail(c, CCS_ERR_MISMATCH, "%s", err);
     for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], CCS_ERR_MISMATCH, err);
     slot_free(sl);
-  } else if (sl->ordered && (!list_empty(&c->running) || !list_empty(&c->queued))) {
-    /* a host stream's op may read what the one before writes */
+  } else if (c->hold || (sl->ordered && (!list_empty(&c->running) || !list_empty(&c->queued)))) {
+    /* a host stream's op may read what the one before writes; a held
+     * comm's wait for the daemon that went */
     list_insert_tail(&c->queued, &sl->link);
   } else {
     launch_slot(c, sl);

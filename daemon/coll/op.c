@@ -351,11 +351,18 @@ static void ccsd_xop_done(struct xop *x) {
   ccsd_peers_release(c->co->peers, x->run.net_mem);
   x->run.net_mem = NULL;
   char info[512] = "";
+  int failed = atomic_load(&x->run.cancelled) || x->run.gpu_error[0];
+  /* a daemon of the comm went: the op waits with the comm for it (hold.c) */
+  if (failed && !x->run.gpu_error[0] && ccsd_hold_keep(x)) {
+    ccsd_xop_free(x);
+    ccsd_comm_unref(c);
+    return;
+  }
+  if (!failed) ccsd_hold_op_done(x);
   if (x->run.net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
     ccsd_comm_fail(c, x->run.net_status, "%s", x->run.net_error);
   if (x->run.gpu_error[0] && c->state != COMM_FAILED) /* as NCCL: a CUDA error ends the comm */
     ccsd_comm_fail(c, CCS_ERR_CUDA, "%s", x->run.gpu_error);
-  int failed = atomic_load(&x->run.cancelled) || x->run.gpu_error[0];
   for (int i = 0; i < x->nposts; i++) {
     if (!x->posts[i]) continue; /* a rank of another daemon */
     reply_post(x, i, failed ? c->error : CCS_OK, failed ? c->error_text : NULL, info, sizeof(info));

@@ -24,6 +24,57 @@ static const struct coll_channel *find(const struct member *m, int peer, int sen
   return NULL;
 }
 
+#define REJOIN_RETRIES_MAX 4096u
+struct coll_rejoin *ccsd_rejoin_parse(const Ccs__Rejoin *m, int nranks, char *err, size_t errlen) {
+  if (m->n_channels > 2 * (size_t)nranks + 1) {
+    snprintf(err, errlen, "a rejoin reports %zu channels; a rank of %d has at most %d", m->n_channels,
+             nranks, 2 * nranks + 1);
+    return NULL;
+  }
+  struct coll_rejoin *r = calloc(1, sizeof(*r) + m->n_channels * sizeof(r->ch[0]));
+  uint8_t *seen = calloc((size_t)nranks + 1, 1); /* bit 0: receives, 1: sends; [nranks]: collectives */
+  if (!r || !seen) {
+    free(r), free(seen);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  size_t retries = 0;
+  for (size_t i = 0; i < m->n_channels; i++) {
+    const Ccs__Channel *c = m->channels[i];
+    int peer = c->peer < 0 ? -1 : c->peer;
+    uint8_t bit = peer < 0 ? 1 : c->send ? 2 : 1;
+    int bad_peer = c->peer < -1 || c->peer >= nranks;
+    int dup = !bad_peer && (seen[peer < 0 ? nranks : peer] & bit);
+    if (!bad_peer) seen[peer < 0 ? nranks : peer] |= bit;
+    retries += c->n_must_retry;
+    const char *bad = bad_peer ? "a peer out of range" : dup ? "reported twice"
+                      : retries > REJOIN_RETRIES_MAX ? "more calls than a journal holds"
+                      : c->done > UINT64_MAX - c->n_must_retry ? "calls numbered past 2^64"
+                      : NULL;
+    if (bad) {
+      snprintf(err, errlen, "a rejoin's channel %zu: %s", i, bad);
+      free(seen);
+      ccsd_rejoin_free(r);
+      return NULL;
+    }
+    struct coll_channel *ch = &r->ch[r->n++];
+    *ch = (struct coll_channel){.peer = peer, .send = peer >= 0 && c->send, .done = c->done,
+                               .taken = c->done + c->n_must_retry};
+    for (size_t k = 0; k < c->n_must_retry; k++) {
+      if (!c->must_retry[k]) continue;
+      if (!ch->retry && !(ch->retry = malloc(sizeof(*ch->retry) * c->n_must_retry))) {
+        snprintf(err, errlen, "out of memory");
+        free(seen);
+        ccsd_rejoin_free(r);
+        return NULL;
+      }
+      ch->retry[ch->nretry++] = c->done + k;
+    }
+  }
+  free(seen);
+  return r;
+}
+
 void ccsd_rejoin_free(struct coll_rejoin *r) {
   for (size_t i = 0; r && i < r->n; i++) free(r->ch[i].retry);
   free(r);
@@ -56,10 +107,72 @@ static ccs_result_t disagree(struct comm *c, int r, uint64_t made, const char *w
   return c->error;
 }
 
+static uint64_t done_of(const struct comm *c, int r, int peer, int send) {
+  const struct coll_channel *ch = find(c->members[r], peer, send);
+  return ch ? ch->done : 0;
+}
+
+/* Across daemons: a daemon answers its ranks once an op is done on its own
+ * node, not on every node; an op finished at one daemon and not at
+ * another (the one that went, say) cannot be made whole. */
+static ccs_result_t across_daemons(struct comm *c) {
+  uint64_t *fin = calloc((size_t)c->nnodes, sizeof(*fin));
+  if (!fin) {
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
+    return c->error;
+  }
+  for (int r = 0; r < c->nranks; r++) furthest(find(c->members[r], -1, 0), &fin[c->node_of_rank[r]]);
+  for (int k = 1; k < c->nnodes; k++)
+    if (fin[k] != fin[0]) {
+      int ahead = fin[k] > fin[0] ? k : 0, behind = ahead ? 0 : k;
+      ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "collective #%llu finished at the daemon at %s but not at "
+                     "the daemon at %s when a daemon went: the communicator cannot be rejoined",
+                     (unsigned long long)fin[behind] + 1, c->node_addr[ahead], c->node_addr[behind]);
+      free(fin);
+      return c->error;
+    }
+  free(fin);
+  for (int r = 0; r < c->nranks; r++)
+    for (size_t i = 0; c->members[r]->rejoin && i < c->members[r]->rejoin->n; i++) {
+      const struct coll_channel *ch = &c->members[r]->rejoin->ch[i];
+      if (ch->peer < 0 || c->node_of_rank[ch->peer] == c->node_of_rank[r]) continue;
+      uint64_t other = done_of(c, ch->peer, r, !ch->send);
+      if (other == ch->done) continue;
+      int from = ch->send ? r : ch->peer, to = ch->send ? ch->peer : r;
+      ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d's sends to rank %d: %llu finished at the daemon at "
+                     "%s, %llu received at the daemon at %s when a daemon went: the communicator "
+                     "cannot be rejoined", from, to, (unsigned long long)(ch->send ? ch->done : other),
+                     c->node_addr[c->node_of_rank[from]], (unsigned long long)(ch->send ? other : ch->done),
+                     c->node_addr[c->node_of_rank[to]]);
+      return c->error;
+    }
+  return CCS_OK;
+}
+
+/* The messages between ranks of different daemons so far, as numbered in
+ * their tags (op.c), from the channels' verdicts. */
+static ccs_result_t count_messages(struct comm *c) {
+  for (int r = 0; r < c->nranks; r++)
+    for (size_t i = 0; c->members[r]->rejoin && i < c->members[r]->rejoin->n; i++) {
+      const struct coll_channel *ch = &c->members[r]->rejoin->ch[i];
+      if (ch->peer < 0 || !ch->send || c->node_of_rank[ch->peer] == c->node_of_rank[r] || !ch->finished) continue;
+      struct p2p_count *grown = realloc(c->p2p_counts, (c->np2p + 1) * sizeof(*grown));
+      if (grown) c->p2p_counts = grown;
+      if (!grown || ch->finished > UINT32_MAX) {
+        ccsd_comm_fail(c, grown ? CCS_ERR_PROTOCOL : CCS_ERR_NO_MEMORY, "%s rejoining the communicator",
+                       grown ? "more than 2^32 messages between two ranks" : "out of memory");
+        return c->error;
+      }
+      c->p2p_counts[c->np2p++] = (struct p2p_count){r, ch->peer, (uint32_t)ch->finished};
+    }
+  return CCS_OK;
+}
+
 ccs_result_t ccsd_rejoin_settle(struct comm *c) {
   int any = 0;
   for (int r = 0; r < c->nranks; r++) any |= c->members[r] && c->members[r]->rejoin;
   if (!any) return CCS_OK;
+  if (c->node_of_rank && c->nnodes > 1 && across_daemons(c) != CCS_OK) return c->error;
   uint64_t coll_finished = 0, coll_retry = UINT64_MAX;
   for (int r = 0; r < c->nranks; r++) furthest(find(c->members[r], -1, 0), &coll_finished);
   for (int r = 0; r < c->nranks; r++) first_retry(find(c->members[r], -1, 0), coll_finished, &coll_retry);
@@ -92,5 +205,7 @@ ccs_result_t ccsd_rejoin_settle(struct comm *c) {
       ch->retry_from = retry;
     }
   }
-  return CCS_OK;
+  c->coll_finished = coll_finished;
+  c->coll_retry = coll_retry;
+  return c->node_of_rank && c->nnodes > 1 ? count_messages(c) : CCS_OK;
 }

@@ -24,6 +24,11 @@ static void send_fail(struct coll *co, const char *addr, const uint8_t *name, cc
   ccsd_peers_send(co->peers, addr, &m);
 }
 
+void ccsd_span_tell_failed(struct coll *co, const char *addr, const uint8_t *name, ccs_result_t status,
+                           const char *error) {
+  send_fail(co, addr, name, status, error, 0);
+}
+
 void ccsd_span_joined(struct comm *c, struct member *mb) {
   struct peer_msg m = {.kind = PEER_JOIN,
                        .join = {.id = c->id_bytes, .id_len = sizeof(c->id_bytes),
@@ -34,7 +39,7 @@ void ccsd_span_joined(struct comm *c, struct member *mb) {
 }
 
 /* Daemons numbered by their first rank, participants ordered by daemon. */
-static int build_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
+int ccsd_span_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
   int n = c->nranks;
   c->node_addr = calloc((size_t)n, sizeof(*c->node_addr));
   c->node_of_rank = malloc(sizeof(int) * (size_t)n);
@@ -87,7 +92,7 @@ void ccsd_span_ready(struct comm *c) {
   }
   c->chunk_bytes = c->co->cfg.chunk_bytes;
   c->lanes = c->co->cfg.peer_connections;
-  if (build_map(c, addrs)) {
+  if (ccsd_span_map(c, addrs)) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory making the communicator ready");
   } else {
     struct peer_msg m = {.kind = PEER_READY,
@@ -134,18 +139,25 @@ static void for_each_other(struct comm *c, void (*fn)(struct comm *, const char 
   free(entries);
 }
 
+int ccsd_span_node_of(const struct comm *c, const char *addr) {
+  for (int k = 0; c->node_addr && k < c->nnodes; k++)
+    if (!strcmp(c->node_addr[k], addr)) return k;
+  return -1;
+}
+
 static void tell_failed(struct comm *c, const char *addr) {
   send_fail(c->co, addr, c->name, c->error, c->error_text, 0);
 }
 
 void ccsd_span_failed(struct comm *c) {
   if (!c->co->peers) return;
-  for_each_other(c, tell_failed);
+  if (!c->co->silent) for_each_other(c, tell_failed);
   if (c->net) ccsd_peers_comm_close(c->co->peers, c->net);
 }
 
 void ccsd_span_free(struct comm *c) {
   ccsd_agree_release(c);
+  ccsd_regather_free(c);
   if (c->net) ccsd_peers_comm_free(c->co->peers, c->net);
   c->net = NULL;
   free(c->node_addr);
@@ -164,6 +176,7 @@ static struct comm *find(struct coll *co, const uint8_t *name, size_t len) {
  * its ranks joined through. A daemon that names a comm it has no part in
  * is ignored (and logged): it cannot fail or steer other daemons' comms. */
 static int involved(const struct comm *c, const char *addr) {
+  if (!c->node_addr && c->regather) return ccsd_regather_involved(c, addr);
   if (c->node_addr) {
     for (int k = 0; k < c->nnodes; k++)
       if (k != c->mynode && !strcmp(c->node_addr[k], addr)) return 1;
@@ -322,7 +335,7 @@ static void on_ready(struct coll *co, const char *addr, const struct peer_ready 
   }
   c->chunk_bytes = rd->chunk_bytes;
   c->lanes = (int)rd->lanes;
-  if (c->state == COMM_JOINING && build_map(c, addrs))
+  if (c->state == COMM_JOINING && ccsd_span_map(c, addrs))
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory");
   free(addrs);
   if (c->state == COMM_JOINING) ccsd_comm_ready(c);
@@ -358,12 +371,18 @@ void ccsd_span_message(struct coll *co, const char *addr, const struct peer_msg 
   case PEER_READY: on_ready(co, addr, &m->ready); break;
   case PEER_OP: {
     struct comm *c = find(co, m->op.name, m->op.name_len);
-    if (!c || c->state != COMM_READY) break; /* words only settle ops of a ready comm */
+    if (!c || c->state != COMM_READY || c->hold) break; /* words only settle ops of a ready comm */
     if (!involved(c, addr)) refuse(addr, "a word on an op", "it takes no part in that communicator");
     else ccsd_agree_message(c, addr, &m->op);
     break;
   }
   case PEER_FAIL: on_fail(co, addr, &m->fail); break;
+  case PEER_REJOIN: ccsd_regather_message(co, addr, &m->rejoin); break;
+  case PEER_RESUME: {
+    struct comm *c = find(co, m->resume.name, m->resume.name_len);
+    if (c && c->state == COMM_READY) ccsd_hold_resume(c, addr, &m->resume);
+    break;
+  }
   default: break;
   }
 }
@@ -379,8 +398,11 @@ static void ranks_at(const struct comm *c, const char *addr, char *buf, size_t l
 }
 
 /* This daemon stops: its comms with ranks elsewhere fail for every daemon,
- * saying so (not as the first of its ranks that happens to be closed). */
+ * saying so (not as the first of its ranks that happens to be closed);
+ * where the others wait for a daemon to come back, it says nothing: a
+ * stop is a restart to them until peer_restart_grace says otherwise. */
 void ccsd_span_stopping(struct coll *co) {
+  co->silent = co->cfg.peer_restart_grace_s > 0;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &co->comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
@@ -405,6 +427,7 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
     ranks_at(c, addr, ranks, sizeof(ranks));
     int involved = ranks[0] || !strcmp(c->root, addr);
     if (!involved) continue;
+    if (ranks[0] && ccsd_hold_start(c, ccsd_span_node_of(c, addr), why) == 0) continue; /* it may come back */
     if (ranks[0])
       ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s serving rank(s) %s is unreachable: %s",
                      addr, ranks, why);

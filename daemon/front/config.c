@@ -58,6 +58,7 @@ static const struct key keys[] = {
     {"peer_connections", K_COUNT, AT(peer_connections), 1, 64, "TCP connections per pair of daemons for one communicator's data (chunks take turns)"},
     {"heartbeat", K_SECONDS, AT(heartbeat_s), 0.01, 3600, "seconds between heartbeats to other daemons"},
     {"peer_timeout", K_SECONDS, AT(peer_timeout_s), 0.05, 1e6, "seconds without a word from another daemon before its comms fail"},
+    {"peer_restart_grace", K_SECONDS, AT(peer_restart_grace_s), 0, 1e6, "seconds the comms of a daemon that went are held for it to come back (a restart), then fail; 0: they fail at once"},
     {"cuda_legacy_ipc", K_BOOL, AT(cuda_legacy_ipc), 0, 1, "accept cudaMalloc'ed buffers by legacy cudaIpcMemHandle (ccs_mem_register): a bearer token, for trusted single-tenant nodes only"},
     {"admin_gids", K_IDS, AT(admin_gids), 0, 4294967294.0, "groups (names or gids) whose members are operators: see and abort every tenant's comms; root always is"},
     {"quota_ranks", K_COUNT, AT(quota[TENANT_RANKS]), 1, 1.8e19, "ranks per uid joined through this daemon (each costs per-op state)"},
@@ -118,6 +119,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->heartbeat_s = 1;
   cfg->peer_connections = 2;
   cfg->peer_timeout_s = 5;
+  cfg->peer_restart_grace_s = 30;
   cfg->poll_spin_us = 50;
   cfg->tenant_max_share = 1;
 }

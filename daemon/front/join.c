@@ -38,59 +38,7 @@ static void on_joined(struct coll_waiter *w, ccs_result_t status, const char *er
   if (cc && cc->member->comm->state == COMM_JOINING) ccsd_client_comm_drop(s, cc, "its init failed", 1);
 }
 
-/* A rank back after a restart: its report, field by field (bounded: a
- * channel per peer and direction, a retry per call the journal holds). */
-#define REJOIN_RETRIES_MAX 4096u
 #define REJOIN_WINDOW_MS (10 * 60 * 1000)
-static struct coll_rejoin *rejoin_of(const Ccs__Rejoin *m, int nranks, char *err, size_t errlen) {
-  if (m->n_channels > 2 * (size_t)nranks + 1) {
-    snprintf(err, errlen, "a rejoin reports %zu channels; a rank of %d has at most %d", m->n_channels,
-             nranks, 2 * nranks + 1);
-    return NULL;
-  }
-  struct coll_rejoin *r = calloc(1, sizeof(*r) + m->n_channels * sizeof(r->ch[0]));
-  uint8_t *seen = calloc((size_t)nranks + 1, 1); /* bit 0: receives, 1: sends; [nranks]: collectives */
-  if (!r || !seen) {
-    free(r), free(seen);
-    snprintf(err, errlen, "out of memory");
-    return NULL;
-  }
-  size_t retries = 0;
-  for (size_t i = 0; i < m->n_channels; i++) {
-    const Ccs__Channel *c = m->channels[i];
-    int peer = c->peer < 0 ? -1 : c->peer;
-    uint8_t bit = peer < 0 ? 1 : c->send ? 2 : 1;
-    int bad_peer = c->peer < -1 || c->peer >= nranks;
-    int dup = !bad_peer && (seen[peer < 0 ? nranks : peer] & bit);
-    if (!bad_peer) seen[peer < 0 ? nranks : peer] |= bit;
-    retries += c->n_must_retry;
-    const char *bad = bad_peer ? "a peer out of range" : dup ? "reported twice"
-                      : retries > REJOIN_RETRIES_MAX ? "more calls than a journal holds"
-                      : c->done > UINT64_MAX - c->n_must_retry ? "calls numbered past 2^64"
-                      : NULL;
-    if (bad) {
-      snprintf(err, errlen, "a rejoin's channel %zu: %s", i, bad);
-      free(seen);
-      ccsd_rejoin_free(r);
-      return NULL;
-    }
-    struct coll_channel *ch = &r->ch[r->n++];
-    *ch = (struct coll_channel){.peer = peer, .send = peer >= 0 && c->send, .done = c->done,
-                               .taken = c->done + c->n_must_retry};
-    for (size_t k = 0; k < c->n_must_retry; k++) {
-      if (!c->must_retry[k]) continue;
-      if (!ch->retry && !(ch->retry = malloc(sizeof(*ch->retry) * c->n_must_retry))) {
-        snprintf(err, errlen, "out of memory");
-        free(seen);
-        ccsd_rejoin_free(r);
-        return NULL;
-      }
-      ch->retry[ch->nretry++] = c->done + k;
-    }
-  }
-  free(seen);
-  return r;
-}
 
 void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) {
   struct daemon *d = s->d;
@@ -211,14 +159,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     return;
   }
   struct coll_rejoin *rejoin = NULL;
-  if (m->rejoin && !ours) {
-    /* the other daemons failed it when this one went (docs/restart.md) */
-    snprintf(err, sizeof(err), "the communicator spans daemons (its root is %.60s): it cannot be "
-             "rejoined after a restart; create it again", uid.root);
-    ccsd_session_reply(s, req_id, CCS_ERR_DAEMON_UNAVAILABLE, err);
-    return;
-  }
-  if (m->rejoin && !(rejoin = rejoin_of(m->rejoin, (int)m->nranks, err, sizeof(err)))) {
+  if (m->rejoin && !(rejoin = ccsd_rejoin_parse(m->rejoin, (int)m->nranks, err, sizeof(err)))) {
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }

@@ -353,7 +353,7 @@ static void transfer_fail(struct peers *p, struct net_task *rec, ccs_result_t st
     n += (size_t)snprintf(text + n, sizeof(text) - n, ": ");
   }
   snprintf(text + n, sizeof(text) - n, "%s", why);
-  ccsd_run_op_net_error(rec->x, status, text);
+  ccsd_run_op_net_error(rec->x, status, node, text);
   take_tasks(p, rec->x, task_of(rec), 0); /* rec may be gone with its op */
 }
 
@@ -574,7 +574,7 @@ static int queue_send(struct peers *p, struct net_task *rec) {
 static void run_task(struct peers *p, struct net_task *rec) {
   struct run_op *x = rec->x;
   size_t task = task_of(rec);
-  if (p->stopped) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
+  if (p->stopped) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, -1, "this daemon is stopping");
   if (p->stopped || atomic_load_explicit(&x->cancelled, memory_order_relaxed)) { /* skip it */
     take_tasks(p, x, task, 0);
     return;
@@ -753,7 +753,8 @@ static void on_control(struct peers *p, struct pconn *c, size_t len) {
   } else if (c->is_data) {
     bad = "a control message on a data connection";
   } else if (m->body_case == CCS__PEER_MSG__BODY_JOIN || m->body_case == CCS__PEER_MSG__BODY_READY ||
-             m->body_case == CCS__PEER_MSG__BODY_FAIL || m->body_case == CCS__PEER_MSG__BODY_OP) {
+             m->body_case == CCS__PEER_MSG__BODY_FAIL || m->body_case == CCS__PEER_MSG__BODY_OP ||
+             m->body_case == CCS__PEER_MSG__BODY_REJOIN || m->body_case == CCS__PEER_MSG__BODY_RESUME) {
     c->is_control = 1;
     emit(p, c->addr, m, NULL);
     m = NULL;
@@ -1116,7 +1117,7 @@ static void finish_unsent(struct executor *e, struct run_op *x) {
   struct list todo;
   list_init(&todo);
   take(e, x, CCSD_NO_TASK, 1, &todo);
-  if (!list_empty(&todo)) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, "this daemon is stopping");
+  if (!list_empty(&todo)) ccsd_run_op_net_error(x, CCS_ERR_PEER_LOST, -1, "this daemon is stopping");
   while (!list_empty(&todo)) { /* x lives while a task of it is unfinished */
     struct net_task *rec = LIST_ENTRY(todo.next, struct net_task, link);
     list_remove(&rec->link);

@@ -17,11 +17,12 @@ int ccsd_run_op_peer_node(const struct run_op *x, size_t task) {
   return x->part_node[nd->kind == ENGINE_SEND ? nd->to : nd->from];
 }
 
-void ccsd_run_op_net_error(struct run_op *x, ccs_result_t status, const char *why) {
+void ccsd_run_op_net_error(struct run_op *x, ccs_result_t status, int node, const char *why) {
   int unset = 0;
   if (atomic_compare_exchange_strong(&x->net_error_taken, &unset, 1)) {
     snprintf(x->net_error, sizeof(x->net_error), "%s", why);
     x->net_status = status;
+    x->net_node = node;
   }
   atomic_store(&x->cancelled, 1);
 }

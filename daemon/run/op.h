@@ -71,6 +71,7 @@ struct run_op {
   struct net_mem *net_mem;    /* its regions, registered with the transport */
   char net_error[160];        /* a network task failed (the first reason; read once the op is done) */
   ccs_result_t net_status;
+  int net_node;               /* the node at the other end of the failed task; -1: none */
   _Atomic int net_error_taken; /* whoever sets it writes the reason: the network thread, or
                                   an executor thread finishing hand-overs after the stop */
 
@@ -92,7 +93,8 @@ void ccsd_run_op_free(struct run_op *x);
 
 /* The node at the other end of a SEND or RECV task. */
 int ccsd_run_op_peer_node(const struct run_op *x, size_t task);
-/* A network task failed: the first reason stays, the rest is skipped. */
-void ccsd_run_op_net_error(struct run_op *x, ccs_result_t status, const char *why);
+/* A network task failed (with the node at its other end, or -1): the
+ * first reason stays, the rest is skipped. */
+void ccsd_run_op_net_error(struct run_op *x, ccs_result_t status, int node, const char *why);
 
 #endif

@@ -12,6 +12,8 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
   Ccs__PeerReady rd = CCS__PEER_READY__INIT;
   Ccs__PeerFail f = CCS__PEER_FAIL__INIT;
   Ccs__PeerOp op = CCS__PEER_OP__INIT;
+  Ccs__PeerRejoin rj = CCS__PEER_REJOIN__INIT;
+  Ccs__PeerResume rs = CCS__PEER_RESUME__INIT;
   switch (m->kind) {
   case PEER_JOIN:
     j.id = bytes(m->join.id, m->join.id_len);
@@ -49,6 +51,22 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     op.rank = m->op.rank;
     w.body_case = CCS__PEER_MSG__BODY_OP, w.op = &op;
     break;
+  case PEER_REJOIN:
+    rj.name = bytes(m->rejoin.name, m->rejoin.name_len);
+    rj.addrs = (char **)m->rejoin.addrs;
+    rj.n_addrs = m->rejoin.naddrs;
+    rj.chunk_bytes = m->rejoin.chunk_bytes;
+    rj.lanes = m->rejoin.lanes;
+    rj.ranks = (Ccs__PeerRank **)m->rejoin.ranks;
+    rj.n_ranks = m->rejoin.nranks;
+    w.body_case = CCS__PEER_MSG__BODY_REJOIN, w.rejoin = &rj;
+    break;
+  case PEER_RESUME:
+    rs.name = bytes(m->resume.name, m->resume.name_len);
+    rs.finished = m->resume.finished;
+    rs.retry_from = m->resume.retry_from;
+    w.body_case = CCS__PEER_MSG__BODY_RESUME, w.resume = &rs;
+    break;
   default: return NULL;
   }
   *ret_len = protobuf_c_message_get_packed_size(&w.base);
@@ -81,6 +99,18 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
     ret->op = (struct peer_op){w->op->name.data, w->op->name.len, w->op->seq,   w->op->kind,
                                w->op->dtype,     w->op->redop,    w->op->count, w->op->root,
                                w->op->rank};
+    break;
+  case CCS__PEER_MSG__BODY_REJOIN:
+    ret->kind = PEER_REJOIN;
+    ret->rejoin = (struct peer_rejoin){w->rejoin->name.data, w->rejoin->name.len,
+                                       (const char *const *)w->rejoin->addrs, w->rejoin->n_addrs,
+                                       w->rejoin->chunk_bytes, w->rejoin->lanes,
+                                       (const Ccs__PeerRank *const *)w->rejoin->ranks, w->rejoin->n_ranks};
+    break;
+  case CCS__PEER_MSG__BODY_RESUME:
+    ret->kind = PEER_RESUME;
+    ret->resume = (struct peer_resume){w->resume->name.data, w->resume->name.len, w->resume->finished,
+                                       w->resume->retry_from};
     break;
   default: ret->kind = PEER_OTHER; break;
   }

@@ -49,7 +49,27 @@ struct peer_op {
   int32_t root, rank; /* rank: one of the sender's ranks that called it */
 };
 
-enum peer_kind { PEER_JOIN, PEER_READY, PEER_FAIL, PEER_OP, PEER_OTHER };
+/* the daemons that stayed, to one that restarted: who is where, and where
+ * their ranks' calls stood (a client's rejoin report per rank) */
+struct peer_rejoin {
+  const uint8_t *name;
+  size_t name_len;
+  const char *const *addrs;
+  size_t naddrs;
+  uint64_t chunk_bytes;
+  uint32_t lanes;
+  const Ccs__PeerRank *const *ranks;
+  size_t nranks;
+};
+
+/* the restarted daemon's verdict on the collectives: the others go on */
+struct peer_resume {
+  const uint8_t *name;
+  size_t name_len;
+  uint64_t finished, retry_from; /* retry_from UINT64_MAX: none repeated */
+};
+
+enum peer_kind { PEER_JOIN, PEER_READY, PEER_FAIL, PEER_OP, PEER_REJOIN, PEER_RESUME, PEER_OTHER };
 struct peer_msg {
   enum peer_kind kind;
   union {
@@ -57,6 +77,8 @@ struct peer_msg {
     struct peer_ready ready;
     struct peer_fail fail;
     struct peer_op op;
+    struct peer_rejoin rejoin;
+    struct peer_resume resume;
   };
 };
 

@@ -18,6 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -115,12 +118,13 @@ static int checked(int kind, int rank, int n, int round, const int64_t *reg, con
   }
 }
 
-static uint64_t ops_in_flight(void) {
-  Ccs__StatsReply *st = raw_stats(dmn.socket);
+static uint64_t ops_in_flight_at(const struct test_daemon *d) {
+  Ccs__StatsReply *st = raw_stats(d->socket);
   uint64_t ops = st ? st->ops_in_flight : 0;
   free(st);
   return ops;
 }
+static uint64_t ops_in_flight(void) { return ops_in_flight_at(&dmn); }
 
 static int rank_main(int rank, int n, void *arg) {
   int kinds = *(int *)arg; /* how many kinds of call the loop takes turns with */
@@ -338,6 +342,156 @@ static void test_ids_after_restart(void **state) {
   assert_int_equal(test_daemon_stop(&dmn), 0);
 }
 
+/* --- across daemons: ranks on two daemons (rank r on daemon r % 2), and
+ * the second one restarts while the first holds their comms for it
+ * (peer_restart_grace). Only the second daemon's ranks rejoin; the first
+ * one's calls wait, run again, or return CCS_ERR_RETRY with the others. */
+static struct test_daemon node[2];
+static char node_listen[2][32];
+
+/* A port no one listens on now, for a daemon that comes back on it. */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(a);
+  assert_true(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static int start_node(int k, int again, const char *grace) {
+  const char *args[] = {"--listen", node_listen[k], "--cluster-key-file", test_cluster_key(),
+                        "--peer-restart-grace", grace, NULL};
+  return again ? test_daemon_restart(&node[k], args) : test_daemon_start(&node[k], args);
+}
+
+/* ids: from the daemon that stays (root 0) or the one that restarts (1) */
+static void start_nodes(const char *failpoint, int root, const char *grace) {
+  for (int k = 0; k < 2; k++) snprintf(node_listen[k], sizeof(node_listen[k]), "127.0.0.1:%d", free_port());
+  assert_int_equal(start_node(0, 0, grace), 0);
+  if (failpoint) setenv("CCSD_FAILPOINT", failpoint, 1);
+  assert_int_equal(start_node(1, 0, grace), 0);
+  unsetenv("CCSD_FAILPOINT");
+  setenv("CCS_SOCKET", node[root].socket, 1);
+  test_new_id(&sh->id[0]);
+  test_new_id(&sh->id[1]);
+  test_spread_ranks(node, 2);
+}
+
+static void stop_nodes(void) {
+  test_spread_ranks(NULL, 0);
+  for (int k = 0; k < 2; k++) test_daemon_stop(&node[k]);
+}
+
+static void run_nodes(int n, int kinds, const char *failpoint, int term, int retry, int root) {
+  sh->seed = test_seed();
+  sh->hold_round = failpoint ? -1 : 5;
+  sh->hold = !failpoint;
+  sh->at_hold = 0;
+  memset(sh->retried, 0, sizeof(sh->retried));
+  memset(sh->ok, 0, sizeof(sh->ok));
+  start_nodes(failpoint, root, "30");
+  pid_t ranks = fork();
+  if (ranks == 0) {
+    int st[MAXR], bad = 0;
+    test_run_ranks(n, rank_main, &kinds, 120, st);
+    for (int r = 0; r < n; r++) bad |= st[r] != 0;
+    _exit(bad);
+  }
+  int restarts = 0, status = -1;
+  if (!failpoint) { /* rank 0 (first daemon) waits in the held round: the second goes */
+    double until = test_now() + 30;
+    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && ops_in_flight_at(&node[0]) >= 1) &&
+           test_now() < until)
+      usleep(2000);
+    if (term) assert_int_equal(test_daemon_term(&node[1]), 0);
+    else test_daemon_kill(&node[1]);
+    usleep(100000);
+    assert_int_equal(start_node(1, 1, "30"), 0);
+    restarts++;
+    __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+  }
+  for (;;) {
+    if (waitpid(ranks, &status, WNOHANG) == ranks) break;
+    if (node[1].pid > 0 && !test_daemon_alive(&node[1])) { /* the failpoint: start it again */
+      test_daemon_kill(&node[1]);
+      assert_int_equal(start_node(1, 1, "30"), 0);
+      restarts++;
+    }
+    usleep(2000);
+  }
+  int retried = 0, ok = 0;
+  for (int r = 0; r < n; r++) retried += sh->retried[r], ok += sh->ok[r];
+  fprintf(stderr, "# across 2 daemons, ids from the %s one: %s, %d ranks: %d restart(s); %d calls right, "
+          "%d repeated after CCS_ERR_RETRY\n", root ? "restarting" : "staying",
+          failpoint ? failpoint : term ? "SIGTERM" : "SIGKILL while waiting", n, restarts, ok, retried);
+  stop_nodes();
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(restarts, 1);
+  assert_int_equal(ok, n * ROUNDS);
+  if (retry > 0) assert_int_equal(retried, n);
+  else if (retry == 0) assert_int_equal(retried, 0);
+}
+
+/* Every kind of call, sends and receives across the daemons among them
+ * (their counts carry over the restart): the second daemon goes while
+ * the first one's rank waits, killed or stopped, with the comms' root on
+ * either daemon. */
+static void test_nodes_waiting(void **state) {
+  (void)state;
+  run_nodes(3, 4, NULL, 0, 0, 0);
+  run_nodes(2, 4, NULL, 1, 0, 1);
+  run_nodes(4, 4, NULL, 0, 0, 1);
+}
+
+/* The second daemon dies as an op starts there (the first one's part under
+ * way): in place on registered memory every rank repeats it; staged, it
+ * runs again. */
+static void test_nodes_started(void **state) {
+  (void)state;
+  run_nodes(3, 4, "started:6", 0, 1, 0); /* round 4: in place */
+  run_nodes(2, 4, "started:7", 0, 0, 1); /* round 5: staged */
+}
+
+/* The second daemon does not come back: the first one's ranks get
+ * CCS_ERR_PEER_LOST once peer_restart_grace passed, saying so. */
+static int deserted_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
+  int64_t v = rank, out;
+  if (rank == 1)
+    while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+  ccs_result_t rc = ccs_all_reduce(&v, &out, 1, CCS_INT64, CCS_SUM, comm, NULL);
+  int ok = rank == 1 ? rc != CCS_OK
+                     : rc == CCS_ERR_PEER_LOST && strstr(ccs_comm_last_error(comm), "peer_restart_grace");
+  if (!ok) fprintf(stderr, "rank %d: %s (%s)\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
+  ccs_comm_destroy(comm);
+  return !ok;
+}
+
+static void test_nodes_not_back(void **state) {
+  (void)state;
+  start_nodes(NULL, 0, "1");
+  sh->hold = 1;
+  setenv("CCS_RECONNECT_TIMEOUT", "1", 1);
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(2, deserted_rank, NULL, 60, NULL));
+  unsetenv("CCS_RECONNECT_TIMEOUT");
+  double until = test_now() + 30;
+  while (ops_in_flight_at(&node[0]) < 1 && test_now() < until) usleep(2000);
+  test_daemon_kill(&node[1]);
+  usleep(2500000); /* the grace passes */
+  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+  int status;
+  assert_int_equal(waitpid(ranks, &status, 0), ranks);
+  stop_nodes();
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_waiting, setup, teardown),
@@ -348,6 +502,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_host_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ids_after_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_waiting, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_started, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

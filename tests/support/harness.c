@@ -253,8 +253,10 @@ int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_ar
   for (int i = n - 1; i >= 0; i--) { /* the first last: CCS_SOCKET names it */
     char ns[64], listen[64];
     const char *wrap[] = {"/usr/sbin/ip", "netns", "exec", ns, NULL};
-    const char *args[40] = {"--listen", listen, "--cluster-key-file", key};
-    int k = 4;
+    /* a daemon that goes fails the comms it shared at once, as the tests
+     * of faults expect (test_restart holds them for a restart) */
+    const char *args[40] = {"--listen", listen, "--cluster-key-file", key, "--peer-restart-grace", "0"};
+    int k = 6;
     k += ib_args(args + k);
     for (int j = 0; extra_args && extra_args[j] && k < 38; j++) args[k++] = extra_args[j];
     args[k] = NULL;

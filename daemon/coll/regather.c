@@ -1,0 +1,197 @@
+/* This daemon restarted: a comm whose ranks span daemons is made again
+ * (docs/restart.md). Its ranks here rejoin as after any restart, each with
+ * its report; the daemons that stayed hold the comm (hold.c) and send,
+ * until answered, who is where and their own ranks' reports. Once every
+ * daemon that holds it spoke and every rank placed here is back, the
+ * channels are settled as on one node, with one rule more: a daemon
+ * answers its ranks once an op is done on its own node, so an op finished
+ * at one daemon and not at another cannot be made whole, and the comm
+ * fails (rejoin.c). Otherwise each daemon that held it hears the verdict
+ * on the collectives and goes on. On the loop thread. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "addr.h"
+#include "base/log.h"
+#include "coll/coll.h"
+
+struct regather {
+  char (*addrs)[CCSD_ADDR_MAX]; /* rank r's daemon, as the first daemon that held it said */
+  uint64_t chunk_bytes;
+  int lanes;
+  int nnodes;
+  char (*nodes)[CCSD_ADDR_MAX]; /* the daemons, this one among them */
+  uint8_t *heard;               /* per node: it sent its ranks' reports */
+};
+
+void ccsd_regather_free(struct comm *c) {
+  struct regather *g = c->regather;
+  if (!g) return;
+  free(g->addrs);
+  free(g->nodes);
+  free(g->heard);
+  free(g);
+  c->regather = NULL;
+}
+
+static int node_of(const struct regather *g, const char *addr) {
+  for (int k = 0; k < g->nnodes; k++)
+    if (!strcmp(g->nodes[k], addr)) return k;
+  return -1;
+}
+
+int ccsd_regather_involved(const struct comm *c, const char *addr) {
+  return node_of(c->regather, addr) >= 0 && strcmp(addr, c->co->self);
+}
+
+static void resume(struct comm *c, const char *addr) {
+  struct peer_msg m = {.kind = PEER_RESUME,
+                       .resume = {.name = c->name, .name_len = CCS__NAME_BYTES,
+                                  .finished = c->coll_finished, .retry_from = c->coll_retry}};
+  ccsd_peers_send(c->co->peers, addr, &m);
+}
+
+/* Why the map m cannot be this comm's; NULL when it can. */
+static const char *bad_map(const struct comm *c, const char *addr, const struct peer_rejoin *m) {
+  int self = 0, sender = 0;
+  if (m->naddrs != (size_t)c->nranks) return "it does not place every rank";
+  if (m->chunk_bytes < CCSD_PEER_CHUNK_MIN || m->chunk_bytes > CCSD_PEER_CHUNK_MAX)
+    return "its chunk size is outside 4 KiB..64 MiB";
+  if (m->lanes < 1 || m->lanes > 64) return "its connections per pair are outside 1..64";
+  for (int r = 0; r < c->nranks; r++) {
+    const char *a = m->addrs[r];
+    if (!a || strlen(a) >= CCSD_ADDR_MAX || !ccs_addr_is_numeric(a)) return "it names a daemon by no numeric address";
+    self |= !strcmp(a, c->co->self);
+    sender |= !strcmp(a, addr);
+  }
+  if (!self) return "it places no rank here";
+  if (!sender) return "it places no rank at its sender";
+  const struct regather *g = c->regather;
+  if (!g) return NULL;
+  if (g->chunk_bytes != m->chunk_bytes || g->lanes != (int)m->lanes) return "another daemon said other chunks";
+  for (int r = 0; r < c->nranks; r++)
+    if (strcmp(g->addrs[r], m->addrs[r])) return "another daemon placed the ranks otherwise";
+  return NULL;
+}
+
+/* The first word of a daemon that held c: the map, and a member for each
+ * rank of another daemon. -1 when c failed. */
+static int take_map(struct comm *c, const char *addr, const struct peer_rejoin *m) {
+  struct regather *g = calloc(1, sizeof(*g));
+  if (g) {
+    g->addrs = calloc((size_t)c->nranks, sizeof(*g->addrs));
+    g->nodes = calloc((size_t)c->nranks, sizeof(*g->nodes));
+    g->heard = calloc((size_t)c->nranks, 1);
+  }
+  if (!g || !g->addrs || !g->nodes || !g->heard) {
+    if (g) free(g->addrs), free(g->nodes), free(g->heard);
+    free(g);
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
+    return -1;
+  }
+  c->regather = g;
+  g->chunk_bytes = m->chunk_bytes;
+  g->lanes = (int)m->lanes;
+  for (int r = 0; r < c->nranks; r++) {
+    snprintf(g->addrs[r], CCSD_ADDR_MAX, "%s", m->addrs[r]);
+    if (node_of(g, g->addrs[r]) < 0) memcpy(g->nodes[g->nnodes++], g->addrs[r], CCSD_ADDR_MAX);
+  }
+  for (int r = 0; r < c->nranks; r++) {
+    if (!strcmp(g->addrs[r], c->co->self)) continue;
+    if (c->members[r]) {
+      ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s places rank %d at %s, but it rejoined here",
+                     addr, r, g->addrs[r]);
+      return -1;
+    }
+    struct member *mb = calloc(1, sizeof(*mb));
+    if (!mb) {
+      ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
+      return -1;
+    }
+    mb->comm = c;
+    mb->rank = r;
+    mb->remote = 1;
+    snprintf(mb->addr, sizeof(mb->addr), "%s", g->addrs[r]);
+    c->members[r] = mb;
+    c->joined++;
+  }
+  return 0;
+}
+
+void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_rejoin *m) {
+  struct comm *c = m->name_len == CCS__NAME_BYTES ? ccsd_comm_find(co, m->name) : NULL;
+  if (!c || co->silent) return; /* its ranks are not back here yet: the daemon asks again */
+  if (c->state == COMM_FAILED) {
+    ccsd_span_tell_failed(co, addr, c->name, c->error, c->error_text);
+    return;
+  }
+  if (c->state == COMM_READY) {
+    int node = ccsd_span_node_of(c, addr);
+    if (node < 0 || node == c->mynode) return;
+    if (c->rejoining && !c->hold) resume(c, addr); /* asked again before the answer arrived */
+    else ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s lost its connections to this one, which "
+                        "did not restart (a network fault between them)", addr);
+    return;
+  }
+  if (!c->rejoining) return;
+  const char *bad = bad_map(c, addr, m);
+  if (bad) {
+    LOG_WARN("daemon at %s: a rejoin refused: %s", addr, bad);
+    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s sent a bad rejoin: %s", addr, bad);
+    return;
+  }
+  if (!c->regather && take_map(c, addr, m)) return;
+  struct regather *g = c->regather;
+  for (size_t i = 0; i < m->nranks; i++) {
+    const Ccs__PeerRank *pr = m->ranks[i];
+    char err[CCS__ERROR_TEXT_MAX] = "";
+    struct coll_rejoin *report = NULL;
+    if (pr->rank >= (uint32_t)c->nranks || strcmp(g->addrs[pr->rank], addr))
+      snprintf(err, sizeof(err), "a report of rank %u, which it does not serve", pr->rank);
+    else if (!pr->report)
+      snprintf(err, sizeof(err), "rank %u without a report", pr->rank);
+    else
+      report = ccsd_rejoin_parse(pr->report, c->nranks, err, sizeof(err));
+    if (!report) {
+      ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s sent a bad rejoin: %s", addr, err);
+      return;
+    }
+    struct member *mb = c->members[pr->rank];
+    ccsd_rejoin_free(mb->rejoin); /* (a repeat: the latest) */
+    mb->rejoin = report;
+  }
+  g->heard[node_of(g, addr)] = 1;
+  ccsd_regather_check(c);
+}
+
+void ccsd_regather_check(struct comm *c) {
+  struct regather *g = c->regather;
+  if (!g || c->state != COMM_JOINING) return;
+  for (int k = 0; k < g->nnodes; k++)
+    if (!g->heard[k] && strcmp(g->nodes[k], c->co->self)) return;
+  for (int r = 0; r < c->nranks; r++) {
+    if (!c->members[r]) return; /* a rank of this daemon not back yet */
+    if (c->members[r]->remote && !c->members[r]->rejoin) {
+      ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s did not report rank %d", c->members[r]->addr, r);
+      return;
+    }
+  }
+  c->chunk_bytes = g->chunk_bytes;
+  c->lanes = g->lanes;
+  char(*addrs)[CCSD_ADDR_MAX] = g->addrs;
+  g->addrs = NULL;
+  int made = ccsd_span_map(c, addrs);
+  free(addrs);
+  ccsd_regather_free(c);
+  if (made) {
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
+    return;
+  }
+  ccsd_comm_ready(c); /* the verdicts: every rank's, the other daemons' included */
+  if (c->state != COMM_READY) return;
+  LOG_WARN("comm %llu rejoined across %d daemons after this one restarted (%llu collectives finished)",
+           (unsigned long long)c->id, c->nnodes, (unsigned long long)c->coll_finished);
+  for (int k = 0; k < c->nnodes; k++)
+    if (k != c->mynode) resume(c, c->node_addr[k]);
+}
