@@ -348,6 +348,7 @@ static int build_report(struct ccs__conn *c, ccs_comm_t *comm, struct report *r)
   ccs__rejoin__init(&r->rejoin);
   r->rejoin.channels = r->chan_ptrs;
   r->rejoin.n_channels = comm->nchans;
+  r->rejoin.spans = comm->spans;
   ccs__comm_init__init(&r->init);
   r->init.id.data = comm->id;
   r->init.id.len = sizeof(comm->id);

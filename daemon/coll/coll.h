@@ -95,6 +95,7 @@ struct coll_channel {
   uint64_t finished, retry_from; /* the verdict */
 };
 struct coll_rejoin {
+  int spans; /* the comm spans daemons: the others hold it for this one */
   size_t n;
   struct coll_channel ch[];
 };
@@ -138,6 +139,7 @@ struct comm {
   ccs_result_t error;
   char error_text[CCS__ERROR_TEXT_MAX];
   uv_timer_t timer;  /* the init deadline, then the deadline of the oldest op */
+  uint64_t created_ms;
   struct list slots; /* pending collectives, by op number */
   struct list p2p;   /* unmatched sends and receives */
   struct list running; /* launched ops */

@@ -81,6 +81,8 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   ccsd_comm_fail_pending(c);
 }
 
+#define REGATHER_WAIT_S 10.0
+
 static void on_init_timeout(uv_timer_t *t) {
   struct comm *c = t->data;
   char missing[256], present[256];
@@ -89,9 +91,11 @@ static void on_init_timeout(uv_timer_t *t) {
     format_ranks(missing, sizeof(missing), c, 1);
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
                    "rejoining after the restart timed out after %.1f s: rank(s) %s are back, rank(s) %s "
-                   "did not rejoin here%s", c->co->cfg.init_timeout_s, present, missing[0] ? missing : "(none)",
+                   "did not rejoin here%s", (double)(ccsd_now_ms_of(c->co) - c->created_ms) / 1000.0,
+                   present, missing[0] ? missing : "(none)",
                    c->regather ? "" : " and no other daemon held the communicator for them (it failed "
-                   "there, or their peer_restart_grace is 0)");
+                   "there: another of its daemons went too, a send across daemons was under way, or their "
+                   "peer_restart_grace is 0)");
     return;
   }
   if (c->root[0]) {
@@ -158,6 +162,7 @@ struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, 
   snprintf(c->algo_text, sizeof(c->algo_text), "%s", algo);
   if (strcmp(id->root, co->self)) snprintf(c->root, sizeof(c->root), "%s", id->root);
   c->state = COMM_JOINING;
+  c->created_ms = ccsd_fresh_ms_of(co);
   list_init(&c->slots);
   list_init(&c->p2p);
   list_init(&c->running);
@@ -300,7 +305,13 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
   LOG_TRACE(CCS_LOG_INIT, "comm %llu: rank %d joined (pid %d), %d/%d", (unsigned long long)c->id, rank,
             (int)pid, c->joined, c->nranks);
   *ret = mb;
-  if (rejoin && c->joined == 1) c->rejoining = 1; /* made again after this daemon restarted */
+  if (rejoin && c->joined == 1) { /* made again after this daemon restarted */
+    c->rejoining = 1;
+    /* across daemons, the others that hold it speak within a second or so:
+     * none within REGATHER_WAIT_MS, none holds it (it failed there) */
+    double wait = co->cfg.init_timeout_s < REGATHER_WAIT_S ? co->cfg.init_timeout_s : REGATHER_WAIT_S;
+    if (rejoin->spans) uv_timer_start(&c->timer, on_init_timeout, (uint64_t)(wait * 1000), 0);
+  }
   if (c->regather) ccsd_regather_check(c); /* the daemons that held it spoke */
   else if (c->root[0] && !c->rejoining) ccsd_span_joined(c, mb); /* the root says when all are there */
   else if (c->joined == c->nranks) ccsd_comm_ready(c);

@@ -26,6 +26,7 @@
 struct comm_hold {
   char addr[CCSD_ADDR_MAX];
   int node;
+  uint64_t number; /* the answer names it: one to an earlier hold is not this one's */
   uint64_t until_ms, ask_ms;
   uint64_t finished;  /* collectives finished here: final once nothing runs */
   uint64_t retry_seq; /* the op stopped here after writing over its inputs; 0: none */
@@ -87,6 +88,7 @@ int ccsd_hold_start(struct comm *c, int node, const char *why) {
   snprintf(h->addr, sizeof(h->addr), "%s", c->node_addr[node]);
   snprintf(h->why, sizeof(h->why), "%s", why);
   h->node = node;
+  h->number = ++*c->co->next_id;
   list_init(&h->p2p);
   uint64_t now = ccsd_fresh_ms_of(c->co);
   h->until_ms = now + (uint64_t)(c->co->cfg.peer_restart_grace_s * 1000);
@@ -203,7 +205,8 @@ static void ask(struct comm *c) {
                            .rejoin = {.name = c->name, .name_len = CCS__NAME_BYTES,
                                       .addrs = addrs, .naddrs = (size_t)c->nranks,
                                       .chunk_bytes = c->chunk_bytes, .lanes = (uint32_t)c->lanes,
-                                      .ranks = (const Ccs__PeerRank *const *)rank_ptrs, .nranks = nlocal}};
+                                      .ranks = (const Ccs__PeerRank *const *)rank_ptrs, .nranks = nlocal,
+                                      .hold = h->number}};
     ccsd_peers_send(c->co->peers, h->addr, &msg);
   }
   free(addrs), free(ranks), free(rank_ptrs), free(reports), free(chans), free(chan_ptrs), free(flags);
@@ -234,7 +237,8 @@ static void on_ask(uv_timer_t *t) {
 
 void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume *m) {
   struct comm_hold *h = c->hold;
-  if (!h || strcmp(addr, h->addr) || c->net || !list_empty(&c->running)) return; /* late, or a repeat */
+  if (!h || strcmp(addr, h->addr) || m->hold != h->number || c->net || !list_empty(&c->running))
+    return; /* late, or a repeat */
   if (m->finished != h->finished) {
     ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back with %llu collectives finished; "
                    "this daemon said %llu", addr, (unsigned long long)m->finished,

@@ -23,6 +23,7 @@ struct regather {
   int nnodes;
   char (*nodes)[CCSD_ADDR_MAX]; /* the daemons, this one among them */
   uint8_t *heard;               /* per node: it sent its ranks' reports */
+  uint64_t *hold;               /* per node: the number of its hold, for the answer */
 };
 
 void ccsd_regather_free(struct comm *c) {
@@ -31,6 +32,7 @@ void ccsd_regather_free(struct comm *c) {
   free(g->addrs);
   free(g->nodes);
   free(g->heard);
+  free(g->hold);
   free(g);
   c->regather = NULL;
 }
@@ -45,10 +47,10 @@ int ccsd_regather_involved(const struct comm *c, const char *addr) {
   return node_of(c->regather, addr) >= 0 && strcmp(addr, c->co->self);
 }
 
-static void resume(struct comm *c, const char *addr) {
+static void resume(struct comm *c, const char *addr, uint64_t hold) {
   struct peer_msg m = {.kind = PEER_RESUME,
                        .resume = {.name = c->name, .name_len = CCS__NAME_BYTES,
-                                  .finished = c->coll_finished, .retry_from = c->coll_retry}};
+                                  .finished = c->coll_finished, .retry_from = c->coll_retry, .hold = hold}};
   ccsd_peers_send(c->co->peers, addr, &m);
 }
 
@@ -83,9 +85,10 @@ static int take_map(struct comm *c, const char *addr, const struct peer_rejoin *
     g->addrs = calloc((size_t)c->nranks, sizeof(*g->addrs));
     g->nodes = calloc((size_t)c->nranks, sizeof(*g->nodes));
     g->heard = calloc((size_t)c->nranks, 1);
+    g->hold = calloc((size_t)c->nranks, sizeof(*g->hold));
   }
-  if (!g || !g->addrs || !g->nodes || !g->heard) {
-    if (g) free(g->addrs), free(g->nodes), free(g->heard);
+  if (!g || !g->addrs || !g->nodes || !g->heard || !g->hold) {
+    if (g) free(g->addrs), free(g->nodes), free(g->heard), free(g->hold);
     free(g);
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
     return -1;
@@ -129,7 +132,7 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
   if (c->state == COMM_READY) {
     int node = ccsd_span_node_of(c, addr);
     if (node < 0 || node == c->mynode) return;
-    if (c->rejoining && !c->hold) resume(c, addr); /* asked again before the answer arrived */
+    if (c->rejoining && !c->hold) resume(c, addr, m->hold); /* asked again before the answer arrived */
     else ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s lost its connections to this one, which "
                         "did not restart (a network fault between them)", addr);
     return;
@@ -162,6 +165,7 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
     mb->rejoin = report;
   }
   g->heard[node_of(g, addr)] = 1;
+  g->hold[node_of(g, addr)] = m->hold;
   ccsd_regather_check(c);
 }
 
@@ -180,18 +184,21 @@ void ccsd_regather_check(struct comm *c) {
   c->chunk_bytes = g->chunk_bytes;
   c->lanes = g->lanes;
   char(*addrs)[CCSD_ADDR_MAX] = g->addrs;
-  g->addrs = NULL;
+  uint64_t *holds = g->hold;
+  char(*nodes)[CCSD_ADDR_MAX] = g->nodes;
+  int nnodes = g->nnodes;
+  g->addrs = NULL, g->hold = NULL, g->nodes = NULL;
+  ccsd_regather_free(c);
   int made = ccsd_span_map(c, addrs);
   free(addrs);
-  ccsd_regather_free(c);
-  if (made) {
-    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
-    return;
+  if (made) ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
+  else ccsd_comm_ready(c); /* the verdicts: every rank's, the other daemons' included */
+  if (c->state == COMM_READY) {
+    LOG_WARN("comm %llu rejoined across %d daemons after this one restarted (%llu collectives finished)",
+             (unsigned long long)c->id, c->nnodes, (unsigned long long)c->coll_finished);
+    for (int k = 0; k < nnodes; k++)
+      if (strcmp(nodes[k], c->co->self)) resume(c, nodes[k], holds[k]);
   }
-  ccsd_comm_ready(c); /* the verdicts: every rank's, the other daemons' included */
-  if (c->state != COMM_READY) return;
-  LOG_WARN("comm %llu rejoined across %d daemons after this one restarted (%llu collectives finished)",
-           (unsigned long long)c->id, c->nnodes, (unsigned long long)c->coll_finished);
-  for (int k = 0; k < c->nnodes; k++)
-    if (k != c->mynode) resume(c, c->node_addr[k]);
+  free(holds);
+  free(nodes);
 }

@@ -39,6 +39,7 @@ struct coll_rejoin *ccsd_rejoin_parse(const Ccs__Rejoin *m, int nranks, char *er
     return NULL;
   }
   size_t retries = 0;
+  r->spans = m->spans;
   for (size_t i = 0; i < m->n_channels; i++) {
     const Ccs__Channel *c = m->channels[i];
     int peer = c->peer < 0 ? -1 : c->peer;

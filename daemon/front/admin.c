@@ -10,7 +10,8 @@
 #include "base/log.h"
 
 static const char *state_name(const struct comm *c) {
-  return c->state == COMM_JOINING ? "joining" : c->state == COMM_READY ? "ready" : "failed";
+  /* held: a daemon of it went, and it waits for it to come back (hold.c) */
+  return c->state == COMM_JOINING ? "joining" : c->state != COMM_READY ? "failed" : c->hold ? "held" : "ready";
 }
 
 /* One pending op: which ranks submitted it, which have not (with pids). */

@@ -59,12 +59,14 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     rj.lanes = m->rejoin.lanes;
     rj.ranks = (Ccs__PeerRank **)m->rejoin.ranks;
     rj.n_ranks = m->rejoin.nranks;
+    rj.hold = m->rejoin.hold;
     w.body_case = CCS__PEER_MSG__BODY_REJOIN, w.rejoin = &rj;
     break;
   case PEER_RESUME:
     rs.name = bytes(m->resume.name, m->resume.name_len);
     rs.finished = m->resume.finished;
     rs.retry_from = m->resume.retry_from;
+    rs.hold = m->resume.hold;
     w.body_case = CCS__PEER_MSG__BODY_RESUME, w.resume = &rs;
     break;
   default: return NULL;
@@ -105,12 +107,13 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
     ret->rejoin = (struct peer_rejoin){w->rejoin->name.data, w->rejoin->name.len,
                                        (const char *const *)w->rejoin->addrs, w->rejoin->n_addrs,
                                        w->rejoin->chunk_bytes, w->rejoin->lanes,
-                                       (const Ccs__PeerRank *const *)w->rejoin->ranks, w->rejoin->n_ranks};
+                                       (const Ccs__PeerRank *const *)w->rejoin->ranks, w->rejoin->n_ranks,
+                                       w->rejoin->hold};
     break;
   case CCS__PEER_MSG__BODY_RESUME:
     ret->kind = PEER_RESUME;
     ret->resume = (struct peer_resume){w->resume->name.data, w->resume->name.len, w->resume->finished,
-                                       w->resume->retry_from};
+                                       w->resume->retry_from, w->resume->hold};
     break;
   default: ret->kind = PEER_OTHER; break;
   }

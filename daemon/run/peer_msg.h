@@ -60,6 +60,7 @@ struct peer_rejoin {
   uint32_t lanes;
   const Ccs__PeerRank *const *ranks;
   size_t nranks;
+  uint64_t hold; /* the hold's number, echoed in the answer */
 };
 
 /* the restarted daemon's verdict on the collectives: the others go on */
@@ -67,6 +68,7 @@ struct peer_resume {
   const uint8_t *name;
   size_t name_len;
   uint64_t finished, retry_from; /* retry_from UINT64_MAX: none repeated */
+  uint64_t hold;
 };
 
 enum peer_kind { PEER_JOIN, PEER_READY, PEER_FAIL, PEER_OP, PEER_REJOIN, PEER_RESUME, PEER_OTHER };

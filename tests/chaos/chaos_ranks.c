@@ -1,5 +1,5 @@
-/* The workload of scripts/chaos.sh: NRANKS forked ranks on the daemon at
- * CCS_SOCKET call every collective in turn (all_reduce in place on
+/* The workload of scripts/chaos.sh: NRANKS forked ranks on the daemons at
+ * CCS_CHAOS_SOCKETS (colon-separated: rank r on the (r % n)th) call every collective in turn (all_reduce in place on
  * registered memory and out of place on malloc'ed memory, broadcast,
  * reduce, all_gather, reduce_scatter, all_to_all, gather, scatter, a ring
  * of sends and receives, barrier), sizes drawn per round, every element
@@ -180,8 +180,15 @@ int main(int argc, char **argv) {
   if (tallies == MAP_FAILED) return 2;
   memset(tallies, 0, sizeof(*tallies) * MAXR);
   pid_t pids[MAXR];
+  char *sockets[MAXR];
+  int nsockets = 0;
+  for (char *s = getenv("CCS_CHAOS_SOCKETS"), *save = NULL; nsockets < MAXR && (s = strtok_r(s, ":", &save)); s = NULL)
+    sockets[nsockets++] = s;
   for (int r = 0; r < n; r++)
-    if ((pids[r] = fork()) == 0) _exit(rank_main(r, n, argv[2]));
+    if ((pids[r] = fork()) == 0) {
+      if (nsockets) setenv("CCS_SOCKET", sockets[r % nsockets], 1);
+      _exit(rank_main(r, n, argv[2]));
+    }
   int bad = 0;
   for (int r = 0; r < n; r++) {
     int st;

@@ -1,5 +1,6 @@
 /* Fuzz target: what other daemons say, after the greeting (a key holder
- * gone wrong): joins, rank maps, words on ops and failures, well formed
+ * gone wrong): joins, rank maps, words on ops, failures, and the words of
+ * a restart (a held comm's rejoin, the verdict back), well formed
  * with fuzzed values, from several addresses, about real communicators
  * of a live daemon (one with its network side running). Each message goes
  * one of two ways: straight to the entry the network thread hands them to
@@ -10,7 +11,9 @@
  * encrypted, so that the daemon's receiving, authenticating, unpacking
  * and checking of it run too; now and then it sends bytes that are no
  * message, a data connection's greeting, or a greeting that is wrong.
- * Local clients meanwhile join comms rooted here and at other daemons.
+ * Local clients meanwhile join comms rooted here and at other daemons,
+ * some as back after a restart (their comm then waits for the daemons
+ * that hold it).
  * After each input every comm and client is gone and the daemon holds
  * nothing.
  *
@@ -132,12 +135,32 @@ static void make_ids(struct fuzz_input *in) {
   }
 }
 
-/* A local client joins rank `rank` of ids[k] (nranks as given). */
-static void local_join(int fd, int k, uint32_t nranks, uint32_t rank) {
+/* A local client joins rank `rank` of ids[k] (nranks as given), or
+ * rejoins it after a restart, reporting 3 collectives finished. */
+static struct frame rejoin_frame(uint64_t req_id, ProtobufCBinaryData id, uint32_t nranks, uint32_t rank) {
+  Ccs__Request req = CCS__REQUEST__INIT;
+  Ccs__CommInit ci = CCS__COMM_INIT__INIT;
+  Ccs__Rejoin rj = CCS__REJOIN__INIT;
+  Ccs__Channel ch = CCS__CHANNEL__INIT, *chs[1] = {&ch};
+  ch.peer = -1;
+  ch.done = 3;
+  rj.channels = chs;
+  rj.n_channels = 1;
+  ci.id = id;
+  ci.nranks = nranks;
+  ci.rank = rank;
+  ci.rejoin = &rj;
+  req.id = req_id;
+  req.body_case = CCS__REQUEST__BODY_COMM_INIT, req.comm_init = &ci;
+  return frame_of(&req);
+}
+
+static void local_join(int fd, int k, uint32_t nranks, uint32_t rank, int rejoin) {
   uint8_t bytes[CCS_UNIQUE_ID_BYTES] = {0};
   memcpy(bytes, &ids[k], sizeof(ids[k]));
+  ProtobufCBinaryData id = {sizeof(bytes), bytes};
   struct frame f[2] = {frame_hello(1, CCS__PROTOCOL_VERSION),
-                       frame_comm_init(2, (ProtobufCBinaryData){sizeof(bytes), bytes}, nranks, rank)};
+                       rejoin ? rejoin_frame(2, id, nranks, rank) : frame_comm_init(2, id, nranks, rank)};
   for (int i = 0; i < 2; i++) {
     if (f[i].data && send(fd, f[i].data, f[i].len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* closed */ }
     free(f[i].data);
@@ -167,6 +190,13 @@ static void one_message(struct fuzz_input *in) {
   Ccs__PeerFail f = CCS__PEER_FAIL__INIT;
   Ccs__PeerHeartbeat hb = CCS__PEER_HEARTBEAT__INIT;
   Ccs__PeerData dm = CCS__PEER_DATA__INIT;
+  Ccs__PeerRejoin rj = CCS__PEER_REJOIN__INIT;
+  Ccs__PeerResume rs = CCS__PEER_RESUME__INIT;
+  Ccs__PeerRank pr[2], *prp[2];
+  Ccs__Rejoin rep[2];
+  Ccs__Channel chan[4], *chp[4];
+  protobuf_c_boolean retry[4][2];
+  int sub;
   uint8_t idbytes[256] = {0}, name[48] = {0}; /* room for lengths that are wrong */
   char from[48], algo[40], text[64], addrbuf[8][48];
   char *addrs[8];
@@ -222,6 +252,59 @@ static void one_message(struct fuzz_input *in) {
     name_of(in, name, &dm.name);
     dm.lane = fuzz_u8(in) % 4 ? fuzz_u8(in) % 4 : fuzz_u32(in);
     m.body_case = CCS__PEER_MSG__BODY_DATA, m.data = &dm;
+    break;
+  case 6: /* a heartbeat, or the words of a restart */
+    sub = fuzz_u8(in) % 3;
+    if (sub == 1) { /* a daemon holding a comm for this one, saying where its ranks stood */
+      name_of(in, name, &rj.name);
+      rj.n_addrs = fuzz_count(in, 4);
+      if (rj.n_addrs > 8) rj.n_addrs = 8;
+      for (size_t r = 0; r < rj.n_addrs; r++) {
+        uint8_t b = fuzz_u8(in) % 6;
+        addrs[r] = b < 3 ? (char *)others[b] : b == 3 ? d.coll.self : b == 4 ? self
+                                                                    : fuzz_string(in, addrbuf[r], sizeof(addrbuf[r]));
+      }
+      rj.addrs = addrs;
+      rj.chunk_bytes = fuzz_u8(in) % 4 ? 1u << (12 + fuzz_u8(in) % 16) : fuzz_u64(in);
+      rj.lanes = fuzz_u8(in) % 4 ? 1u + fuzz_u8(in) % 3u : fuzz_u32(in);
+      rj.hold = fuzz_u64(in);
+      rj.n_ranks = fuzz_u8(in) % 3;
+      for (size_t r = 0; r < rj.n_ranks; r++) {
+        ccs__peer_rank__init(&pr[r]);
+        ccs__rejoin__init(&rep[r]);
+        pr[r].rank = fuzz_u8(in) % 8 ? fuzz_u8(in) % 4 : fuzz_u32(in);
+        pr[r].report = fuzz_u8(in) % 8 ? &rep[r] : NULL;
+        rep[r].n_channels = fuzz_u8(in) % 3;
+        rep[r].channels = &chp[2 * r];
+        for (size_t k = 0; k < rep[r].n_channels; k++) {
+          Ccs__Channel *ch = &chan[2 * r + k];
+          ccs__channel__init(ch);
+          ch->peer = fuzz_u8(in) % 4 ? (int32_t)(fuzz_u8(in) % 4) - 1 : (int32_t)fuzz_u32(in);
+          ch->send = fuzz_u8(in) % 2;
+          ch->done = fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
+          ch->n_must_retry = fuzz_u8(in) % 3;
+          for (size_t q = 0; q < ch->n_must_retry; q++) retry[2 * r + k][q] = fuzz_u8(in) % 2;
+          ch->must_retry = retry[2 * r + k];
+          chp[2 * r + k] = ch;
+        }
+        prp[r] = &pr[r];
+      }
+      rj.ranks = prp;
+      m.body_case = CCS__PEER_MSG__BODY_REJOIN, m.rejoin = &rj;
+      kind = 6;
+      break;
+    }
+    if (sub == 2) { /* the restarted daemon's verdict */
+      name_of(in, name, &rs.name);
+      rs.finished = fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
+      rs.retry_from = fuzz_u8(in) % 2 ? UINT64_MAX : fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
+      rs.hold = fuzz_u8(in) % 2 ? fuzz_u8(in) % 64 : fuzz_u64(in);
+      m.body_case = CCS__PEER_MSG__BODY_RESUME, m.resume = &rs;
+      kind = 7;
+      break;
+    }
+    kind = 5;
+    m.body_case = CCS__PEER_MSG__BODY_HEARTBEAT, m.heartbeat = &hb;
     break;
   default:
     m.body_case = CCS__PEER_MSG__BODY_HEARTBEAT, m.heartbeat = &hb;
@@ -315,6 +398,8 @@ static int wire_confirm(void) {
  * greeting and a wrong greeting (the daemon closed the connection). */
 int fuzz_replay_done(void) {
   static const char *const kinds[] = {"join", "rank map", "word on an op", "failure", "", "heartbeat"};
+  fprintf(stderr, "fuzz_peer: %llu rejoins and %llu verdicts of a restart got through the wire\n",
+          (unsigned long long)reach.by_kind[6], (unsigned long long)reach.by_kind[7]);
   int missing = 0;
   for (int k = 0; k < 6; k++)
     if (k != 4 && !reach.by_kind[k]) {
@@ -340,8 +425,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ccsd_session_new(&d, sv[0]);
     fds[i] = sv[1];
     /* rank 0 of a comm rooted here, and a rank of one rooted elsewhere */
-    local_join(fds[i], i, 2 + fuzz_u8(&in) % 2, 0);
-    local_join(fds[i], 2 + i, 2, fuzz_u8(&in) % 2);
+    local_join(fds[i], i, 2 + fuzz_u8(&in) % 2, 0, 0);
+    uint8_t b = fuzz_u8(&in); /* its rank, and (bit 1) whether it comes back after a restart */
+    local_join(fds[i], 2 + i, 2, b % 2, b & 2);
   }
   spin();
   wire_open(&in);
