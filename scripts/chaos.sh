@@ -12,7 +12,8 @@
 # failed, the wrong elements (must be 0) and the hangs (must be 0); exits 1
 # otherwise.
 #   scripts/chaos.sh [ROUNDS] [RANKS] [BUILD_DIR] [DAEMONS]   (default 10, 4, build, 1)
-# CCSD_PATH runs another daemon (the ThreadSanitizer one).
+# CCSD_PATH runs another daemon (the ThreadSanitizer one); CHAOS_DEATHS=kill
+# or term deals only one kind of death.
 set -euo pipefail
 rounds=${1:-10}
 nranks=${2:-4}
@@ -62,7 +63,8 @@ for _ in $(seq "$rounds"); do
   # across daemons, one at a time: the last one back and its comms settled first
   sleep "$(awk -v r=$RANDOM -v n="$ndaemons" 'BEGIN { printf "%.2f", (n > 1 ? 1.2 : 0.3) + r / 32767 * 1.2 }')"
   unit=${units[$((RANDOM % ndaemons))]}
-  if ((RANDOM % 2)); then kill -USR1 "$unit"; kills=$((kills + 1)); else kill -USR2 "$unit"; terms=$((terms + 1)); fi
+  deaths=${CHAOS_DEATHS:-both}
+  if [ "$deaths" = kill ] || { [ "$deaths" != term ] && ((RANDOM % 2)); }; then kill -USR1 "$unit"; kills=$((kills + 1)); else kill -USR2 "$unit"; terms=$((terms + 1)); fi
 done
 sleep 1
 touch "$dir/stop"

@@ -64,6 +64,7 @@ struct coll {
   uint8_t id_key[32];         /* signs the unique ids this daemon issues */
   uint8_t table_key[16];      /* keys tables of names that come from outside */
   int silent;                 /* stopping for a restart: other daemons hold its comms, told nothing */
+  int draining;               /* stopping once its ops across daemons finish: none launches */
   uint64_t *next_id;          /* numbers for logs, shared with the layer above */
   struct coll_hooks hooks;
 };
@@ -366,6 +367,7 @@ void ccsd_span_ready(struct comm *c);                     /* the root: every ran
 void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
 void ccsd_span_free(struct comm *c);
 void ccsd_span_stopping(struct coll *co);                 /* fails comms with ranks elsewhere */
+int ccsd_span_busy(const struct coll *co);                /* an op runs across daemons */
 int ccsd_span_node_of(const struct comm *c, const char *addr); /* -1: none of its daemons */
 /* The map (rank r at the daemon at rank_addr[r]) and the data connections. -1: out of memory */
 int ccsd_span_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]);

@@ -1,8 +1,9 @@
 /* A comm across daemons held while one of its daemons restarts
  * (docs/restart.md), on the daemons that stayed. When the daemon at node
  * k goes (its connections close), the comm is not failed at once: it
- * waits peer_restart_grace for it. Its ops under way are stopped and kept
- * unanswered; new ones wait. Once nothing runs here, this daemon tells
+ * waits peer_restart_grace for it. Its ops under way run on a moment (what
+ * the daemon sent before it went still arrives), then are stopped and
+ * kept unanswered; new ones wait. Once nothing runs here, this daemon tells
  * the one that went, again until it answers, who is where and where its
  * ranks' calls stood, as a client reports after a restart: collectives
  * finished here, whether the op stopped here had written over its inputs
@@ -22,12 +23,17 @@
 
 #define HOLD_ASK_MS 50      /* the first word to the daemon that went, then twice as long */
 #define HOLD_ASK_MAX_MS 500
+/* Its ops under way run on this long: what the daemon that went sent before
+ * it closed its connections still arrives (a stop finishes its ops first,
+ * main.c), and an op it finished finishes here too. */
+#define HOLD_RUN_ON_MS 1000
 
 struct comm_hold {
   char addr[CCSD_ADDR_MAX];
   int node;
   uint64_t number; /* the answer names it: one to an earlier hold is not this one's */
-  uint64_t until_ms, ask_ms;
+  uint64_t until_ms, ask_ms, stop_ms; /* stop_ms: when the ops still under way are stopped */
+  int stopped;
   uint64_t finished;  /* collectives finished here: final once nothing runs */
   uint64_t retry_seq; /* the op stopped here after writing over its inputs; 0: none */
   struct list p2p;    /* sends and receives across daemons posted meanwhile */
@@ -49,7 +55,6 @@ static const char *unholdable(const struct comm *c) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
     const struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
-    if (p2p_kind(x->kind) && x->run.plan.net_items) return "a send or receive across daemons was under way";
     for (int i = 0; i < x->nposts; i++)
       if (x->posts[i] && streamed(x->posts[i])) return "a stream's op was under way";
   }
@@ -99,9 +104,7 @@ int ccsd_hold_start(struct comm *c, int node, const char *why) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
     struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
-    if (!x->run.plan.net_items) continue; /* among this daemon's ranks alone: it finishes */
-    atomic_store(&x->run.cancelled, 1);
-    if (p2p_kind(x->kind)) continue;
+    if (!x->run.plan.net_items || p2p_kind(x->kind)) continue; /* (this daemon's ranks alone: it finishes) */
     if (x->seq < first) first = x->seq;
     for (int i = 0; i < x->nposts; i++)
       if (x->posts[i] && in_place(x->posts[i])) h->retry_seq = x->seq;
@@ -115,10 +118,10 @@ int ccsd_hold_start(struct comm *c, int node, const char *why) {
   for (int r = 0; r < c->nranks; r++)
     if (!c->members[r]->remote && c->members[r]->coll_seq > last_called) last_called = c->members[r]->coll_seq;
   h->finished = first != UINT64_MAX ? first - 1 : last_called;
+  h->stop_ms = now + HOLD_RUN_ON_MS;
   c->hold = h;
   uv_timer_stop(&c->timer);
   ccsd_agree_release(c);
-  if (c->net) ccsd_peers_comm_close(c->co->peers, c->net); /* what is posted on it fails now */
   char ranks[256];
   ranks_of(c, node, ranks, sizeof(ranks));
   LOG_WARN("comm %llu held: the daemon at %s serving rank(s) %s went (%s); waiting up to %g s "
@@ -130,10 +133,16 @@ int ccsd_hold_start(struct comm *c, int node, const char *why) {
 
 int ccsd_hold_keep(struct xop *x) {
   struct comm *c = x->comm;
-  if (c->state != COMM_READY || p2p_kind(x->kind) || !x->run.plan.net_items) return 0;
+  if (c->state != COMM_READY || !x->run.plan.net_items) return 0;
   if (!c->hold && (x->run.net_status != CCS_ERR_PEER_LOST ||
                    ccsd_hold_start(c, x->run.net_node, x->run.net_error)))
     return 0;
+  if (p2p_kind(x->kind)) { /* its half of a message, numbered: again under the number due then */
+    struct post *p = x->posts[0]; /* (across daemons a send or a receive is an op alone) */
+    p->seq = (uint64_t)x->run.plan.items[0].msg + 1;
+    list_insert_tail(&c->hold->p2p, &p->link);
+    return 1;
+  }
   struct slot *sl = ccsd_slot_of(c, x->posts, x->nposts, x->seq);
   if (!sl) return 0;
   list_insert_tail(c->queued.next, &sl->link); /* the oldest: nothing after it launched */
@@ -147,15 +156,80 @@ void ccsd_hold_op_done(struct xop *x) {
   if (h->retry_seq == x->seq) h->retry_seq = 0;
 }
 
-void ccsd_hold_defer(struct comm *c, struct post *p) { list_insert_tail(&c->hold->p2p, &p->link); }
+void ccsd_hold_defer(struct comm *c, struct post *p) {
+  p->seq = 0; /* not numbered yet */
+  list_insert_tail(&c->hold->p2p, &p->link);
+}
+
+/* The messages between a rank here and one of the daemon that went: how
+ * many were numbered, and of those how many are kept here unfinished;
+ * and the calls made meanwhile, not numbered yet. */
+struct pair {
+  int from, to;
+  uint32_t count, kept, deferred;
+};
+
+static void post_pair(const struct post *p, int *from, int *to) {
+  *from = p->kind == CCS__SEND ? p->member->rank : p->root;
+  *to = p->kind == CCS__SEND ? p->root : p->member->rank;
+}
+
+static struct pair *find_pair(struct pair *pairs, size_t n, int from, int to) {
+  for (size_t i = 0; i < n; i++)
+    if (pairs[i].from == from && pairs[i].to == to) return &pairs[i];
+  return NULL;
+}
+
+static struct pair *pairs_of(const struct comm *c, size_t *ret_n) {
+  const struct comm_hold *h = c->hold;
+  size_t cap = c->np2p + 1, n = 0;
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, (struct list *)&h->p2p) cap++;
+  struct pair *pairs = calloc(cap, sizeof(*pairs));
+  if (!pairs) return NULL;
+  for (size_t i = 0; i < c->np2p; i++) {
+    const struct p2p_count *pc = &c->p2p_counts[i];
+    if (c->node_of_rank[pc->from] == h->node || c->node_of_rank[pc->to] == h->node)
+      pairs[n++] = (struct pair){pc->from, pc->to, pc->n, 0, 0};
+  }
+  LIST_FOREACH_SAFE(it, tmp, (struct list *)&h->p2p) {
+    const struct post *p = LIST_ENTRY(it, struct post, link);
+    int from, to;
+    post_pair(p, &from, &to);
+    struct pair *pr = find_pair(pairs, n, from, to);
+    if (!pr) pr = &pairs[n++], *pr = (struct pair){from, to, 0, 0, 0};
+    if (p->seq) pr->kept++;
+    else pr->deferred++;
+  }
+  *ret_n = n;
+  return pairs;
+}
+
+/* The next message number between from and to is n. -1: out of memory. */
+static int set_count(struct comm *c, int from, int to, uint32_t n) {
+  for (size_t i = 0; i < c->np2p; i++)
+    if (c->p2p_counts[i].from == from && c->p2p_counts[i].to == to) {
+      c->p2p_counts[i].n = n;
+      return 0;
+    }
+  struct p2p_count *grown = realloc(c->p2p_counts, (c->np2p + 1) * sizeof(*grown));
+  if (!grown) return -1;
+  c->p2p_counts = grown;
+  c->p2p_counts[c->np2p++] = (struct p2p_count){from, to, n};
+  return 0;
+}
 
 /* What this daemon tells the one that went: the map, and per rank here
  * its report as a client's rejoin would be. */
 static void ask(struct comm *c) {
   struct comm_hold *h = c->hold;
-  size_t nlocal = 0, nchan = 0;
+  size_t nlocal = 0, nchan = 0, npairs = 0, most = 1;
   for (int r = 0; r < c->nranks; r++) nlocal += !c->members[r]->remote;
-  nchan = nlocal + 2 * c->np2p;
+  struct pair *pairs = pairs_of(c, &npairs);
+  for (size_t i = 0; pairs && i < npairs; i++)
+    if (pairs[i].kept + pairs[i].deferred > most) most = pairs[i].kept + pairs[i].deferred;
+  nchan = nlocal + npairs;
+  protobuf_c_boolean *none = calloc(most, sizeof(*none)); /* a message can always be sent again */
   const char **addrs = calloc((size_t)c->nranks, sizeof(*addrs));
   Ccs__PeerRank *ranks = calloc(nlocal, sizeof(*ranks));
   Ccs__PeerRank **rank_ptrs = calloc(nlocal, sizeof(*rank_ptrs));
@@ -163,7 +237,7 @@ static void ask(struct comm *c) {
   Ccs__Channel *chans = calloc(nchan, sizeof(*chans));
   Ccs__Channel **chan_ptrs = calloc(nchan, sizeof(*chan_ptrs));
   protobuf_c_boolean *flags = calloc(nlocal, sizeof(*flags));
-  if (addrs && ranks && rank_ptrs && reports && chans && chan_ptrs && flags) {
+  if (pairs && none && addrs && ranks && rank_ptrs && reports && chans && chan_ptrs && flags) {
     size_t k = 0, at = 0;
     for (int r = 0; r < c->nranks; r++) {
       addrs[r] = c->node_addr[c->node_of_rank[r]];
@@ -185,17 +259,19 @@ static void ask(struct comm *c) {
         coll->n_must_retry = 1;
       }
       chan_ptrs[at++] = coll;
-      /* its sends to and receives from the ranks there, all finished (none
-       * was under way, or the comm could not wait) */
-      for (size_t i = 0; i < c->np2p; i++) {
-        const struct p2p_count *pc = &c->p2p_counts[i];
-        int send = pc->from == r, other = send ? pc->to : pc->from;
-        if ((pc->from != r && pc->to != r) || c->node_of_rank[other] != h->node) continue;
+      /* its sends to and receives from the ranks there: finished, kept
+       * here, made meanwhile */
+      for (size_t i = 0; i < npairs; i++) {
+        const struct pair *pr = &pairs[i];
+        int send = pr->from == r, other = send ? pr->to : pr->from;
+        if (pr->from != r && pr->to != r) continue;
         Ccs__Channel *ch = &chans[at];
         ccs__channel__init(ch);
         ch->peer = other;
         ch->send = send;
-        ch->done = pc->n;
+        ch->done = pr->count - pr->kept;
+        ch->must_retry = none;
+        ch->n_must_retry = pr->kept + pr->deferred;
         chan_ptrs[at++] = ch;
       }
       reports[k].n_channels = (size_t)(&chan_ptrs[at] - reports[k].channels);
@@ -210,6 +286,66 @@ static void ask(struct comm *c) {
     ccsd_peers_send(c->co->peers, h->addr, &msg);
   }
   free(addrs), free(ranks), free(rank_ptrs), free(reports), free(chans), free(chan_ptrs), free(flags);
+  free(pairs), free(none);
+}
+
+/* The restarted daemon's count of the messages between its ranks and
+ * these; NULL, or why it cannot be. */
+static const char *take_counts(struct comm *c, const struct peer_resume *m) {
+  const struct comm_hold *h = c->hold;
+  size_t npairs = 0;
+  struct pair *pairs = pairs_of(c, &npairs);
+  if (!pairs) return "out of memory";
+  const char *bad = NULL;
+  for (size_t i = 0; i < npairs && !bad; i++) /* as far as finished here; the word below says further */
+    if (set_count(c, pairs[i].from, pairs[i].to, pairs[i].count - pairs[i].kept)) bad = "out of memory";
+  for (size_t i = 0; i < m->ncounts && !bad; i++) {
+    const Ccs__PeerCount *pc = m->counts[i];
+    int from = pc->from, to = pc->to;
+    if (from < 0 || to < 0 || from >= c->nranks || to >= c->nranks ||
+        !((c->node_of_rank[from] == c->mynode && c->node_of_rank[to] == h->node) ||
+          (c->node_of_rank[to] == c->mynode && c->node_of_rank[from] == h->node))) {
+      bad = "a count of messages between ranks not of both daemons";
+      break;
+    }
+    const struct pair *pr = find_pair(pairs, npairs, from, to);
+    uint32_t done = pr ? pr->count - pr->kept : 0, numbered = pr ? pr->count : 0;
+    if (pc->finished < done || pc->finished > numbered) bad = "a count of messages this daemon cannot have";
+    else if (set_count(c, from, to, (uint32_t)pc->finished)) bad = "out of memory";
+  }
+  free(pairs);
+  return bad;
+}
+
+/* The sends and receives kept here, by their numbers (those the other end
+ * finished are), then those made meanwhile, in order. */
+static void relaunch_p2p(struct comm *c, struct list *p2p) {
+  for (;;) {
+    struct post *first = NULL;
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, p2p) {
+      struct post *p = LIST_ENTRY(it, struct post, link);
+      if (p->seq && (!first || p->seq < first->seq)) first = p;
+    }
+    if (!first) break;
+    list_remove(&first->link);
+    uint64_t number = first->seq - 1;
+    first->seq = 0;
+    int from, to;
+    post_pair(first, &from, &to);
+    uint32_t next = 0;
+    for (size_t i = 0; i < c->np2p; i++)
+      if (c->p2p_counts[i].from == from && c->p2p_counts[i].to == to) next = c->p2p_counts[i].n;
+    if (number < next) ccsd_post_finish(first, CCS_OK, NULL); /* its receiver has it */
+    else if (c->state == COMM_READY) ccsd_op_launch(c, &first, 1, 0);
+    else ccsd_post_finish(first, c->error, c->error_text);
+  }
+  while (!list_empty(p2p)) {
+    struct post *p = LIST_ENTRY(p2p->next, struct post, link);
+    list_remove(&p->link);
+    if (c->state == COMM_READY) ccsd_op_launch(c, &p, 1, 0);
+    else ccsd_post_finish(p, c->error, c->error_text);
+  }
 }
 
 static void on_ask(uv_timer_t *t) {
@@ -224,6 +360,15 @@ static void on_ask(uv_timer_t *t) {
                    "come back within %g s (peer_restart_grace)", h->addr, ranks, h->why,
                    c->co->cfg.peer_restart_grace_s);
     return;
+  }
+  if (!list_empty(&c->running) && now >= h->stop_ms && !h->stopped) { /* what still waits, waits in vain */
+    h->stopped = 1;
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, &c->running) {
+      struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
+      if (x->run.plan.net_items) atomic_store(&x->run.cancelled, 1);
+    }
+    if (c->net) ccsd_peers_comm_close(c->co->peers, c->net); /* what is posted on it fails now */
   }
   if (list_empty(&c->running)) { /* what this daemon says is final now */
     if (c->net) ccsd_peers_comm_free(c->co->peers, c->net); /* before the new one opens */
@@ -243,6 +388,11 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
     ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back with %llu collectives finished; "
                    "this daemon said %llu", addr, (unsigned long long)m->finished,
                    (unsigned long long)h->finished);
+    return;
+  }
+  const char *bad = take_counts(c, m);
+  if (bad) {
+    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back with %s", addr, bad);
     return;
   }
   c->net = ccsd_peers_comm_open(c->co->peers, c->name, c->nnodes, c->mynode,
@@ -275,16 +425,7 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
            (unsigned long long)c->id, addr, (unsigned long long)h->finished,
            repeat != UINT64_MAX ? ", the next repeated by its callers" : "");
   free(h);
-  while (!list_empty(&p2p) && c->state == COMM_READY) {
-    struct post *p = LIST_ENTRY(p2p.next, struct post, link);
-    list_remove(&p->link);
-    ccsd_op_launch(c, &p, 1, 0);
-  }
-  while (!list_empty(&p2p)) { /* the comm failed launching one */
-    struct post *p = LIST_ENTRY(p2p.next, struct post, link);
-    list_remove(&p->link);
-    ccsd_post_finish(p, c->error, c->error_text);
-  }
+  relaunch_p2p(c, &p2p);
   ccsd_comm_launch_queued(c);
   ccsd_comm_check_deadlines(c);
 }

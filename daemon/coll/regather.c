@@ -47,11 +47,36 @@ int ccsd_regather_involved(const struct comm *c, const char *addr) {
   return node_of(c->regather, addr) >= 0 && strcmp(addr, c->co->self);
 }
 
+/* The verdict to the daemon at addr: on the collectives, and on the
+ * messages between its ranks and this daemon's. */
 static void resume(struct comm *c, const char *addr, uint64_t hold) {
+  int node = ccsd_span_node_of(c, addr);
+  size_t n = 0, cap = 0;
+  for (int r = 0; r < c->nranks; r++)
+    if (!c->members[r]->remote && c->members[r]->rejoin) cap += c->members[r]->rejoin->n;
+  Ccs__PeerCount *counts = calloc(cap ? cap : 1, sizeof(*counts));
+  Ccs__PeerCount **ptrs = calloc(cap ? cap : 1, sizeof(*ptrs));
+  for (int r = 0; counts && ptrs && r < c->nranks; r++) {
+    const struct member *m = c->members[r];
+    for (size_t i = 0; !m->remote && m->rejoin && i < m->rejoin->n; i++) {
+      const struct coll_channel *ch = &m->rejoin->ch[i];
+      if (ch->peer < 0 || c->node_of_rank[ch->peer] != node) continue;
+      ccs__peer_count__init(&counts[n]);
+      counts[n].from = ch->send ? r : ch->peer;
+      counts[n].to = ch->send ? ch->peer : r;
+      counts[n].finished = ch->finished;
+      ptrs[n] = &counts[n];
+      n++;
+    }
+  }
   struct peer_msg m = {.kind = PEER_RESUME,
                        .resume = {.name = c->name, .name_len = CCS__NAME_BYTES,
-                                  .finished = c->coll_finished, .retry_from = c->coll_retry, .hold = hold}};
-  ccsd_peers_send(c->co->peers, addr, &m);
+                                  .finished = c->coll_finished, .retry_from = c->coll_retry, .hold = hold,
+                                  .counts = (const Ccs__PeerCount *const *)ptrs, .ncounts = n}};
+  if (counts && ptrs) ccsd_peers_send(c->co->peers, addr, &m);
+  else ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory answering the daemon at %s", addr);
+  free(counts);
+  free(ptrs);
 }
 
 /* Why the map m cannot be this comm's; NULL when it can. */

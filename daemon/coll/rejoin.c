@@ -115,7 +115,10 @@ static uint64_t done_of(const struct comm *c, int r, int peer, int send) {
 
 /* Across daemons: a daemon answers its ranks once an op is done on its own
  * node, not on every node; an op finished at one daemon and not at
- * another (the one that went, say) cannot be made whole. */
+ * another (the one that went, say) cannot be made whole. Nor can a
+ * message whose send finished and whose receive did not: it was lost with
+ * the daemon. (A receive finished while its send was still under way is
+ * whole: the send finished.) */
 static ccs_result_t across_daemons(struct comm *c) {
   uint64_t *fin = calloc((size_t)c->nnodes, sizeof(*fin));
   if (!fin) {
@@ -138,7 +141,7 @@ static ccs_result_t across_daemons(struct comm *c) {
       const struct coll_channel *ch = &c->members[r]->rejoin->ch[i];
       if (ch->peer < 0 || c->node_of_rank[ch->peer] == c->node_of_rank[r]) continue;
       uint64_t other = done_of(c, ch->peer, r, !ch->send);
-      if (other == ch->done) continue;
+      if (ch->send ? ch->done <= other : other <= ch->done) continue;
       int from = ch->send ? r : ch->peer, to = ch->send ? ch->peer : r;
       ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d's sends to rank %d: %llu finished at the daemon at "
                      "%s, %llu received at the daemon at %s when a daemon went: the communicator "

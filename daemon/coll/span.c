@@ -418,6 +418,17 @@ void ccsd_span_stopping(struct coll *co) {
   }
 }
 
+int ccsd_span_busy(const struct coll *co) {
+  struct list *it, *tmp, *x, *xtmp;
+  LIST_FOREACH_SAFE(it, tmp, (struct list *)&co->comms) {
+    struct comm *c = LIST_ENTRY(it, struct comm, link);
+    if (c->gone || c->state != COMM_READY || !c->spans) continue;
+    LIST_FOREACH_SAFE(x, xtmp, &c->running)
+      if (LIST_ENTRY(x, struct xop, comm_link)->run.plan.net_items) return 1;
+  }
+  return 0;
+}
+
 void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &co->comms) {

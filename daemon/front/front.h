@@ -144,6 +144,8 @@ struct daemon {
   uv_timer_t listen_rest;               /* the listener rests when none can be freed */
   uint64_t fd_exhausted_logged_ms;
   uv_signal_t sig_term, sig_int, sig_hup;
+  uv_timer_t drain; /* a stop waits for the ops under way across daemons (main.c) */
+  uint64_t drain_until_ms;
   struct list sessions;
   struct list tenants;
   struct tenant *tenants_by_uid; /* the same (uthash): uids come from peers too */
@@ -250,8 +252,12 @@ struct client_comm {
   UT_hash_handle hh; /* in session->comms_by_handle */
   uint64_t handle;
   struct member *member;
+  int refused; /* its init failed with its comm: no handle went out, it goes at the next sweep */
 };
 struct client_comm *ccsd_client_comm_find(struct session *s, uint64_t handle);
+/* The comms whose init failed with them, let go (a name they hold is
+ * free again): outside any walk of comms or sessions. */
+void ccsd_client_comms_sweep(struct session *s);
 /* The client is done with it (destroyed, or gone): coll hears it left. */
 void ccsd_client_comm_drop(struct session *s, struct client_comm *cc, const char *why, int graceful);
 

@@ -36,6 +36,15 @@ static void on_joined(struct coll_waiter *w, ccs_result_t status, const char *er
    * rank leaves with its client: this may run inside a walk of them) */
   struct client_comm *cc = status != CCS_OK && s ? ccsd_client_comm_find(s, handle) : NULL;
   if (cc && cc->member->comm->state == COMM_JOINING) ccsd_client_comm_drop(s, cc, "its init failed", 1);
+  else if (cc) cc->refused = 1;
+}
+
+void ccsd_client_comms_sweep(struct session *s) {
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &s->comms) {
+    struct client_comm *cc = LIST_ENTRY(it, struct client_comm, link);
+    if (cc->refused) ccsd_client_comm_drop(s, cc, "its init failed", 1);
+  }
 }
 
 #define REJOIN_WINDOW_MS (10 * 60 * 1000)

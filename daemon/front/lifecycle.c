@@ -18,6 +18,7 @@
 static void on_housekeeping(uv_timer_t *t) {
   struct daemon *d = t->data;
   struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &d->sessions) ccsd_client_comms_sweep(LIST_ENTRY(it, struct session, link));
   LIST_FOREACH_SAFE(it, tmp, &d->sessions) {
     ccsd_session_check_io(LIST_ENTRY(it, struct session, link));
   }

@@ -25,12 +25,34 @@ static void usage(FILE *f) {
   ccsd_config_example(f);
 }
 
-static void on_signal(uv_signal_t *h, int signum) {
-  struct daemon *d = h->data;
-  LOG_INFO(CCS_LOG_INIT, "signal %d: stopping", signum);
+static void stop_now(struct daemon *d) {
+  uv_timer_stop(&d->drain);
   d->stopping = 1;
   ccsd_server_stop(d);
   uv_stop(d->loop);
+}
+
+static void on_drain(uv_timer_t *t) {
+  struct daemon *d = t->data;
+  if (!ccsd_span_busy(&d->coll) || uv_now(d->loop) >= d->drain_until_ms) stop_now(d);
+}
+
+/* Where other daemons hold this one's comms for its restart, the ops under
+ * way across daemons finish first (at most DRAIN_MS), and none starts:
+ * stopped in the middle of one, it might have finished at another daemon
+ * and not here, which no restart makes whole (docs/restart.md). */
+#define DRAIN_MS 2000
+static void on_signal(uv_signal_t *h, int signum) {
+  struct daemon *d = h->data;
+  if (d->coll.draining) return; /* stopping already */
+  LOG_INFO(CCS_LOG_INIT, "signal %d: stopping", signum);
+  if (d->coll.peers && d->cfg.peer_restart_grace_s > 0 && ccsd_span_busy(&d->coll)) {
+    d->coll.draining = 1;
+    d->drain_until_ms = uv_now(d->loop) + DRAIN_MS;
+    uv_timer_start(&d->drain, on_drain, 1, 1);
+    return;
+  }
+  stop_now(d);
 }
 
 static void on_hangup(uv_signal_t *h, int signum) {
@@ -191,6 +213,8 @@ int main(int argc, char **argv) {
   /* before the socket exists: whoever sees it may stop the daemon at once */
   uv_signal_init(d.loop, &d.sig_term);
   uv_signal_init(d.loop, &d.sig_int);
+  uv_timer_init(d.loop, &d.drain);
+  d.drain.data = &d;
   d.sig_term.data = d.sig_int.data = &d;
   uv_signal_start(&d.sig_term, on_signal, SIGTERM);
   uv_signal_start(&d.sig_int, on_signal, SIGINT);
@@ -201,6 +225,7 @@ int main(int argc, char **argv) {
     uv_close((uv_handle_t *)&d.sig_term, NULL);
     uv_close((uv_handle_t *)&d.sig_int, NULL);
     uv_close((uv_handle_t *)&d.sig_hup, NULL);
+    uv_close((uv_handle_t *)&d.drain, NULL);
     ccsd_daemon_close(&d);
     return 1;
   }
@@ -211,6 +236,7 @@ int main(int argc, char **argv) {
   ccsd_loop_run(&d);
 
   ccsd_systemd_stopping(&d);
+  uv_close((uv_handle_t *)&d.drain, NULL);
   uv_close((uv_handle_t *)&d.sig_term, NULL);
   uv_close((uv_handle_t *)&d.sig_int, NULL);
   uv_close((uv_handle_t *)&d.sig_hup, NULL);

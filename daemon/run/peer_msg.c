@@ -67,6 +67,8 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     rs.finished = m->resume.finished;
     rs.retry_from = m->resume.retry_from;
     rs.hold = m->resume.hold;
+    rs.counts = (Ccs__PeerCount **)m->resume.counts;
+    rs.n_counts = m->resume.ncounts;
     w.body_case = CCS__PEER_MSG__BODY_RESUME, w.resume = &rs;
     break;
   default: return NULL;
@@ -113,7 +115,8 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
   case CCS__PEER_MSG__BODY_RESUME:
     ret->kind = PEER_RESUME;
     ret->resume = (struct peer_resume){w->resume->name.data, w->resume->name.len, w->resume->finished,
-                                       w->resume->retry_from, w->resume->hold};
+                                       w->resume->retry_from, w->resume->hold,
+                                       (const Ccs__PeerCount *const *)w->resume->counts, w->resume->n_counts};
     break;
   default: ret->kind = PEER_OTHER; break;
   }

@@ -69,6 +69,8 @@ struct peer_resume {
   size_t name_len;
   uint64_t finished, retry_from; /* retry_from UINT64_MAX: none repeated */
   uint64_t hold;
+  const Ccs__PeerCount *const *counts; /* the messages between their ranks and the receiver's */
+  size_t ncounts;
 };
 
 enum peer_kind { PEER_JOIN, PEER_READY, PEER_FAIL, PEER_OP, PEER_REJOIN, PEER_RESUME, PEER_OTHER };
