@@ -325,7 +325,8 @@ int ccsd_hold_keep(struct xop *x);
 void ccsd_hold_op_done(struct xop *x); /* x finished while its comm is held */
 void ccsd_hold_defer(struct comm *c, struct post *p); /* a send/recv across daemons, for after */
 void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume *m);
-void ccsd_hold_end(struct comm *c); /* the comm failed: what waited is answered with its error */
+void ccsd_hold_end(struct comm *c); /* the comm failed or goes: what waited is answered with its error */
+int ccsd_hold_waiting(const struct comm *c); /* sends and receives wait for the hold to end */
 
 /* match.c */
 void ccsd_post_submit(struct post *p);

@@ -32,7 +32,7 @@ static void on_timer_closed(uv_handle_t *handle) {
 
 void ccsd_comm_unref(struct comm *c) {
   if (--c->refs > 0) return;
-  if (!list_empty(&c->slots) || !list_empty(&c->p2p) || !list_empty(&c->queued))
+  if (!list_empty(&c->slots) || !list_empty(&c->p2p) || !list_empty(&c->queued) || ccsd_hold_waiting(c))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
   /* found no more, but in coll->comms until on_timer_closed: a walk of them
@@ -94,7 +94,7 @@ static void on_init_timeout(uv_timer_t *t) {
                    "did not rejoin here%s", (double)(ccsd_now_ms_of(c->co) - c->created_ms) / 1000.0,
                    present, missing[0] ? missing : "(none)",
                    c->regather ? "" : " and no other daemon held the communicator for them (it failed "
-                   "there: another of its daemons went too, a send across daemons was under way, or their "
+                   "there: another of its daemons went too, a stream's call was under way, or their "
                    "peer_restart_grace is 0)");
     return;
   }

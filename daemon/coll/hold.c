@@ -430,6 +430,8 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
   ccsd_comm_check_deadlines(c);
 }
 
+int ccsd_hold_waiting(const struct comm *c) { return c->hold && !list_empty(&c->hold->p2p); }
+
 void ccsd_hold_end(struct comm *c) {
   struct comm_hold *h = c->hold;
   if (!h) return;
