@@ -173,6 +173,7 @@ struct comm {
   int rejoining;           /* made again by its ranks after this daemon restarted */
   struct regather *regather; /* span.c: the daemons that held it, heard so far */
   uint64_t coll_finished, coll_retry; /* the rejoin's verdict on its collectives (rejoin.c) */
+  uint64_t *resumed;       /* regather.c: per node, the hold this daemon answered */
   int refs;          /* members, xops, the timer handle */
   int gone;          /* unreferenced: leaves the list once its timer closed; walks skip it */
 };

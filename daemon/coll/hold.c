@@ -50,11 +50,18 @@ static int in_place(const struct post *p) {
 
 static int streamed(const struct post *p) { return p->ordered || p->order.flags; }
 
+/* The daemon at the other end of a send or receive across daemons. */
+static int p2p_node(const struct comm *c, const struct xop *x) {
+  return x->part_node[0] == c->mynode ? x->part_node[1] : x->part_node[0];
+}
+
 /* Why c cannot wait for a daemon: an op it cannot stop and run again. */
 static const char *unholdable(const struct comm *c) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
     const struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
+    /* (a send or receive with a daemon that stays is looked at once the
+     * ops under way had their moment: on_ask) */
     for (int i = 0; i < x->nposts; i++)
       if (x->posts[i] && streamed(x->posts[i])) return "a stream's op was under way";
   }
@@ -138,6 +145,7 @@ int ccsd_hold_keep(struct xop *x) {
                    ccsd_hold_start(c, x->run.net_node, x->run.net_error)))
     return 0;
   if (p2p_kind(x->kind)) { /* its half of a message, numbered: again under the number due then */
+    if (p2p_node(c, x) != c->hold->node) return 0; /* with a daemon that stays: no one settles it */
     struct post *p = x->posts[0]; /* (across daemons a send or a receive is an op alone) */
     p->seq = (uint64_t)x->run.plan.items[0].msg + 1;
     list_insert_tail(&c->hold->p2p, &p->link);
@@ -196,6 +204,7 @@ static struct pair *pairs_of(const struct comm *c, size_t *ret_n) {
     const struct post *p = LIST_ENTRY(it, struct post, link);
     int from, to;
     post_pair(p, &from, &to);
+    if (c->node_of_rank[from] != h->node && c->node_of_rank[to] != h->node) continue; /* between daemons that stay */
     struct pair *pr = find_pair(pairs, n, from, to);
     if (!pr) pr = &pairs[n++], *pr = (struct pair){from, to, 0, 0, 0};
     if (p->seq) pr->kept++;
@@ -366,6 +375,18 @@ static void on_ask(uv_timer_t *t) {
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &c->running) {
       struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
+      if (x->run.plan.net_items && p2p_kind(x->kind) && p2p_node(c, x) != h->node) {
+        /* its other end stays, and may have finished its half: no one
+         * settles it with this daemon */
+        ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s went while a %s between rank %d and rank "
+                       "%d (daemon %s, which stayed) was under way: the communicator cannot wait for it",
+                       h->addr, x->kind == CCS__SEND ? "send" : "receive", x->posts[0]->member->rank,
+                       x->posts[0]->root, c->node_addr[p2p_node(c, x)]);
+        return;
+      }
+    }
+    LIST_FOREACH_SAFE(it, tmp, &c->running) {
+      struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
       if (x->run.plan.net_items) atomic_store(&x->run.cancelled, 1);
     }
     if (c->net) ccsd_peers_comm_close(c->co->peers, c->net); /* what is posted on it fails now */
@@ -384,6 +405,10 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
   struct comm_hold *h = c->hold;
   if (!h || strcmp(addr, h->addr) || m->hold != h->number || c->net || !list_empty(&c->running))
     return; /* late, or a repeat */
+  if (m->retry_from != UINT64_MAX && m->retry_from < m->finished) {
+    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back repeating finished collectives", addr);
+    return;
+  }
   if (m->finished != h->finished) {
     ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back with %llu collectives finished; "
                    "this daemon said %llu", addr, (unsigned long long)m->finished,
@@ -417,6 +442,7 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
         if (sl->posts[i]->member->coll_seq >= sl->seq) sl->posts[i]->member->coll_seq = sl->seq - 1;
       ccsd_slot_drop(sl, CCS_ERR_RETRY, text);
     }
+  LIST_FOREACH_SAFE(it, tmp, &c->p2p) LIST_ENTRY(it, struct post, link)->posted_ms = now;
   struct list p2p;
   list_init(&p2p);
   list_take_all(&p2p, &h->p2p);

@@ -298,6 +298,7 @@ void ccsd_post_submit(struct post *p) {
   }
   if (p2p && peer->remote) { /* its half runs alone; the other daemon runs the other */
     if (c->hold) ccsd_hold_defer(c, p);
+    else if (c->co->draining) list_insert_tail(&c->p2p, &p->link); /* never matched here: it waits for the restart */
     else ccsd_op_launch(c, &p, 1, 0);
     return;
   }

@@ -346,18 +346,23 @@ static void reply_post(struct xop *x, int i, ccs_result_t status, const char *er
 
 static void ccsd_xop_done(struct xop *x) {
   struct comm *c = x->comm;
-  list_remove(&x->comm_link);
   /* its memory leaves the transport before the buffers may go */
   ccsd_peers_release(c->co->peers, x->run.net_mem);
   x->run.net_mem = NULL;
   char info[512] = "";
   int failed = atomic_load(&x->run.cancelled) || x->run.gpu_error[0];
-  /* a daemon of the comm went: the op waits with the comm for it (hold.c) */
-  if (failed && !x->run.gpu_error[0] && ccsd_hold_keep(x)) {
+  /* a daemon of the comm went: the op waits with the comm for it (hold.c;
+   * a hold that starts here counts x among the ops under way) */
+  int kept = failed && !x->run.gpu_error[0] && ccsd_hold_keep(x);
+  list_remove(&x->comm_link);
+  if (kept) {
     ccsd_xop_free(x);
     ccsd_comm_unref(c);
     return;
   }
+  if (failed && c->hold && c->state == COMM_READY && !x->run.net_error[0] && !x->run.gpu_error[0])
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory keeping op #%llu while a daemon restarts",
+                   (unsigned long long)x->seq);
   if (!failed) ccsd_hold_op_done(x);
   if (x->run.net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
     ccsd_comm_fail(c, x->run.net_status, "%s", x->run.net_error);

@@ -149,7 +149,7 @@ static int take_map(struct comm *c, const char *addr, const struct peer_rejoin *
 
 void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_rejoin *m) {
   struct comm *c = m->name_len == CCS__NAME_BYTES ? ccsd_comm_find(co, m->name) : NULL;
-  if (!c || co->silent) return; /* its ranks are not back here yet: the daemon asks again */
+  if (!c || co->silent || !strcmp(addr, co->self)) return; /* its ranks are not back here yet: the daemon asks again */
   if (c->state == COMM_FAILED) {
     ccsd_span_tell_failed(co, addr, c->name, c->error, c->error_text);
     return;
@@ -157,7 +157,7 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
   if (c->state == COMM_READY) {
     int node = ccsd_span_node_of(c, addr);
     if (node < 0 || node == c->mynode) return;
-    if (c->rejoining && !c->hold) resume(c, addr, m->hold); /* asked again before the answer arrived */
+    if (c->resumed && c->resumed[node] == m->hold && !c->hold) resume(c, addr, m->hold); /* asked again before the answer arrived */
     else ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s lost its connections to this one, which "
                         "did not restart (a network fault between them)", addr);
     return;
@@ -185,7 +185,7 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
       ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s sent a bad rejoin: %s", addr, err);
       return;
     }
-    struct member *mb = c->members[pr->rank];
+    struct member *mb = c->members[pr->rank]; /* (placed at the sender: one of its, made by take_map) */
     ccsd_rejoin_free(mb->rejoin); /* (a repeat: the latest) */
     mb->rejoin = report;
   }
@@ -218,11 +218,17 @@ void ccsd_regather_check(struct comm *c) {
   free(addrs);
   if (made) ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
   else ccsd_comm_ready(c); /* the verdicts: every rank's, the other daemons' included */
-  if (c->state == COMM_READY) {
+  if (c->state == COMM_READY && (c->resumed = calloc((size_t)c->nnodes, sizeof(*c->resumed)))) {
     LOG_WARN("comm %llu rejoined across %d daemons after this one restarted (%llu collectives finished)",
              (unsigned long long)c->id, c->nnodes, (unsigned long long)c->coll_finished);
-    for (int k = 0; k < nnodes; k++)
-      if (strcmp(nodes[k], c->co->self)) resume(c, nodes[k], holds[k]);
+    for (int k = 0; k < nnodes; k++) {
+      int node = ccsd_span_node_of(c, nodes[k]);
+      if (node < 0 || node == c->mynode) continue;
+      c->resumed[node] = holds[k]; /* a repeat of that hold's word is answered again */
+      resume(c, nodes[k], holds[k]);
+    }
+  } else if (c->state == COMM_READY) {
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
   }
   free(holds);
   free(nodes);

@@ -159,6 +159,7 @@ void ccsd_span_free(struct comm *c) {
   ccsd_agree_release(c);
   ccsd_regather_free(c);
   ccsd_hold_end(c);
+  free(c->resumed);
   if (c->net) ccsd_peers_comm_free(c->co->peers, c->net);
   c->net = NULL;
   free(c->node_addr);

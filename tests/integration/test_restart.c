@@ -126,7 +126,6 @@ static uint64_t ops_in_flight_at(const struct test_daemon *d) {
   free(st);
   return ops;
 }
-static uint64_t ops_in_flight(void) { return ops_in_flight_at(&dmn); }
 
 static int rank_main(int rank, int n, void *arg) {
   int kinds = *(int *)arg; /* how many kinds of call the loop takes turns with */
@@ -167,27 +166,28 @@ static int rank_main(int rank, int n, void *arg) {
   return bad;
 }
 
-/* The ranks' loop while the daemon dies where `failpoint` says (NULL:
+/* Where the ranks run and which daemon dies: one daemon, or two (rank r
+ * on daemon r % 2) of which the second dies and the first holds the
+ * ranks' comms for it (below). */
+struct where {
+  struct test_daemon *victim, *waiting; /* waiting: where rank 0 waits in the held round */
+  int (*again)(void);                   /* the victim started again */
+  const char *what;                     /* for the report */
+};
+
+/* The ranks' loop while the victim dies where `failpoint` says (NULL:
  * killed while rank 0 waits alone in round hold_round, or stopped with
  * SIGTERM when `term`), and is started again each time it died. The calls
  * the daemon went under are resubmitted or found finished, or (retry) each
- * rank repeats one after CCS_ERR_RETRY.
+ * rank repeats one after CCS_ERR_RETRY; with sh->may_fail the comm may
+ * fail instead, every rank told it cannot be rejoined. The daemons are
+ * stopped with stop() before the verdict.
  *
  * Where the points fall: each round's call is one op, but a ring of sends
  * (kind 3: one op per pair of ranks) and a host stream's (kind 4: two);
  * the answers count 2 comm inits per rank first, then a call per rank. */
-static void run(int n, int kinds, const char *failpoint, int term, int retry) {
-  sh->seed = test_seed();
-  sh->hold_round = failpoint ? -1 : 5;
-  sh->hold = !failpoint;
-  sh->at_hold = 0;
-  memset(sh->retried, 0, sizeof(sh->retried));
-  memset(sh->ok, 0, sizeof(sh->ok));
-  if (failpoint) setenv("CCSD_FAILPOINT", failpoint, 1);
-  assert_int_equal(test_daemon_start(&dmn, NULL), 0);
-  unsetenv("CCSD_FAILPOINT");
-  test_new_id(&sh->id[0]);
-  test_new_id(&sh->id[1]);
+static void run_at(const struct where *w, void (*stop)(void), int n, int kinds, const char *failpoint,
+                   int term, int retry) {
   pid_t ranks = fork();
   if (ranks == 0) {
     int st[MAXR], bad = 0;
@@ -198,36 +198,66 @@ static void run(int n, int kinds, const char *failpoint, int term, int retry) {
   int restarts = 0, status = -1;
   if (!failpoint) { /* rank 0 blocked in the held round: the daemon goes under it */
     double until = test_now() + 30;
-    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && ops_in_flight() >= 1) && test_now() < until)
+    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && ops_in_flight_at(w->waiting) >= 1) &&
+           test_now() < until)
       usleep(2000);
-    if (term) assert_int_equal(test_daemon_term(&dmn), 0);
-    else test_daemon_kill(&dmn);
+    if (term) assert_int_equal(test_daemon_term(w->victim), 0);
+    else test_daemon_kill(w->victim);
     usleep(100000); /* the keepers try, and wait for the daemon */
-    assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+    assert_int_equal(w->again(), 0);
     restarts++;
     __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
   }
   for (;;) {
     pid_t done = waitpid(ranks, &status, WNOHANG);
     if (done == ranks) break;
-    if (dmn.pid > 0 && !test_daemon_alive(&dmn)) { /* the failpoint: as systemd, start it again */
-      test_daemon_kill(&dmn);
-      assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+    if (w->victim->pid > 0 && !test_daemon_alive(w->victim)) { /* the failpoint: as systemd, start it again */
+      test_daemon_kill(w->victim);
+      assert_int_equal(w->again(), 0);
       restarts++;
     }
     usleep(2000);
   }
-  int retried = 0, ok = 0;
-  for (int r = 0; r < n; r++) retried += sh->retried[r], ok += sh->ok[r];
-  fprintf(stderr, "# %s, %d ranks: %d restart(s); %d calls right, %d repeated after CCS_ERR_RETRY\n",
-          failpoint ? failpoint : term ? "SIGTERM" : "SIGKILL while waiting", n, restarts, ok, retried);
+  int retried = 0, ok = 0, failed = 0;
+  for (int r = 0; r < n; r++) retried += sh->retried[r], ok += sh->ok[r], failed += sh->failed[r];
+  fprintf(stderr, "# %s%s, %d ranks: %d restart(s); %d calls right, %d repeated after CCS_ERR_RETRY%s\n",
+          w->what, failpoint ? failpoint : term ? "SIGTERM" : "SIGKILL while waiting", n, restarts, ok,
+          retried, failed ? "; the comm failed as one that cannot be rejoined" : "");
+  stop();
   assert_true(WIFEXITED(status));
   assert_int_equal(WEXITSTATUS(status), 0);
   assert_int_equal(restarts, 1); /* the daemon did die where it was told */
+  if (failed) { /* every rank was told, and none got a wrong element first */
+    assert_int_equal(failed, n);
+    return;
+  }
   assert_int_equal(ok, n * ROUNDS);
   if (retry > 0) assert_int_equal(retried, n); /* every rank repeated the call */
   else if (retry == 0) assert_int_equal(retried, 0);
-  assert_int_equal(test_daemon_stop(&dmn), 0);
+}
+
+static void fresh_round(int failpoint) {
+  sh->seed = test_seed();
+  sh->hold_round = failpoint ? -1 : 5;
+  sh->hold = !failpoint;
+  sh->at_hold = 0;
+  memset(sh->retried, 0, sizeof(sh->retried));
+  memset(sh->ok, 0, sizeof(sh->ok));
+  memset(sh->failed, 0, sizeof(sh->failed));
+}
+
+static int dmn_again(void) { return test_daemon_restart(&dmn, NULL); }
+static void dmn_stop(void) { assert_int_equal(test_daemon_stop(&dmn), 0); }
+
+static void run(int n, int kinds, const char *failpoint, int term, int retry) {
+  fresh_round(failpoint != NULL);
+  if (failpoint) setenv("CCSD_FAILPOINT", failpoint, 1);
+  assert_int_equal(test_daemon_start(&dmn, NULL), 0);
+  unsetenv("CCSD_FAILPOINT");
+  test_new_id(&sh->id[0]);
+  test_new_id(&sh->id[1]);
+  const struct where one = {&dmn, &dmn, dmn_again, ""};
+  run_at(&one, dmn_stop, n, kinds, failpoint, term, retry);
 }
 
 static int setup(void **state) {
@@ -309,7 +339,7 @@ static void test_daemon_not_back(void **state) {
   if (ranks == 0) _exit(test_run_ranks(2, abandoned_rank, NULL, 60, NULL));
   unsetenv("CCS_RECONNECT_TIMEOUT");
   double until = test_now() + 30;
-  while (ops_in_flight() < 1 && test_now() < until) usleep(2000);
+  while (ops_in_flight_at(&dmn) < 1 && test_now() < until) usleep(2000);
   test_daemon_kill(&dmn);
   __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
   int status;
@@ -387,61 +417,15 @@ static void stop_nodes(void) {
   for (int k = 0; k < 2; k++) test_daemon_stop(&node[k]);
 }
 
+static int second_again(void) { return start_node(1, 1, "30"); }
+
 static void run_nodes(int n, int kinds, const char *failpoint, int term, int retry, int root) {
-  sh->seed = test_seed();
-  memset(sh->failed, 0, sizeof(sh->failed));
-  sh->hold_round = failpoint ? -1 : 5;
-  sh->hold = !failpoint;
-  sh->at_hold = 0;
-  memset(sh->retried, 0, sizeof(sh->retried));
-  memset(sh->ok, 0, sizeof(sh->ok));
+  fresh_round(failpoint != NULL);
   start_nodes(failpoint, root, "30");
-  pid_t ranks = fork();
-  if (ranks == 0) {
-    int st[MAXR], bad = 0;
-    test_run_ranks(n, rank_main, &kinds, 120, st);
-    for (int r = 0; r < n; r++) bad |= st[r] != 0;
-    _exit(bad);
-  }
-  int restarts = 0, status = -1;
-  if (!failpoint) { /* rank 0 (first daemon) waits in the held round: the second goes */
-    double until = test_now() + 30;
-    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && ops_in_flight_at(&node[0]) >= 1) &&
-           test_now() < until)
-      usleep(2000);
-    if (term) assert_int_equal(test_daemon_term(&node[1]), 0);
-    else test_daemon_kill(&node[1]);
-    usleep(100000);
-    assert_int_equal(start_node(1, 1, "30"), 0);
-    restarts++;
-    __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
-  }
-  for (;;) {
-    if (waitpid(ranks, &status, WNOHANG) == ranks) break;
-    if (node[1].pid > 0 && !test_daemon_alive(&node[1])) { /* the failpoint: start it again */
-      test_daemon_kill(&node[1]);
-      assert_int_equal(start_node(1, 1, "30"), 0);
-      restarts++;
-    }
-    usleep(2000);
-  }
-  int retried = 0, ok = 0, failed = 0;
-  for (int r = 0; r < n; r++) retried += sh->retried[r], ok += sh->ok[r], failed += sh->failed[r];
-  fprintf(stderr, "# across 2 daemons, ids from the %s one: %s, %d ranks: %d restart(s); %d calls right, "
-          "%d repeated after CCS_ERR_RETRY%s\n", root ? "restarting" : "staying",
-          failpoint ? failpoint : term ? "SIGTERM" : "SIGKILL while waiting", n, restarts, ok, retried,
-          failed ? "; the comm failed as one that cannot be rejoined" : "");
-  stop_nodes();
-  assert_true(WIFEXITED(status));
-  assert_int_equal(WEXITSTATUS(status), 0);
-  assert_int_equal(restarts, 1);
-  if (failed) { /* every rank was told, and none got a wrong element first */
-    assert_int_equal(failed, n);
-    return;
-  }
-  assert_int_equal(ok, n * ROUNDS);
-  if (retry > 0) assert_int_equal(retried, n);
-  else if (retry == 0) assert_int_equal(retried, 0);
+  const struct where two = {&node[1], &node[0], second_again,
+                            root ? "across 2 daemons, ids from the restarting one: "
+                                 : "across 2 daemons, ids from the staying one: "};
+  run_at(&two, stop_nodes, n, kinds, failpoint, term, retry);
 }
 
 /* Every kind of call, sends and receives across the daemons among them
