@@ -760,9 +760,17 @@ static void tcp_close(struct tconn *c) {
   free(c);
 }
 
+/* Closing with the transport: what this side sent still reaches the peers
+ * (closed at once, a socket with something unread resets, and loses it),
+ * read until they close too, LINGER_STOP_S at most. */
+#define LINGER_STOP_S 0.5
 static void tcp_free(struct transport *t) {
   if (!t) return;
   while (t->conns) tcp_close(t->conns);
+  for (double until = now_s() + LINGER_STOP_S; t->lingering && now_s() < until;) {
+    linger_step(t);
+    if (t->lingering) usleep(1000);
+  }
   if (t->listen_fd >= 0) close(t->listen_fd);
   for (struct lingering *l = t->lingering, *next; l; l = next) next = l->next, close(l->fd), free(l);
   ccs_accept_reserve_close(&t->reserve);

@@ -297,8 +297,9 @@ void ccsd_post_submit(struct post *p) {
     return;
   }
   if (p2p && peer->remote) { /* its half runs alone; the other daemon runs the other */
+    /* (launched while the daemon drains: a message already sent to it is
+     * taken, and a send of it lets its receiver finish) */
     if (c->hold) ccsd_hold_defer(c, p);
-    else if (c->co->draining) list_insert_tail(&c->p2p, &p->link); /* never matched here: it waits for the restart */
     else ccsd_op_launch(c, &p, 1, 0);
     return;
   }
