@@ -60,6 +60,7 @@ static int spans_daemons(const struct comm *c, uint32_t kind) {
 }
 
 static struct own *own_word(const struct comm *c, uint64_t seq) {
+  if (seq == 0) return NULL; /* a send or receive (no word on it); an empty record says 0 too */
   struct own *o = c->agree_recent ? &c->agree_recent->own[seq % RECENT] : NULL;
   return o && o->seq == seq ? o : NULL;
 }

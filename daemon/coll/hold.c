@@ -7,12 +7,14 @@
  * the one that went, again until it answers, who is where and where its
  * ranks' calls stood, as a client reports after a restart: collectives
  * finished here, whether the op stopped here had written over its inputs
- * (in place: it cannot run again), and the sends and receives finished
- * with ranks there. The restarted daemon settles every channel once its
- * own ranks are back too (span.c) and answers with the verdict: the ops
- * kept here run again, or return CCS_ERR_RETRY to every rank, and the comm
- * goes on over new data connections. No answer within the grace, the
- * comm fails naming the daemon. On the loop thread. */
+ * (in place: it cannot run again), and its sends to and receives from
+ * the ranks there (finished, kept, made meanwhile). The restarted daemon
+ * settles every channel once its own ranks are back too (regather.c) and
+ * answers with the verdict: the collective kept here runs again, or
+ * returns CCS_ERR_RETRY to every rank; kept sends and receives are made
+ * again under their numbers; the comm goes on over new data connections.
+ * No answer within the grace, the comm fails naming the daemon. On the
+ * loop thread. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
