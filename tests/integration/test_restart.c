@@ -40,7 +40,7 @@ struct shared {
   uint64_t seed;
   int hold;             /* ranks > 0 wait at round `hold_round` until it is 0 */
   int hold_round;
-  int at_hold;          /* rank 0 is about to call the held round */
+  int at_hold;          /* ranks at the held round (rank 0 about to call it, the others waiting) */
   int retried[MAXR], ok[MAXR];
   int may_fail;         /* the comm may fail as one that cannot be rejoined, saying so */
   int failed[MAXR];
@@ -140,9 +140,9 @@ static int rank_main(int rank, int n, void *arg) {
   if (ccs_mem_alloc((void **)&reg, sizeof(int64_t) * COUNT) != CCS_OK || !plain || !out) return 11;
   int bad = 0;
   for (int round = 0; round < ROUNDS && !bad; round++) {
+    if (round == sh->hold_round) __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
     if (round == sh->hold_round && rank > 0)
       while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
-    if (round == sh->hold_round && rank == 0) __atomic_store_n(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
     int kind = round % kinds;
     ccs_result_t rc;
     int tries = 0;
@@ -198,7 +198,8 @@ static void run_at(const struct where *w, void (*stop)(void), int n, int kinds, 
   int restarts = 0, status = -1;
   if (!failpoint) { /* rank 0 blocked in the held round: the daemon goes under it */
     double until = test_now() + 30;
-    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && ops_in_flight_at(w->waiting) >= 1) &&
+    /* every rank there: no call but rank 0's is under way when the daemon goes */
+    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) == n && ops_in_flight_at(w->waiting) >= 1) &&
            test_now() < until)
       usleep(2000);
     if (term) assert_int_equal(test_daemon_term(w->victim), 0);
