@@ -182,6 +182,19 @@ static void name_of(struct fuzz_input *in, uint8_t name[48], ProtobufCBinaryData
   *ret = (ProtobufCBinaryData){fuzz_u8(in) % 32 ? CCS__NAME_BYTES : fuzz_u8(in) % 40, name};
 }
 
+/* A rank map of up to 8 daemons: known ones, this daemon, the harness,
+ * or (one choice in `choices` beyond those) fuzzed text. */
+static size_t fuzz_addrs(struct fuzz_input *in, int choices, char *addrs[8], char addrbuf[8][48]) {
+  size_t n = fuzz_count(in, 4);
+  if (n > 8) n = 8;
+  for (size_t r = 0; r < n; r++) {
+    uint8_t b = fuzz_u8(in) % choices;
+    addrs[r] = b < 3 ? (char *)others[b] : b == 3 ? d.coll.self : b == 4 ? self
+                                                                : fuzz_string(in, addrbuf[r], 48);
+  }
+  return n;
+}
+
 static void one_message(struct fuzz_input *in) {
   Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
   Ccs__PeerJoin j = CCS__PEER_JOIN__INIT;
@@ -218,13 +231,7 @@ static void one_message(struct fuzz_input *in) {
   }
   case 1: { /* a root placing the ranks */
     name_of(in, name, &rd.name);
-    rd.n_addrs = fuzz_count(in, 4);
-    if (rd.n_addrs > 8) rd.n_addrs = 8;
-    for (size_t r = 0; r < rd.n_addrs; r++) {
-      uint8_t b = fuzz_u8(in) % 7;
-      addrs[r] = b < 3 ? (char *)others[b] : b == 3 ? d.coll.self : b == 4 ? self
-                                                                  : fuzz_string(in, addrbuf[r], sizeof(addrbuf[r]));
-    }
+    rd.n_addrs = fuzz_addrs(in, 7, addrs, addrbuf);
     rd.addrs = addrs;
     rd.chunk_bytes = fuzz_u8(in) % 4 ? 1u << (12 + fuzz_u8(in) % 16) : fuzz_u64(in);
     rd.lanes = fuzz_u8(in) % 4 ? 1u + fuzz_u8(in) % 3u : fuzz_u32(in);
@@ -257,13 +264,7 @@ static void one_message(struct fuzz_input *in) {
     sub = fuzz_u8(in) % 3;
     if (sub == 1) { /* a daemon holding a comm for this one, saying where its ranks stood */
       name_of(in, name, &rj.name);
-      rj.n_addrs = fuzz_count(in, 4);
-      if (rj.n_addrs > 8) rj.n_addrs = 8;
-      for (size_t r = 0; r < rj.n_addrs; r++) {
-        uint8_t b = fuzz_u8(in) % 6;
-        addrs[r] = b < 3 ? (char *)others[b] : b == 3 ? d.coll.self : b == 4 ? self
-                                                                    : fuzz_string(in, addrbuf[r], sizeof(addrbuf[r]));
-      }
+      rj.n_addrs = fuzz_addrs(in, 6, addrs, addrbuf);
       rj.addrs = addrs;
       rj.chunk_bytes = fuzz_u8(in) % 4 ? 1u << (12 + fuzz_u8(in) % 16) : fuzz_u64(in);
       rj.lanes = fuzz_u8(in) % 4 ? 1u + fuzz_u8(in) % 3u : fuzz_u32(in);

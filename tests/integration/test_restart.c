@@ -413,6 +413,23 @@ static void start_nodes(const char *failpoint, int root, const char *grace) {
   test_spread_ranks(node, 2);
 }
 
+/* Until a call is under way at d (30 s at most). */
+static void wait_for_call(const struct test_daemon *d) {
+  double until = test_now() + 30;
+  while (ops_in_flight_at(d) < 1 && test_now() < until) usleep(2000);
+}
+
+/* The held ranks go on; every rank must end well. */
+static void stop_nodes(void);
+static void release_and_wait(pid_t ranks) {
+  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+  int status;
+  assert_int_equal(waitpid(ranks, &status, 0), ranks);
+  stop_nodes();
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 static void stop_nodes(void) {
   test_spread_ranks(NULL, 0);
   for (int k = 0; k < 2; k++) test_daemon_stop(&node[k]);
@@ -502,18 +519,12 @@ static void test_nodes_receive_kept(void **state) {
   sh->hold = 1;
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(2, receiving_rank, NULL, 60, NULL));
-  double until = test_now() + 30;
-  while (ops_in_flight_at(&node[0]) < 1 && test_now() < until) usleep(2000);
+  wait_for_call(&node[0]);
   usleep(20000); /* its receive launched */
   test_daemon_kill(&node[1]);
   usleep(100000);
   assert_int_equal(start_node(1, 1, "30"), 0);
-  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
-  int status;
-  assert_int_equal(waitpid(ranks, &status, 0), ranks);
-  stop_nodes();
-  assert_true(WIFEXITED(status));
-  assert_int_equal(WEXITSTATUS(status), 0);
+  release_and_wait(ranks);
 }
 
 /* The second daemon does not come back: the first one's ranks get
@@ -541,16 +552,10 @@ static void test_nodes_not_back(void **state) {
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(2, deserted_rank, NULL, 60, NULL));
   unsetenv("CCS_RECONNECT_TIMEOUT");
-  double until = test_now() + 30;
-  while (ops_in_flight_at(&node[0]) < 1 && test_now() < until) usleep(2000);
+  wait_for_call(&node[0]);
   test_daemon_kill(&node[1]);
   usleep(2500000); /* the grace passes */
-  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
-  int status;
-  assert_int_equal(waitpid(ranks, &status, 0), ranks);
-  stop_nodes();
-  assert_true(WIFEXITED(status));
-  assert_int_equal(WEXITSTATUS(status), 0);
+  release_and_wait(ranks);
 }
 
 int main(void) {
