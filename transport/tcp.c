@@ -793,6 +793,10 @@ static void tcp_describe(struct transport *t, char *buf, size_t len) {
   snprintf(buf, len, "TCP%s", t->params.encrypt_data ? ", data encrypted" : "");
 }
 
+static int tcp_holds(struct tconn *c) {
+  return c->unexp || c->body_umsg || (c->rhdr_got && !c->in_body);
+}
+
 const struct transport_ops ccs_transport_tcp = {
     .name = "tcp",
     .open = tcp_open,
@@ -809,5 +813,6 @@ const struct transport_ops ccs_transport_tcp = {
     .free = tcp_free,
     .wake = tcp_wake,
     .peer_name = tcp_peer_name,
+    .holds = tcp_holds,
     .describe = tcp_describe,
 };

@@ -87,6 +87,9 @@ struct transport_ops {
   void (*wake)(struct transport *t);
   void (*free)(struct transport *t);
   void (*peer_name)(struct tconn *c, char *buf, size_t len); /* "ADDR:PORT" of the other end */
+  /* 1 while a message that no receive has taken yet is held or arriving
+   * on c: its sender may count it sent. */
+  int (*holds)(struct tconn *c);
   /* Why a failed connection failed, where the transport knows more than
    * its status says (verbs: the device, port and event): 2 when this
    * end's device failed (nothing the peer did), 1 for other failures, 0

@@ -1059,6 +1059,12 @@ static void ib_describe(struct transport *t, char *buf, size_t len) {
 /* The port's rate, less what headers take (90%). */
 static double ib_link_rate(struct transport *t) { return 0.9 * ccs_ib_port_gbps(&t->port.attr) * 1e9 / 8; }
 
+/* rendezvous headers and eager bytes waiting for their receives, or
+ * what the wrapped connection still holds */
+static int ib_holds(struct tconn *c) {
+  return c->unmatched || c->held || (c->tcp && ccs_transport_tcp.holds(c->tcp));
+}
+
 const struct transport_ops ccs_transport_ib = {
     .name = "ib",
     .open = ib_open,
@@ -1075,6 +1081,7 @@ const struct transport_ops ccs_transport_ib = {
     .free = ib_free,
     .wake = ib_wake,
     .peer_name = ib_peer_name,
+    .holds = ib_holds,
     .failure = ib_failure,
     .describe = ib_describe,
     .link_rate = ib_link_rate,

@@ -64,7 +64,7 @@ struct coll {
   uint8_t id_key[32];         /* signs the unique ids this daemon issues */
   uint8_t table_key[16];      /* keys tables of names that come from outside */
   int silent;                 /* stopping for a restart: other daemons hold its comms, told nothing */
-  int draining;               /* stopping once its ops across daemons finish: none launches */
+  int draining;               /* stopping once its ops across daemons finish (span.c) */
   uint64_t *next_id;          /* numbers for logs, shared with the layer above */
   struct coll_hooks hooks;
 };
@@ -174,6 +174,7 @@ struct comm {
   struct regather *regather; /* span.c: the daemons that held it, heard so far */
   uint64_t coll_finished, coll_retry; /* the rejoin's verdict on its collectives (rejoin.c) */
   uint64_t *resumed;       /* regather.c: per node, the hold this daemon answered */
+  int owed;                /* draining: another daemon sent it what no op here took yet */
   int refs;          /* members, xops, the timer handle */
   int gone;          /* unreferenced: leaves the list once its timer closed; walks skip it */
 };
@@ -369,7 +370,14 @@ void ccsd_span_ready(struct comm *c);                     /* the root: every ran
 void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
 void ccsd_span_free(struct comm *c);
 void ccsd_span_stopping(struct coll *co);                 /* fails comms with ranks elsewhere */
-int ccsd_span_busy(const struct coll *co);                /* an op runs across daemons */
+/* Stopping (SIGTERM) while other daemons would hold this one's comms for
+ * its restart: 1 while it must not stop yet (an op across daemons runs
+ * here, or another daemon sent a comm what nothing here took yet: that
+ * comm launches again), 0 once quiet. Called every millisecond. */
+int ccsd_span_drain_step(struct coll *co);
+/* No collective launches: the daemon is stopping, and nothing another
+ * daemon sent this comm waits here. */
+static inline int ccsd_comm_drained(const struct comm *c) { return c->co->draining && !c->owed; }
 int ccsd_span_node_of(const struct comm *c, const char *addr); /* -1: none of its daemons */
 /* The map (rank r at the daemon at rank_addr[r]) and the data connections. -1: out of memory */
 int ccsd_span_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]);

@@ -272,7 +272,7 @@ static void launch_slot(struct comm *c, struct slot *sl) {
 void ccsd_comm_launch_queued(struct comm *c) {
   if (c->launching) return;
   c->launching = 1;
-  while (c->state == COMM_READY && !c->hold && !c->co->draining && list_empty(&c->running) &&
+  while (c->state == COMM_READY && !c->hold && !ccsd_comm_drained(c) && list_empty(&c->running) &&
          !list_empty(&c->queued)) {
     struct slot *sl = LIST_ENTRY(c->queued.next, struct slot, link);
     list_remove(&sl->link);
@@ -340,7 +340,7 @@ void ccsd_post_submit(struct post *p) {
     if (c->spans) ccsd_comm_fail(c, CCS_ERR_MISMATCH, "%s", err);
     for (int i = 0; i < sl->nposted; i++) ccsd_post_finish(sl->posts[i], CCS_ERR_MISMATCH, err);
     slot_free(sl);
-  } else if (c->hold || c->co->draining || (sl->ordered && (!list_empty(&c->running) || !list_empty(&c->queued)))) {
+  } else if (c->hold || ccsd_comm_drained(c) || (sl->ordered && (!list_empty(&c->running) || !list_empty(&c->queued)))) {
     /* a host stream's op may read what the one before writes; a held
      * comm's wait for the daemon that went, a stopping daemon's for its
      * restart */

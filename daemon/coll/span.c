@@ -420,15 +420,22 @@ void ccsd_span_stopping(struct coll *co) {
   }
 }
 
-int ccsd_span_busy(const struct coll *co) {
+int ccsd_span_drain_step(struct coll *co) {
+  int busy = 0;
   struct list *it, *tmp, *x, *xtmp;
-  LIST_FOREACH_SAFE(it, tmp, (struct list *)&co->comms) {
+  LIST_FOREACH_SAFE(it, tmp, &co->comms) {
     struct comm *c = LIST_ENTRY(it, struct comm, link);
-    if (c->gone || c->state != COMM_READY || !c->spans) continue;
+    if (c->gone || c->state != COMM_READY || !c->spans || !c->net) continue;
     LIST_FOREACH_SAFE(x, xtmp, &c->running)
-      if (LIST_ENTRY(x, struct xop, comm_link)->run.plan.net_items) return 1;
+      if (LIST_ENTRY(x, struct xop, comm_link)->run.plan.net_items) busy = 1;
+    /* stopped now, the other daemon would count it sent and this one
+     * not taken: a comm no restart makes whole */
+    int holds = ccsd_peers_comm_holds(co->peers, c->net);
+    if (holds) busy = 1;
+    if (holds >= 0) c->owed = holds;
+    if (c->owed) ccsd_comm_launch_queued(c);
   }
-  return 0;
+  return busy;
 }
 
 void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {

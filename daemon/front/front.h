@@ -145,7 +145,7 @@ struct daemon {
   uint64_t fd_exhausted_logged_ms;
   uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t drain; /* a stop waits for the ops under way across daemons (main.c) */
-  uint64_t drain_until_ms;
+  uint64_t drain_until_ms, drain_quiet_ms; /* its deadline; since when nothing kept it */
   struct list sessions;
   struct list tenants;
   struct tenant *tenants_by_uid; /* the same (uthash): uids come from peers too */

@@ -32,23 +32,30 @@ static void stop_now(struct daemon *d) {
   uv_stop(d->loop);
 }
 
+/* Where other daemons would hold this one's comms for its restart, it
+ * stops between ops: those under way across daemons finish first, and
+ * what other daemons already sent is taken (their ops launch here too);
+ * no other collective launches and no send goes out. Stopped in the middle
+ * of one, an op might have finished at another daemon and not here, which
+ * no restart makes whole (docs/restart.md). It stops once that was so for
+ * DRAIN_QUIET_MS (a message on its way shows up), or after DRAIN_MS. */
+#define DRAIN_MS 2000
+#define DRAIN_QUIET_MS 50
 static void on_drain(uv_timer_t *t) {
   struct daemon *d = t->data;
-  if (!ccsd_span_busy(&d->coll) || uv_now(d->loop) >= d->drain_until_ms) stop_now(d);
+  uint64_t now = uv_now(d->loop);
+  if (ccsd_span_drain_step(&d->coll)) d->drain_quiet_ms = now;
+  if (now - d->drain_quiet_ms >= DRAIN_QUIET_MS || now >= d->drain_until_ms) stop_now(d);
 }
 
-/* Where other daemons hold this one's comms for its restart, the ops under
- * way across daemons finish first (at most DRAIN_MS), and none starts:
- * stopped in the middle of one, it might have finished at another daemon
- * and not here, which no restart makes whole (docs/restart.md). */
-#define DRAIN_MS 2000
 static void on_signal(uv_signal_t *h, int signum) {
   struct daemon *d = h->data;
   if (d->coll.draining) return; /* stopping already */
   LOG_INFO(CCS_LOG_INIT, "signal %d: stopping", signum);
-  if (d->coll.peers && d->cfg.peer_restart_grace_s > 0 && ccsd_span_busy(&d->coll)) {
+  if (d->coll.peers && d->cfg.peer_restart_grace_s > 0) {
     d->coll.draining = 1;
-    d->drain_until_ms = uv_now(d->loop) + DRAIN_MS;
+    d->drain_until_ms = d->drain_quiet_ms = uv_now(d->loop);
+    d->drain_until_ms += DRAIN_MS;
     uv_timer_start(&d->drain, on_drain, 1, 1);
     return;
   }

@@ -1101,6 +1101,16 @@ void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc) {
   enqueue(p, &nc->free);
 }
 
+int ccsd_peers_comm_holds(struct peers *p, struct net_comm *nc) {
+  if (pthread_mutex_trylock(&p->drive)) return -1; /* the network thread is at it */
+  int holds = 0;
+  if (!nc->closed && p->ops->holds)
+    for (int i = 0; i < nc->nnodes * nc->lanes && !holds; i++)
+      holds = nc->data[i] && nc->data[i]->tc && p->ops->holds(nc->data[i]->tc);
+  pthread_mutex_unlock(&p->drive);
+  return holds;
+}
+
 int ccsd_peers_op_prepare(struct run_op *x) {
   x->net_tasks = calloc(x->plan.ntasks, sizeof(*x->net_tasks));
   if (!x->net_tasks) return -1;

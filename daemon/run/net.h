@@ -95,6 +95,11 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
                                       int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes);
 void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc); /* pending posts fail */
 void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its last op */
+/* Loop thread: 1 when a data connection of nc holds a message that no
+ * receive has taken yet (another daemon ran an op this one has not, or
+ * sent to a rank here that has not asked for it), 0 when none does, -1
+ * when the network thread was at the transport (ask again). */
+int ccsd_peers_comm_holds(struct peers *p, struct net_comm *nc);
 
 /* Loop thread, when an op across daemons is launched: the records of
  * the tasks the network thread may take, made with the op so that taking,
