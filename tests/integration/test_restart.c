@@ -43,6 +43,7 @@ struct shared {
   int at_hold;          /* ranks at the held round (rank 0 about to call it, the others waiting) */
   int retried[MAXR], ok[MAXR];
   int may_fail;         /* the comm may fail as one that cannot be rejoined, saying so */
+  int hold_first;       /* test_nodes_stop_owed: rank 0 waits until it is 0 */
   int failed[MAXR];
 };
 static struct shared *sh;
@@ -527,6 +528,74 @@ static void test_nodes_receive_kept(void **state) {
   release_and_wait(ranks);
 }
 
+/* Stopped (SIGTERM) after the first daemon finished ops that the second had
+ * not run: rank 0's broadcast and its send to rank 1 need nothing back, so
+ * they finished at the first daemon while rank 1 had not called yet. The
+ * second daemon takes what was sent before it goes (rank 1 calls while it
+ * drains); stopped at once, it would lose them and the comm with them.
+ * Rank 1's all_reduce, which rank 0 has not called, waits for the
+ * restarted daemon; a send the other way after it. */
+static int owed_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
+  int64_t *buf = malloc(sizeof(int64_t) * COUNT), one = rank;
+  int bad = !buf || ccs_all_reduce(&one, &one, 1, CCS_INT64, CCS_SUM, comm, NULL) != CCS_OK || one != 1;
+  if (rank == 1)
+    while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+  const char *what = "broadcast";
+  for (size_t i = 0; i < COUNT && !bad; i++) buf[i] = rank == 0 ? value(0, 0, i) : -1;
+  ccs_result_t rc = bad ? CCS_OK : ccs_broadcast(buf, buf, COUNT, CCS_INT64, 0, comm, NULL);
+  ring_from = 0;
+  bad = bad || rc != CCS_OK || check(what, rank, 0, buf, COUNT, from_prev, n);
+  for (size_t i = 0; i < COUNT && !bad; i++) buf[i] = rank == 0 ? value(0, 1, i) : -1;
+  if (!bad) {
+    what = rank == 0 ? "send" : "receive";
+    rc = rank == 0 ? ccs_send(buf, COUNT, CCS_INT64, 1, comm, NULL) : ccs_recv(buf, COUNT, CCS_INT64, 0, comm, NULL);
+    bad = rc != CCS_OK || (rank == 1 && check(what, rank, 1, buf, COUNT, from_prev, n));
+  }
+  if (rank == 0) { /* its next call waits for the restarted daemon */
+    __atomic_store_n(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&sh->hold_first, __ATOMIC_SEQ_CST)) usleep(1000);
+  }
+  for (size_t i = 0; i < COUNT && !bad; i++) buf[i] = value(rank, 2, i);
+  if (!bad) {
+    what = "all_reduce";
+    rc = ccs_all_reduce(buf, buf, COUNT, CCS_INT64, CCS_SUM, comm, NULL);
+    bad = rc != CCS_OK || check(what, rank, 2, buf, COUNT, sum_of, n);
+  }
+  if (!bad) { /* the other way, after the restart */
+    what = "send back";
+    for (size_t i = 0; i < COUNT; i++) buf[i] = rank == 1 ? value(1, 3, i) : -1;
+    rc = rank == 1 ? ccs_send(buf, COUNT, CCS_INT64, 0, comm, NULL) : ccs_recv(buf, COUNT, CCS_INT64, 1, comm, NULL);
+    ring_from = 1;
+    bad = rc != CCS_OK || (rank == 0 && check(what, rank, 3, buf, COUNT, from_prev, n));
+  }
+  if (bad) fprintf(stderr, "rank %d %s: %s: %s\n", rank, what, ccs_result_name(rc), ccs_comm_last_error(comm));
+  free(buf);
+  ccs_comm_destroy(comm);
+  return bad;
+}
+
+static void test_nodes_stop_owed(void **state) {
+  (void)state;
+  fresh_round(0);
+  sh->hold_first = 1;
+  start_nodes(NULL, 0, "30");
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(2, owed_rank, NULL, 60, NULL));
+  double until = test_now() + 30;
+  while (!__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && test_now() < until) usleep(2000);
+  usleep(20000); /* what rank 0 sent is at the second daemon */
+  kill(node[1].pid, SIGTERM);
+  usleep(5000);
+  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST); /* rank 1 calls while its daemon drains */
+  assert_int_equal(test_daemon_term(&node[1]), 0);
+  assert_int_equal(start_node(1, 1, "30"), 0);
+  __atomic_store_n(&sh->hold_first, 0, __ATOMIC_SEQ_CST);
+  release_and_wait(ranks);
+}
+
 /* The second daemon does not come back: the first one's ranks get
  * CCS_ERR_PEER_LOST once peer_restart_grace passed, saying so. */
 static int deserted_rank(int rank, int n, void *arg) {
@@ -571,6 +640,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_waiting, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_started, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_receive_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
