@@ -209,7 +209,8 @@ static void test_order_and_sizes_that_differ(void **state) {
   free(in);
 }
 
-/* The sender closes at once: what it sent eager is still received after;
+/* The sender closes at once: what it sent eager is still received after
+ * (held meanwhile: holds says so);
  * a receive nothing will match fails; messages without a registration pass
  * through as over TCP. */
 static void test_held_after_close(void **state) {
@@ -235,9 +236,12 @@ static void test_held_after_close(void **state) {
     if (!seen_failure) assert_int_equal(collect(a, a, done, 1), 1), seen_failure = done[0].status < 0;
   }
   assert_true(seen_failure);
+  assert_true(T->holds(ca)); /* both wait for their receives */
   assert_int_equal(T->recv(ca, NULL, ctl_in, sizeof(ctl_in), 0, ctl_in), 0);
+  assert_true(T->holds(ca));
   assert_int_equal(T->recv(ca, mi, in, sizeof(in), 42, in), 0);
   assert_int_equal(collect(a, a, done, 2), 2);
+  assert_false(T->holds(ca));
   for (int i = 0; i < 2; i++) assert_int_equal(done[i].status, 0);
   assert_memory_equal(in, out, sizeof(out));
   assert_string_equal(ctl_in, "control");

@@ -138,7 +138,8 @@ static void test_messages_both_ways(void **state) {
 }
 
 /* A peer that sends and closes at once: what it sent is still received by
- * receives posted afterwards; a receive nothing will match fails. */
+ * receives posted afterwards (held meanwhile: holds says so); a receive
+ * nothing will match fails. */
 static void test_messages_outlive_the_close(void **state) {
   struct transport *a, *b;
   struct tconn *ca, *cb;
@@ -154,8 +155,10 @@ static void test_messages_outlive_the_close(void **state) {
   assert_int_equal(T->recv(ca, NULL, &sentinel, 0, 7, NULL), 0); /* fails once a sees the close */
   assert_int_equal(collect(a, a, done, 1), 1);
   assert_true(done[0].status < 0);
+  assert_true(T->holds(ca));
   assert_int_equal(T->recv(ca, NULL, in, sizeof(in), 42, in), 0);
   assert_int_equal(collect(a, a, done, 1), 1);
+  assert_false(T->holds(ca));
   assert_int_equal(done[0].status, 0);
   assert_int_equal(done[0].bytes, sizeof(msg));
   assert_memory_equal(in, msg, sizeof(msg));
