@@ -156,7 +156,8 @@ void ccsd_daemon_close(struct daemon *d) {
   ccsd_gpu_stop(d->coll.gpu);
   ccsd_executor_stop(d->coll.exec);
   uv_run(d->loop, UV_RUN_DEFAULT); /* the close callbacks */
-  d->coll.peers = NULL; /* freed by them */
+  ccsd_peers_free(d->coll.peers);
+  d->coll.peers = NULL;
   engine_pool_free(d->coll.pool);
   ccsd_run_shares_close(&d->shares);
   uv_loop_close(d->loop);

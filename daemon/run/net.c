@@ -1244,10 +1244,6 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
   return p;
 }
 
-static void on_async_closed(uv_handle_t *h) {
-  peers_free(h->data); /* late hand-overs took its mutex until the executor stopped */
-}
-
 void ccsd_peers_stop(struct peers *p) {
   if (!p) return;
   pthread_mutex_lock(&p->mu);
@@ -1288,5 +1284,9 @@ void ccsd_peers_stop(struct peers *p) {
   p->regs = NULL;
   p->ops->free(p->t);
   p->t = NULL;
-  uv_close((uv_handle_t *)&p->async, on_async_closed);
+  uv_close((uv_handle_t *)&p->async, NULL);
+}
+
+void ccsd_peers_free(struct peers *p) {
+  if (p) peers_free(p);
 }

@@ -74,6 +74,10 @@ struct peers *ccsd_peers_start(uv_loop_t *loop, const struct peers_options *opt,
                                const struct peers_hooks *hooks, struct executor *exec,
                                char *bound, size_t boundlen);
 void ccsd_peers_stop(struct peers *p);
+/* Once the loop ran the close callbacks after stop: the comms freed in
+ * them (and late hand-overs, until the executor stopped) still call it,
+ * to no effect. */
+void ccsd_peers_free(struct peers *p);
 
 /* Loop thread, while it spins on its clients' rings with calls in flight:
  * it drives the transport itself (what was handed over, the connections
