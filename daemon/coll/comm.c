@@ -94,7 +94,7 @@ static void on_init_timeout(uv_timer_t *t) {
                    "did not rejoin here%s", (double)(ccsd_now_ms_of(c->co) - c->created_ms) / 1000.0,
                    present, missing[0] ? missing : "(none)",
                    c->regather ? "" : " and no other daemon held the communicator for them (it failed "
-                   "there: another of its daemons went too, a stream's call was under way, or their "
+                   "there: another of its daemons went too, a CUDA stream's call was under way, or their "
                    "peer_restart_grace is 0)");
     return;
   }

@@ -50,7 +50,11 @@ static int in_place(const struct post *p) {
          p->recv_off < p->send_off + p->send_len;
 }
 
-static int streamed(const struct post *p) { return p->ordered || p->order.flags; }
+/* An op in a client's CUDA stream: the stream went on once the daemon
+ * that went was gone (libccs's guard), so the op cannot be kept. A host
+ * stream's ops are kept as others are; their callers, back from the call,
+ * get CCS_ERR_RETRY at synchronize if any rank must repeat them. */
+static int cuda_streamed(const struct post *p) { return p->order.flags != NULL; }
 
 /* The daemon at the other end of a send or receive across daemons. */
 static int p2p_node(const struct comm *c, const struct xop *x) {
@@ -65,13 +69,14 @@ static const char *unholdable(const struct comm *c) {
     /* (a send or receive with a daemon that stays is looked at once the
      * ops under way had their moment: on_ask) */
     for (int i = 0; i < x->nposts; i++)
-      if (x->posts[i] && streamed(x->posts[i])) return "a stream's op was under way";
+      if (x->posts[i] && cuda_streamed(x->posts[i])) return "a CUDA stream's op was under way";
   }
   const struct list *pending[2] = {&c->slots, &c->queued};
   for (int k = 0; k < 2; k++)
     LIST_FOREACH_SAFE(it, tmp, (struct list *)pending[k]) {
       const struct slot *sl = LIST_ENTRY(it, struct slot, link);
-      if (sl->ordered) return "a stream's op was pending";
+      for (int i = 0; i < sl->nposted; i++)
+        if (cuda_streamed(sl->posts[i])) return "a CUDA stream's op was pending";
     }
   return NULL;
 }

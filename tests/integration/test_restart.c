@@ -458,6 +458,23 @@ static void test_nodes_waiting(void **state) {
   run_nodes(4, 4, NULL, 0, 0, 1);
 }
 
+/* A host stream's calls (round 4) pending at the first daemon, rank 0
+ * waiting in synchronize, when the second one goes, killed or stopped:
+ * held as other calls are, they run once the ranks of the second are
+ * back. Killed as the first of them starts there (in place): every rank
+ * gets CCS_ERR_RETRY at synchronize and repeats them. */
+static void test_nodes_host_stream(void **state) {
+  (void)state;
+  for (int term = 0; term < 2; term++) {
+    fresh_round(0);
+    sh->hold_round = 4;
+    start_nodes(NULL, term, "30");
+    const struct where two = {&node[1], &node[0], second_again, "across 2 daemons, a host stream: "};
+    run_at(&two, stop_nodes, 3, 5, NULL, term, 0);
+  }
+  run_nodes(3, 5, "started:6", 0, 1, 0);
+}
+
 /* The second daemon dies as an op starts there (the first one's part under
  * way): in place on registered memory every rank repeats it; staged, it
  * runs again; a send or a receive across the daemons is made again under
@@ -639,6 +656,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_ids_after_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_waiting, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_started, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_host_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_receive_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
