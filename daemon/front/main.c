@@ -35,10 +35,12 @@ static void stop_now(struct daemon *d) {
 /* Where other daemons would hold this one's comms for its restart, it
  * stops between ops: those under way across daemons finish first, and
  * what other daemons already sent is taken (their ops launch here too);
- * no other collective launches and no send goes out. Stopped in the middle
- * of one, an op might have finished at another daemon and not here, which
- * no restart makes whole (docs/restart.md). It stops once that was so for
- * DRAIN_QUIET_MS (a message on its way shows up), or after DRAIN_MS. */
+ * no other collective launches (sends and receives across daemons do: a
+ * receive takes what was sent, a send lets its receiver finish). Stopped
+ * in the middle of one, an op might have finished at another daemon and
+ * not here, which no restart makes whole (docs/restart.md). It stops once
+ * that was so for DRAIN_QUIET_MS (a message on its way shows up), or
+ * after DRAIN_MS. */
 #define DRAIN_MS 2000
 #define DRAIN_QUIET_MS 50
 static void on_drain(uv_timer_t *t) {

@@ -2,7 +2,8 @@
  * CCS_CHAOS_SOCKETS (colon-separated: rank r on the (r % n)th) call every collective in turn (all_reduce in place on
  * registered memory and out of place on malloc'ed memory, broadcast,
  * reduce, all_gather, reduce_scatter, all_to_all, gather, scatter, a ring
- * of sends and receives, barrier), sizes drawn per round, every element
+ * of sends and receives, barrier, two calls on a host stream), sizes
+ * drawn per round, every element
  * checked against values recomputed here, until the file STOP exists
  * (every rank stops at the same round: they agree on it). A call that
  * returns CCS_ERR_RETRY is repeated with its inputs restored; one that
@@ -46,7 +47,7 @@ struct bufs {
 
 /* Round `round`'s call of kind k on comm; inputs filled afresh. */
 static ccs_result_t call(int k, ccs_comm_t *comm, int rank, int n, uint64_t round, size_t c,
-                         struct bufs *b) {
+                         struct bufs *b, ccs_stream_t stream) {
   int root = (int)(round % (uint64_t)n);
   size_t all = (size_t)n * c;
   for (size_t i = 0; i < all; i++) b->in[i] = value(rank, round, i);
@@ -67,10 +68,17 @@ static ccs_result_t call(int k, ccs_comm_t *comm, int rank, int n, uint64_t roun
     ccs_send(b->in, c, CCS_INT64, (rank + 1) % n, comm, NULL);
     ccs_recv(b->out, c, CCS_INT64, (rank + n - 1) % n, comm, NULL);
     return ccs_group_end();
-  default: return ccs_barrier(comm);
+  case 10: return ccs_barrier(comm);
+  default: { /* both out at once; the second's max over ranks leaves the sum */
+    for (size_t i = 0; i < c; i++) b->reg[i] = value(rank, round, i);
+    ccs_result_t rc = ccs_all_reduce(b->reg, b->reg, c, CCS_INT64, CCS_SUM, comm, stream);
+    if (rc == CCS_OK) rc = ccs_all_reduce(b->reg, b->reg, 1, CCS_INT64, CCS_MAX, comm, stream);
+    ccs_result_t s = ccs_stream_synchronize(stream);
+    return rc != CCS_OK ? rc : s;
+  }
   }
 }
-#define KINDS 11
+#define KINDS 12
 
 static int64_t sum(int n, uint64_t round, size_t i) {
   int64_t s = 0;
@@ -86,7 +94,7 @@ static uint64_t wrong_in(int k, int rank, int n, uint64_t round, size_t c, const
     for (size_t i = 0; i < c; i++) {
       int64_t got = 0, want = 0;
       switch (k) {
-      case 0: if (j) continue; got = b->reg[i], want = sum(n, round, i); break;
+      case 0: case 11: if (j) continue; got = b->reg[i], want = sum(n, round, i); break;
       case 1: if (j) continue; got = b->out[i], want = sum(n, round, i); break;
       case 2: if (j) continue; got = b->out[i], want = value(root, round, i); break;
       case 3:
@@ -125,7 +133,10 @@ static int rank_main(int rank, int n, const char *stop_file) {
   struct bufs b;
   b.in = malloc(sizeof(int64_t) * MAXC * MAXR);
   b.out = malloc(sizeof(int64_t) * MAXC * MAXR);
-  if (!b.in || !b.out || ccs_mem_alloc((void **)&b.reg, sizeof(int64_t) * MAXC) != CCS_OK) return 2;
+  ccs_stream_t stream;
+  if (!b.in || !b.out || ccs_mem_alloc((void **)&b.reg, sizeof(int64_t) * MAXC) != CCS_OK ||
+      ccs_stream_create(&stream) != CCS_OK)
+    return 2;
   ccs_comm_t *comm = NULL;
   uint64_t epoch = 0;
   if (join(&comm, rank, n, epoch)) return 3;
@@ -143,7 +154,7 @@ static int rank_main(int rank, int n, const char *stop_file) {
     size_t c = 1 + (size_t)(mix(seed + 1, round) % MAXC);
     if (rc == CCS_OK) {
       t->calls++;
-      while ((rc = call(k, comm, rank, n, round, c, &b)) == CCS_ERR_RETRY) t->retried++;
+      while ((rc = call(k, comm, rank, n, round, c, &b, stream)) == CCS_ERR_RETRY) t->retried++;
     }
     if (rc == CCS_OK) {
       t->ok++;
@@ -164,6 +175,7 @@ static int rank_main(int rank, int n, const char *stop_file) {
     round = at;
   }
   ccs_comm_destroy(comm);
+  ccs_stream_destroy(stream);
   ccs_mem_free(b.reg);
   free(b.in), free(b.out);
   return 0;
