@@ -185,14 +185,17 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
     op.redop = CCS_MAX;
   }
   ccs_result_t rc = CCS_ERR_NO_MEMORY;
-  int keepable = x->run.device < 0 && !p2p && plan_cache_fits(&op);
+  /* (a barrier's bytes are made per op: no two are the same op) */
+  int keepable = x->run.device < 0 && !p2p && !barrier;
   if (keepable && plan_cache_take(&c->plans, &op, &x->run.plan, &x->plan_gen)) {
     rc = CCS_OK;
     x->plan_kept = 1;
   } else if (barrier || x->kind != CCS__BARRIER) {
     rc = engine_compile(&op, &x->run.plan, err, errlen);
     const struct engine_plan *pl = &x->run.plan;
-    if (rc == CCS_OK && keepable && !pl->net_items && !pl->nscratch &&
+    /* across daemons the remote contributions land in scratch, kept with
+     * the plan (registered once: the pool's memory, run/op.h) */
+    if (rc == CCS_OK && keepable && (c->spans || (!pl->net_items && !pl->nscratch)) &&
         pl->bytes_moved <= cfg->inline_bytes)
       x->plan_kept = plan_cache_note(&c->plans, &op, &x->plan_gen);
   }

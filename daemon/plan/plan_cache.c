@@ -4,10 +4,12 @@
 
 #include "plan/plan_cache.h"
 
-int plan_cache_fits(const struct engine_op *op) {
-  if (op->rank_of || op->group_first) return 0;
-  for (int p = 0; p < op->n; p++)
-    if (op->ranks[p].remote || op->ranks[p].members) return 0;
+static int same_part(const struct engine_part *a, const struct engine_part *b) {
+  if (a->send != b->send || a->recv != b->recv || a->remote != b->remote || a->nmembers != b->nmembers ||
+      a->root_member != b->root_member || !a->members != !b->members)
+    return 0;
+  for (int m = 0; m < a->nmembers; m++)
+    if (a->members[m].send != b->members[m].send || a->members[m].recv != b->members[m].recv) return 0;
   return 1;
 }
 
@@ -15,10 +17,11 @@ static int same_op(const struct engine_op *a, const struct engine_op *b) {
   if (a->coll != b->coll || a->algo != b->algo || a->n != b->n || a->root != b->root ||
       a->pipeline != b->pipeline || a->count != b->count || a->dtype != b->dtype ||
       a->redop != b->redop || a->chunk_bytes != b->chunk_bytes ||
-      a->avg_divisor != b->avg_divisor || a->pool != b->pool)
+      a->avg_divisor != b->avg_divisor || a->pool != b->pool || a->rank_of != b->rank_of ||
+      a->group_first != b->group_first)
     return 0;
   for (int p = 0; p < a->n; p++)
-    if (a->ranks[p].send != b->ranks[p].send || a->ranks[p].recv != b->ranks[p].recv) return 0;
+    if (!same_part(&a->ranks[p], &b->ranks[p])) return 0;
   return 1;
 }
 
@@ -36,15 +39,29 @@ int plan_cache_note(struct plan_cache *pc, const struct engine_op *op, uint64_t 
     *gen = pc->gen;
     return 1;
   }
+  int nmembers = 0;
+  for (int p = 0; p < op->n; p++) nmembers += op->ranks[p].members ? op->ranks[p].nmembers : 0;
   if (op->n > pc->nranks_cap) {
     struct engine_part *grown = realloc(pc->ranks, sizeof(*grown) * (size_t)op->n);
     if (!grown) return 0;
     pc->ranks = grown;
     pc->nranks_cap = op->n;
   }
+  if (nmembers > pc->nmembers_cap) {
+    struct engine_part *grown = realloc(pc->members, sizeof(*grown) * (size_t)nmembers);
+    if (!grown) return 0;
+    pc->members = grown;
+    pc->nmembers_cap = nmembers;
+  }
   if (pc->have_plan) engine_plan_free(&pc->plan);
   pc->have_plan = 0;
   memcpy(pc->ranks, op->ranks, sizeof(*pc->ranks) * (size_t)op->n);
+  for (int p = 0, at = 0; p < op->n; p++) { /* the op's members go with it */
+    if (!op->ranks[p].members) continue;
+    memcpy(pc->members + at, op->ranks[p].members, sizeof(*pc->members) * (size_t)op->ranks[p].nmembers);
+    pc->ranks[p].members = pc->members + at;
+    at += op->ranks[p].nmembers;
+  }
   pc->key = *op;
   pc->key.ranks = pc->ranks;
   pc->have_key = 1;
@@ -65,5 +82,6 @@ void plan_cache_give_back(struct plan_cache *pc, struct engine_plan *pl, uint64_
 void plan_cache_free(struct plan_cache *pc) {
   if (pc->have_plan) engine_plan_free(&pc->plan);
   free(pc->ranks);
+  free(pc->members);
   memset(pc, 0, sizeof(*pc));
 }

@@ -11,19 +11,21 @@
  * allocations), and a job calls the same op on the same buffers again
  * and again. A plan is the same whenever its op is: compiling is a
  * function of the op alone, and every run starts the plan afresh
- * (engine_start). Only ops whose participants are plain buffers (no
- * members, no ranks elsewhere) are kept. One thread (the loop's). */
+ * (engine_start). The key is the op whole: its participants' buffers,
+ * which of them other daemons run, the ranks a participant stands for
+ * and their buffers, and the comm's maps (by address: they live as long
+ * as the comm). One thread (the loop's). */
 struct plan_cache {
   struct engine_op key; /* of the plan kept or out; key.ranks: copies, n of them */
   struct engine_part *ranks;
   int nranks_cap;
+  struct engine_part *members; /* copies of the participants' members */
+  int nmembers_cap;
   int have_key, have_plan;
   uint64_t gen; /* the key's: a plan handed out under an older key is not kept */
   struct engine_plan plan;
 };
 
-/* Could op's plan be kept at all (its participants plain buffers)? */
-int plan_cache_fits(const struct engine_op *op);
 /* op's plan when one is kept: moved to *ret, 1; else 0. *gen says which
  * key a plan compiled now, or taken, was made for. */
 int plan_cache_take(struct plan_cache *pc, const struct engine_op *op, struct engine_plan *ret,

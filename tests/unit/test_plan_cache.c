@@ -48,7 +48,6 @@ static void test_kept_and_run_again(void **state) {
   struct plan_cache pc = {0};
   struct engine_part ranks[N];
   struct engine_op op = op_on(ranks, recv);
-  assert_true(plan_cache_fits(&op));
   struct engine_plan pl;
   uint64_t gen;
   assert_int_equal(plan_cache_take(&pc, &op, &pl, &gen), 0); /* nothing kept yet */
@@ -139,20 +138,56 @@ static void test_out_while_the_key_moves(void **state) {
   plan_cache_free(&pc);
 }
 
-/* Participants elsewhere or standing for several ranks: never kept. */
-static void test_fits(void **state) {
+/* Among daemons: a participant another daemon runs, and one standing for
+ * this daemon's ranks. Their members are copied with the key (the op's
+ * own array goes once compiled); an op that differs in any of them, or in
+ * the comm's maps, does not get the plan; the same op does. */
+static struct engine_op among_daemons(struct engine_part *ranks, struct engine_part *members) {
+  for (int m = 0; m < 2; m++) members[m] = (struct engine_part){(char *)send[m], (char *)recv[m], 0};
+  ranks[0] = (struct engine_part){.members = members, .nmembers = 2, .root_member = -1};
+  ranks[1] = (struct engine_part){.remote = 1};
+  return (struct engine_op){SCHED_ALL_REDUCE, SCHED_RING, 2, 0, 1, COUNT, CCS_FLOAT32, CCS_SUM,
+                            ranks, NULL, 1 << 12};
+}
+
+static void test_participants_in_the_key(void **state) {
   (void)state;
-  struct engine_part ranks[N];
-  struct engine_op op = op_on(ranks, recv);
-  ranks[1].remote = 1;
-  assert_false(plan_cache_fits(&op));
-  ranks[1].remote = 0;
-  ranks[0].members = &ranks[2];
-  assert_false(plan_cache_fits(&op));
-  ranks[0].members = NULL;
-  static const int order[N] = {0, 1, 2};
-  op.rank_of = order;
-  assert_false(plan_cache_fits(&op));
+  struct plan_cache pc = {0};
+  struct engine_part ranks[2], *members = malloc(2 * sizeof(*members));
+  assert_non_null(members);
+  struct engine_op op = among_daemons(ranks, members);
+  struct engine_plan pl;
+  uint64_t gen;
+  compile(&op, &pl);
+  assert_true(pl.net_items > 0);
+  struct engine_item *items = pl.items;
+  assert_int_equal(plan_cache_note(&pc, &op, &gen), 1);
+  plan_cache_give_back(&pc, &pl, gen);
+  memset(members, 0xa5, 2 * sizeof(*members)); /* the op's array reused for something else */
+  free(members);
+  static const int order[2] = {0, 1}, first[3] = {0, 2, 3};
+  for (int f = 0; f < 9; f++) {
+    struct engine_part r[2], m[2];
+    struct engine_op o = among_daemons(r, m);
+    switch (f) {
+    case 0: m[1].recv = (char *)other[1]; break;
+    case 1: m[0].send = (char *)other[0]; break;
+    case 2: r[0].nmembers = 1; break;
+    case 3: r[0].root_member = 0; break;
+    case 4: r[1].remote = 0; break;
+    case 5: r[1].members = m, r[1].nmembers = 2; break;
+    case 6: r[0].members = NULL, r[0].nmembers = 0; break;
+    case 7: o.rank_of = order; break;
+    case 8: o.group_first = first; break;
+    }
+    assert_int_equal(plan_cache_take(&pc, &o, &pl, &gen), 0);
+  }
+  struct engine_part r[2], m[2];
+  struct engine_op same = among_daemons(r, m);
+  assert_int_equal(plan_cache_take(&pc, &same, &pl, &gen), 1);
+  assert_ptr_equal(pl.items, items);
+  plan_cache_give_back(&pc, &pl, gen);
+  plan_cache_free(&pc);
 }
 
 int main(void) {
@@ -160,7 +195,7 @@ int main(void) {
       cmocka_unit_test(test_kept_and_run_again),
       cmocka_unit_test(test_never_for_another_op),
       cmocka_unit_test(test_out_while_the_key_moves),
-      cmocka_unit_test(test_fits),
+      cmocka_unit_test(test_participants_in_the_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
