@@ -175,6 +175,7 @@ struct comm {
   uint64_t coll_finished, coll_retry; /* the rejoin's verdict on its collectives (rejoin.c) */
   uint64_t *resumed;       /* regather.c: per node, the hold this daemon answered */
   int owed;                /* draining: another daemon sent it what no op here took yet */
+  char *barrier_bytes;     /* op.c: 2 a rank, what a barrier across daemons moves */
   int refs;          /* members, xops, the timer handle */
   int gone;          /* unreferenced: leaves the list once its timer closed; walks skip it */
 };
@@ -262,8 +263,6 @@ struct xop {
   char *why;               /* why this algorithm, when explained (CCS_DEBUG=INFO, traces): out of
                               the op itself, which then fits the allocator's per-thread cache */
   int *part_node;          /* across daemons: each participant's node */
-  void *scratch;           /* a barrier's bytes */
-  size_t scratch_len;
   uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
   int plan_kept;           /* its plan goes back to comm->plans, made for key plan_gen */
   uint64_t plan_gen;

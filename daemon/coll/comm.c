@@ -27,6 +27,10 @@ static void on_timer_closed(uv_handle_t *handle) {
   }
   free(c->members);
   plan_cache_free(&c->plans);
+  if (c->barrier_bytes) { /* registered until now */
+    ccsd_peers_forget(c->co->peers, c->barrier_bytes, 2 * (size_t)c->nranks);
+    free(c->barrier_bytes);
+  }
   free(c);
 }
 

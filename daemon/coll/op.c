@@ -43,7 +43,6 @@ void ccsd_xop_free(struct xop *x) {
   ccsd_run_op_free(&x->run);
   free(x->posts);
   free(x->part_node);
-  free(x->scratch);
   free(x->why);
   free(x);
 }
@@ -177,16 +176,16 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   op.pipeline = pieces < 1 ? 1 : pieces > 8 ? 8 : (int)pieces;
   x->algo = op.algo;
   char *barrier = NULL;
-  if (x->kind == CCS__BARRIER) { /* a byte of scratch per local rank */
-    barrier = calloc((size_t)n, 2);
+  if (x->kind == CCS__BARRIER) { /* two bytes a local rank, the comm's: the same op every time */
+    if (!c->barrier_bytes) c->barrier_bytes = calloc((size_t)n, 2);
+    barrier = c->barrier_bytes;
     for (int p = 0; barrier && p < n; p++)
       if (!ranks[p].remote) ranks[p].send = barrier + 2 * p, ranks[p].recv = barrier + 2 * p + 1;
     op.dtype = CCS_UINT8;
     op.redop = CCS_MAX;
   }
   ccs_result_t rc = CCS_ERR_NO_MEMORY;
-  /* (a barrier's bytes are made per op: no two are the same op) */
-  int keepable = x->run.device < 0 && !p2p && !barrier;
+  int keepable = x->run.device < 0 && !p2p;
   if (keepable && plan_cache_take(&c->plans, &op, &x->run.plan, &x->plan_gen)) {
     rc = CCS_OK;
     x->plan_kept = 1;
@@ -201,8 +200,6 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   }
   free(ranks);
   free(members);
-  x->scratch = barrier;
-  x->scratch_len = barrier ? 2 * (size_t)n : 0;
   if (rc == CCS_OK && p2p && x->run.plan.net_items) { /* name the message by its ranks */
     struct engine_item *nd = &x->run.plan.items[0];
     uint32_t number = p2p_number(c, from, to);
@@ -250,7 +247,8 @@ static int hand_down(struct xop *x) {
       if (bufs[k]->base) /* a client's mapping: the layer above forgets it when it goes */
         r->regions[r->nregions++] = (struct run_region){bufs[k]->base, bufs[k]->size, 1};
   }
-  if (x->scratch) r->regions[r->nregions++] = (struct run_region){x->scratch, x->scratch_len, 0};
+  if (x->kind == CCS__BARRIER && c->barrier_bytes) /* forgotten with the comm */
+    r->regions[r->nregions++] = (struct run_region){c->barrier_bytes, 2 * (size_t)c->nranks, 1};
   r->scratch_cacheable = r->plan.pool && r->plan.pool == c->co->pool;
   r->net = c->net;
   r->map = &c->map;
