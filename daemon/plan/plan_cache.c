@@ -46,8 +46,9 @@ int plan_cache_note(struct plan_cache *pc, const struct engine_op *op, uint64_t 
     if (!grown) return 0;
     pc->ranks = grown;
     pc->nranks_cap = op->n;
+    pc->key.ranks = grown; /* the old key whole, should the next fail */
   }
-  if (nmembers > pc->nmembers_cap) {
+  if (nmembers > pc->nmembers_cap) { /* (nothing fails after it: the key is replaced) */
     struct engine_part *grown = realloc(pc->members, sizeof(*grown) * (size_t)nmembers);
     if (!grown) return 0;
     pc->members = grown;
