@@ -193,7 +193,7 @@ void ccsd_comm_check_deadlines(struct comm *c) {
     const struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
     if (x->run.plan.net_items && (!net || x->launched_ms < net->launched_ms)) net = x;
   }
-  if (net && net->seq && now - net->launched_ms >= CCSD_AGREE_AFTER_MS) ccsd_agree_slow(c, net->seq);
+  if (net && now - net->launched_ms >= CCSD_AGREE_AFTER_MS) ccsd_agree_slow(c, net->seq); /* (none on a send or receive) */
   if (c->state != COMM_READY) return; /* the words disagreed */
   if (net && now - net->launched_ms >= limit) {
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
