@@ -251,7 +251,7 @@ int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, void *
   if (e == cudaSuccess) e = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
   if (e != cudaSuccess) {
     snprintf(err, errlen, "cannot open the IPC handle: %s", cudaGetErrorString(e));
-    return -1;
+    return e == cudaErrorAlreadyMapped ? 1 : -1;
   }
   CUdeviceptr base = 0;
   size_t size = 0;

@@ -39,7 +39,9 @@ void ccs__vmm_unmap(void *ptr, size_t size);
  * allocation holding ptr, with its base and size; and the importing side:
  * the opened pointer, and the driver block [*ret_block, + *ret_block_size)
  * it lies in (the driver's range for it, which starts at the block's start
- * and may hold other allocations too). */
+ * and may hold other allocations too). The open returns 1 where this
+ * process holds the handle's block open already (the driver allows one
+ * open of a block per process), -1 on other failures. */
 int ccs__cuda_ipc_handle(const void *ptr, void **ret_base, size_t *ret_size, uint8_t *handle,
                          char *err, size_t errlen);
 int ccs__cuda_ipc_open(const uint8_t *handle, int device, void **ret_ptr, void **ret_block,

@@ -23,8 +23,14 @@ void perf_device_free(void *p, int registered) {
   else cudaFree(p);
 }
 
+/* A cudaMemcpy from pageable memory returns before its DMA lands, and the
+ * calls run on a non-blocking stream (or in the daemon), which does not
+ * wait for the legacy stream: the upload is waited for. */
 int perf_device_upload(void *dst, const void *src, size_t bytes) {
-  return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+  return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+                 cudaStreamSynchronize(0) == cudaSuccess
+             ? 0
+             : -1;
 }
 
 int perf_device_download(void *dst, const void *src, size_t bytes) {

@@ -4,18 +4,22 @@
 #include "front/ipc_blocks.h"
 
 struct ipc_block *ccsd_ipc_block_find(struct list *blocks, uint64_t addr, uint64_t len,
-                                      char **ret_ptr) {
+                                      int retired, char **ret_ptr) {
+  struct ipc_block *found = NULL;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, blocks) {
     struct ipc_block *b = LIST_ENTRY(it, struct ipc_block, link);
-    if (addr < b->client_base || addr - b->client_base > b->size ||
+    if ((b->regs == 0) != !!retired || addr < b->client_base || addr - b->client_base > b->size ||
         len > b->size - (addr - b->client_base))
       continue;
-    *ret_ptr = b->base + (addr - b->client_base);
-    b->refs++;
-    return b;
+    found = b; /* of retired blocks there, the last opened: the driver's latest there */
+    if (!retired) break;
   }
-  return NULL;
+  if (!found) return NULL;
+  *ret_ptr = found->base + (addr - found->client_base);
+  found->refs++;
+  found->regs++;
+  return found;
 }
 
 struct ipc_block *ccsd_ipc_block_add(struct list *blocks, uint64_t addr, void *opened,
@@ -29,9 +33,13 @@ struct ipc_block *ccsd_ipc_block_add(struct list *blocks, uint64_t addr, void *o
   b->size = size;
   b->device = device;
   b->opened = opened;
-  b->refs = 1;
+  b->refs = b->regs = 1;
   list_insert_tail(blocks, &b->link);
   return b;
+}
+
+void ccsd_ipc_block_deregistered(struct ipc_block *b) {
+  if (b) b->regs--;
 }
 
 size_t ccsd_ipc_block_fit(const struct ipc_block *b, const char *ptr, uint64_t len) {

@@ -62,6 +62,7 @@ static ccs_result_t add(struct session *s, struct tenant *t, void *base, size_t 
   struct membuf *b = calloc(1, sizeof(*b));
   if (!b) {
     struct membuf undo = {.base = base, .size = size, .device = device, .ipc = ipc};
+    ccsd_ipc_block_deregistered(ipc);
     unmap(&undo);
     uncharge(s->d, t, size);
     snprintf(err, errlen, "out of memory");
@@ -171,26 +172,29 @@ ccs_result_t ccsd_membuf_register_ipc(struct session *s, const uint8_t *handle,
   }
   if (!s->d->coll.gpu) return host_only(s, err, errlen);
   char *ptr;
-  struct ipc_block *blk = ccsd_ipc_block_find(&s->ipc_blocks, addr, len, &ptr);
-  if (!blk) { /* a block not open yet */
+  struct ipc_block *blk = ccsd_ipc_block_find(&s->ipc_blocks, addr, len, 0, &ptr);
+  if (!blk) { /* a block not open yet, or retired (ipc_blocks.h) */
     void *opened, *block;
     size_t block_size;
-    int device;
+    int device, held;
     ccs_result_t rc = ccsd_gpu_open_ipc(s->d->coll.gpu, handle, uuid, &opened, &block, &block_size,
-                                        &device, err, errlen);
-    if (rc != CCS_OK) return rc;
-    if (!(blk = ccsd_ipc_block_add(&s->ipc_blocks, addr, opened, block, block_size, device))) {
+                                        &device, &held, err, errlen);
+    if (rc != CCS_OK) {
+      if (!held || !(blk = ccsd_ipc_block_find(&s->ipc_blocks, addr, len, 1, &ptr))) return rc;
+    } else if ((blk = ccsd_ipc_block_add(&s->ipc_blocks, addr, opened, block, block_size, device))) {
+      ptr = opened;
+    } else {
       ccsd_gpu_close_ipc(opened);
       snprintf(err, errlen, "out of memory, or the driver's range does not hold the opened handle");
       return CCS_ERR_NO_MEMORY;
     }
-    ptr = opened;
   }
   size_t size = ccsd_ipc_block_fit(blk, ptr, len);
   struct tenant *t;
   ccs_result_t rc = size ? charge(s, size, &t, err, errlen) : CCS_ERR_INVALID_ARGUMENT;
   if (rc != CCS_OK) {
     if (!size) snprintf(err, errlen, "an empty legacy IPC buffer");
+    ccsd_ipc_block_deregistered(blk);
     ccsd_ipc_block_unref(blk, ccsd_gpu_close_ipc);
     return rc;
   }
@@ -218,6 +222,7 @@ void ccsd_membuf_unref(struct membuf *b) {
 }
 
 void ccsd_membuf_deregister(struct membuf *b) {
+  ccsd_ipc_block_deregistered(b->ipc);
   list_remove(&b->link);
   HASH_DELETE(hh, b->d->buffers_by_id, b);
   b->session = NULL; /* ops in flight may hold it a while longer */

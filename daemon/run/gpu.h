@@ -54,10 +54,11 @@ ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *u
                           void **ret_base, int *ret_device, char *err, size_t errlen);
 void ccsd_gpu_unmap(void *base, size_t size);
 /* A legacy cudaIpcMemHandle (only where cuda_legacy_ipc is on): the
- * opened pointer and the driver block it lies in (ccs__cuda_ipc_open). */
+ * opened pointer and the driver block it lies in (ccs__cuda_ipc_open).
+ * *ret_held: it failed because this process holds that block open. */
 ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8_t *uuid,
                                void **ret_ptr, void **ret_block, size_t *ret_block_size,
-                               int *ret_device, char *err, size_t errlen);
+                               int *ret_device, int *ret_held, char *err, size_t errlen);
 void ccsd_gpu_close_ipc(void *base);
 
 /* A connection's stream flags (proto/ring.h: ccs__ring_flags), in the

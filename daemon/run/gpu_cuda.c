@@ -624,11 +624,13 @@ void ccsd_gpu_unmap(void *base, size_t size) { ccs__vmm_unmap(base, size); }
 
 ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8_t *uuid,
                                void **ret_ptr, void **ret_block, size_t *ret_block_size,
-                               int *ret_device, char *err, size_t errlen) {
+                               int *ret_device, int *ret_held, char *err, size_t errlen) {
+  *ret_held = 0;
   int dev = device_of(g, uuid, err, errlen);
   if (dev < 0) return CCS_ERR_INVALID_ARGUMENT;
-  if (ccs__cuda_ipc_open(handle, dev, ret_ptr, ret_block, ret_block_size, err, errlen))
-    return CCS_ERR_INVALID_ARGUMENT;
+  int failed = ccs__cuda_ipc_open(handle, dev, ret_ptr, ret_block, ret_block_size, err, errlen);
+  *ret_held = failed > 0;
+  if (failed) return CCS_ERR_INVALID_ARGUMENT;
   *ret_device = dev;
   return CCS_OK;
 }

@@ -24,7 +24,8 @@ ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *u
 void ccsd_gpu_unmap(void *base, size_t size) {}
 ccs_result_t ccsd_gpu_open_ipc(struct gpu *g, const uint8_t *handle, const uint8_t *uuid,
                                void **ret_ptr, void **ret_block, size_t *ret_block_size,
-                               int *ret_device, char *err, size_t errlen) {
+                               int *ret_device, int *ret_held, char *err, size_t errlen) {
+  *ret_held = 0;
   snprintf(err, errlen, "this daemon was built without the CUDA toolkit");
   return CCS_ERR_UNSUPPORTED;
 }

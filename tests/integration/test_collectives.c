@@ -202,10 +202,16 @@ static void mem_free(struct mem *m) {
   }
 }
 
-/* host -> what ccs sees, and back (device memory only) */
+/* host -> what ccs sees, and back (device memory only). A cudaMemcpy from
+ * pageable memory returns before its DMA lands, and the calls run on a
+ * non-blocking stream (or in the daemon), which does not wait for the
+ * legacy stream: the copy is waited for, as a job must. */
 static void mem_push(struct mem *m) {
 #ifdef CCS_HAVE_CUDA
-  if (on_device) cudaMemcpy(m->ptr, m->host, m->bytes, cudaMemcpyHostToDevice);
+  if (on_device) {
+    cudaMemcpy(m->ptr, m->host, m->bytes, cudaMemcpyHostToDevice);
+    cudaStreamSynchronize(0);
+  }
 #endif
 }
 static void mem_pull(struct mem *m) {
