@@ -2,9 +2,9 @@
 # The GPU check, in stages sized for a lent GPU machine: each stage may be
 # run as a command of its own (its own timeout), writes its log and its
 # rows of OUT/gpu_summary.md as it goes, and says PASS or FAIL on its last
-# line. Together under 9 minutes of GPU time.
+# line. Together under 10 minutes of GPU time.
 #
-#   tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl ...]   (default: all four)
+#   tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl|faults ...]   (default: all five)
 #
 #   smoke   (30 s)   nvidia-smi facts and the compute mode (EXCLUSIVE_PROCESS
 #                    forbids ranks and the daemon sharing GPU 0), the daemon's
@@ -23,6 +23,10 @@
 #   nccl    (1 min)  an NCCL program on libccs-nccl, cudaMalloc and ncclMemAlloc
 #                    buffers, every collective and a ring of sends on a stream
 #                    and on the NULL stream, 2 and 3 ranks, checked
+#   faults  (1 min)  a call on a stream out when its peer is killed, the daemon
+#                    is killed or stopped, or the comm aborted: the stream goes
+#                    on, the comm carries the error, the daemon serves on
+#                    (stream_faults)
 #
 # The binaries: $CCS_GPU_BUILD (a bundle made by scripts/gpu_bundle.sh on a
 # CPU machine, for a GPU machine that cannot build), else build-gpu/, built
@@ -35,15 +39,15 @@ stages=()
 for a in "$@"; do
   case $a in
   --dry-run) dry=1 ;;
-  smoke | matrix | perf | nccl) stages+=("$a") ;;
-  *) echo "usage: tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl ...]" >&2; exit 2 ;;
+  smoke | matrix | perf | nccl | faults) stages+=("$a") ;;
+  *) echo "usage: tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl|faults ...]" >&2; exit 2 ;;
   esac
 done
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 summary="$out/gpu_summary.md"
 # stages run one by one add to one summary; all of them start it afresh
-[ ${#stages[@]} -gt 0 ] || { stages=(smoke matrix perf nccl); rm -f "$summary"; }
+[ ${#stages[@]} -gt 0 ] || { stages=(smoke matrix perf nccl faults); rm -f "$summary"; }
 
 if [ "$dry" = 1 ]; then
   build=${CCS_GPU_BUILD:-build}
@@ -54,7 +58,8 @@ else
   if [ ! -x "$build/daemon/ccsd" ] && [ -z "${CCS_GPU_BUILD:-}" ]; then
     t0=$SECONDS
     if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCCS_WERROR=OFF >/dev/null &&
-           cmake --build "$build" -j "$(nproc)" --target ccsd ccs-perf test_collectives nccl_device >/dev/null; }; then
+           cmake --build "$build" -j "$(nproc)" --target ccsd ccs-perf test_collectives nccl_device \
+             stream_faults >/dev/null; }; then
       echo "BUILD FAILED (scripts/gpu_bundle.sh makes a build to bring along)"
       exit 1
     fi
@@ -183,6 +188,20 @@ nccl() {
     check nccl "NCCL program, $n ranks" 30 env "${mem[@]}" "$build/tests/nccl_device" "$n"
   done
   stop_daemon
+}
+
+faults() {
+  local prog="$build/tests/stream_faults"
+  if [ "$dry" = 1 ]; then # host memory: the program runs and finds no GPU
+    if [ -x "$prog" ]; then
+      check faults "stream_faults without a GPU says so (77)" 30 bash -c '"$1"; [ $? = 77 ]' _ "$prog"
+    else
+      row faults "stream_faults" "not built (no CUDA toolkit)" 0
+    fi
+    return
+  fi
+  check faults "a stream's call out: peer killed, daemon killed, stopped, comm aborted" 120 "$prog"
+  grep '^# ' "$out/faults_a_stream_s_call_out__peer_killed__daemon_killed__stopped__comm_aborted.log"
 }
 
 for s in "${stages[@]}"; do
