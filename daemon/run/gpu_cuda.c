@@ -144,6 +144,47 @@ static cudaError_t run_task(const struct engine_plan *pl, size_t task, cudaStrea
   return (cudaError_t)ccs__copy_device(in[0], out, nd->nout, n * pl->elem_size, stream);
 }
 
+/* A comm's stream on a GPU (gpu_stream.handle). Its ops run on `work`;
+ * each op's hand-back, a host function, runs on `beside` behind an event
+ * recorded after the op: the driver wakes a thread for a host function
+ * (tens of µs in a VM), and on `work` that wake-up would hold up the
+ * comm's next op. */
+struct lane {
+  cudaStream_t work, beside;
+  cudaEvent_t end;
+};
+
+static cudaError_t lane_make(struct lane **ret) {
+  struct lane *l = calloc(1, sizeof(*l));
+  if (!l) return cudaErrorMemoryAllocation;
+  cudaError_t e = cudaStreamCreateWithFlags(&l->work, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&l->beside, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&l->end, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    if (l->beside) cudaStreamDestroy(l->beside);
+    if (l->work) cudaStreamDestroy(l->work);
+    free(l);
+    return e;
+  }
+  *ret = l;
+  return cudaSuccess;
+}
+
+/* (destroying does not wait for the device) */
+static void lane_free(struct lane *l) {
+  cudaEventDestroy(l->end);
+  cudaStreamDestroy(l->beside);
+  cudaStreamDestroy(l->work);
+  free(l);
+}
+
+/* The host function that hands x back, after what is queued on l->work. */
+static cudaError_t queue_hand_back(struct lane *l, struct run_op *x) {
+  cudaError_t e = cudaEventRecord(l->end, l->work);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(l->beside, l->end, 0);
+  return e == cudaSuccess ? cudaLaunchHostFunc(l->beside, on_stream_done, x) : e;
+}
+
 /* The last reference to a registered page of flags: to the watchdog. */
 static void retire_flags(struct gpu_flags *f) {
   struct gpu *g = f->g;
@@ -168,7 +209,8 @@ int ccsd_gpu_flags_register(struct gpu *g, struct gpu_flags *f, char *why, size_
  * runs on) and still queues the host function, or, where even that
  * fails, leaves x to the watchdog, which waits for the stream to drain
  * (x->gpu_drain). Returns 0 when nothing was queued (x goes back now). */
-static int queue_op(struct device *dv, struct run_op *x, cudaStream_t st) {
+static int queue_op(struct device *dv, struct run_op *x, struct lane *ln) {
+  cudaStream_t st = ln->work;
   char err[200] = "";
   const char *what = "selecting the device";
   cudaError_t e = cudaSetDevice(dv->index);
@@ -202,7 +244,7 @@ static int queue_op(struct device *dv, struct run_op *x, cudaStream_t st) {
     atomic_store(&x->cancelled, 1); /* its streams let go: what is queued runs on */
     for (int i = 0; i < x->norders; i++) ccsd_gpu_order_unblock(&x->orders[i]);
   }
-  e = cudaLaunchHostFunc(st, on_stream_done, x);
+  e = queue_hand_back(ln, x);
   if (e != cudaSuccess) {
     check_sticky(dv, e, "queuing the op's end");
     if (!x->gpu_error[0])
@@ -237,17 +279,16 @@ static void *submitter(void *arg) {
     s->inflight++;
     x->gpu_stream = s;
     list_insert_tail(&dv->queued, &x->gpu_link);
-    cudaStream_t st = s->handle;
+    struct lane *ln = s->handle;
     pthread_mutex_unlock(&g->mu);
     cudaError_t e = cudaSuccess;
-    if (!st && (e = cudaSetDevice(dv->index)) == cudaSuccess)
-      e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    if (!ln && (e = cudaSetDevice(dv->index)) == cudaSuccess) e = lane_make(&ln);
     int queued = 0;
     if (e == cudaSuccess) {
       pthread_mutex_lock(&g->mu);
-      s->handle = st; /* only this thread makes streams of this device */
+      s->handle = ln; /* only this thread makes streams of this device */
       pthread_mutex_unlock(&g->mu);
-      queued = queue_op(dv, x, st);
+      queued = queue_op(dv, x, ln);
     } else {
       check_sticky(dv, e, "making a stream");
       snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: making a stream: %s", dv->index,
@@ -291,10 +332,10 @@ static void watch_streams(struct gpu *g) {
     if (cudaSetDevice(dv->index) != cudaSuccess) continue;
     for (int i = 0; i < CCSD_GPU_STREAMS; i++) {
       pthread_mutex_lock(&g->mu);
-      cudaStream_t st = dv->streams.s[i].inflight ? dv->streams.s[i].handle : NULL;
+      struct lane *ln = dv->streams.s[i].inflight ? dv->streams.s[i].handle : NULL;
       pthread_mutex_unlock(&g->mu);
-      if (!st) continue;
-      cudaError_t e = cudaStreamQuery(st);
+      if (!ln) continue;
+      cudaError_t e = cudaStreamQuery(ln->work);
       if (e != cudaSuccess && e != cudaErrorNotReady) check_sticky(dv, e, "running an op");
     }
     /* only this thread takes ops without a host function off the list */
@@ -303,9 +344,9 @@ static void watch_streams(struct gpu *g) {
     LIST_FOREACH_SAFE(it, tmp, &dv->queued) {
       struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
       if (!x->gpu_drain) continue;
-      cudaStream_t st = x->gpu_stream->handle;
+      struct lane *ln = x->gpu_stream->handle;
       pthread_mutex_unlock(&g->mu);
-      cudaError_t e = cudaStreamQuery(st);
+      cudaError_t e = cudaStreamQuery(ln->work);
       pthread_mutex_lock(&g->mu);
       if (e != cudaErrorNotReady) back_to_loop_locked(g, x);
     }
@@ -325,7 +366,7 @@ static void retire_streams(struct gpu *g, uint64_t now) {
   for (int d = 0; d < g->ndevices; d++)
     for (int i = 0; i < nidle[d]; i++) {
       cudaSetDevice(d);
-      cudaStreamDestroy((cudaStream_t)idle[d][i]);
+      lane_free(idle[d][i]);
     }
   pthread_mutex_lock(&g->mu);
   for (int d = 0; d < g->ndevices; d++) /* a freed place: an op waiting for one may go */

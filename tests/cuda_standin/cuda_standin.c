@@ -280,6 +280,11 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  (void)stream, (void)event, (void)flags;
+  return cudaSuccess;
+}
+
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   (void)event;
   return cudaSuccess;
