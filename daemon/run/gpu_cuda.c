@@ -3,14 +3,17 @@
  * Per GPU a submitter thread takes ops in the order the loop matched them
  * and queues each on its comm's stream (gpu_streams.c): waits for its
  * ranks' stream flags, the graph's kernels, the writes of their `done`
- * flags, and a host function that hands the op back to the loop once the
- * GPU is through with it (only then may the buffers go). One watchdog
+ * flags, and a write of the op's number into the device's page of
+ * completions; a finisher thread per GPU watches that page while ops are
+ * on the GPU and hands each back to the loop once the GPU is through with
+ * it (only then may the buffers go). One watchdog
  * thread for all GPUs looks at the ops queued every WATCH_MS: it lets the
  * streams of cancelled ops go (gpu_watch.c), notices errors on the
  * streams, gives idle streams back, and does what must not block the
  * loop: freeing device scratch, unregistering clients' pages of flags. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +32,8 @@
 
 #define WATCH_MS 50
 #define STREAM_IDLE_MS 10000 /* a comm's stream idle this long is destroyed */
+#define FINISH_SPIN_US 200   /* the finisher yields this long after an op ended, */
+#define FINISH_NAP_MAX_US 1000 /* then naps, longer each time, up to this */
 
 struct device {
   struct gpu *g;
@@ -42,6 +47,12 @@ struct device {
   int started;
   struct engine_pool *pool;
   char name[96];
+  /* completions: per stream slot, the number of the last op through it,
+   * written by the GPU (pinned, mapped); watched by the finisher */
+  _Atomic uint32_t *done;
+  pthread_t finisher;
+  pthread_cond_t finish_cv;
+  int finishing, finisher_started;
 };
 
 /* Device memory the pool let go, freed on the reaper thread: cudaFree waits for
@@ -118,15 +129,6 @@ static void back_to_loop_locked(struct gpu *g, struct run_op *x) {
   if (!g->closed) uv_async_send(&g->async);
 }
 
-/* A CUDA thread, once x's work is done on its stream: no CUDA call here. */
-static void CUDART_CB on_stream_done(void *arg) {
-  struct run_op *x = arg;
-  struct gpu *g = ((struct device *)x->gpu_stream->owner)->g;
-  pthread_mutex_lock(&g->mu);
-  back_to_loop_locked(g, x);
-  pthread_mutex_unlock(&g->mu);
-}
-
 static cudaError_t run_task(const struct engine_plan *pl, size_t task, cudaStream_t stream) {
   const struct engine_item *nd = engine_task_item(pl, task);
   size_t first, n = engine_task_span(pl, task, &first);
@@ -144,45 +146,91 @@ static cudaError_t run_task(const struct engine_plan *pl, size_t task, cudaStrea
   return (cudaError_t)ccs__copy_device(in[0], out, nd->nout, n * pl->elem_size, stream);
 }
 
-/* A comm's stream on a GPU (gpu_stream.handle). Its ops run on `work`;
- * each op's hand-back, a host function, runs on `beside` behind an event
- * recorded after the op: the driver wakes a thread for a host function
- * (tens of µs in a VM), and on `work` that wake-up would hold up the
- * comm's next op. */
+/* A comm's stream on a GPU (gpu_stream.handle), and where the GPU says
+ * how far it got: its slot of the device's page of completions. An op is
+ * numbered as it is queued; the stream writes the number after it. A
+ * host function per op would hand it back as well, but the driver wakes a
+ * thread for each (tens of µs in a VM) and holds the stream meanwhile. */
 struct lane {
-  cudaStream_t work, beside;
-  cudaEvent_t end;
+  cudaStream_t work;
+  int slot;
+  uint32_t queued; /* the number of the last op queued (the submitter's) */
 };
 
-static cudaError_t lane_make(struct lane **ret) {
+static cudaError_t lane_make(struct device *dv, int slot, struct lane **ret) {
   struct lane *l = calloc(1, sizeof(*l));
   if (!l) return cudaErrorMemoryAllocation;
   cudaError_t e = cudaStreamCreateWithFlags(&l->work, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&l->beside, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&l->end, cudaEventDisableTiming);
   if (e != cudaSuccess) {
-    if (l->beside) cudaStreamDestroy(l->beside);
-    if (l->work) cudaStreamDestroy(l->work);
     free(l);
     return e;
   }
+  l->slot = slot;
+  l->queued = atomic_load(&dv->done[slot]); /* an idle slot's last number */
   *ret = l;
   return cudaSuccess;
 }
 
 /* (destroying does not wait for the device) */
 static void lane_free(struct lane *l) {
-  cudaEventDestroy(l->end);
-  cudaStreamDestroy(l->beside);
   cudaStreamDestroy(l->work);
   free(l);
 }
 
-/* The host function that hands x back, after what is queued on l->work. */
-static cudaError_t queue_hand_back(struct lane *l, struct run_op *x) {
-  cudaError_t e = cudaEventRecord(l->end, l->work);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(l->beside, l->end, 0);
-  return e == cudaSuccess ? cudaLaunchHostFunc(l->beside, on_stream_done, x) : e;
+/* Under g->mu: whether the GPU is through with x (numbered: queued whole). */
+static int op_through(const struct device *dv, const struct run_op *x) {
+  const struct lane *l = x->gpu_stream->handle;
+  return x->gpu_done_at && (int32_t)(atomic_load(&dv->done[l->slot]) - x->gpu_done_at) >= 0;
+}
+
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* Per GPU: hands back each op the GPU is through with. While ops are on
+ * the GPU it looks again at once for FINISH_SPIN_US after the last one
+ * ended (a stream's small ops follow each other closely), then naps,
+ * longer each time; with none there it sleeps until one is queued. */
+static void *finisher(void *arg) {
+  struct device *dv = arg;
+  struct gpu *g = dv->g;
+  uint64_t last = now_us();
+  useconds_t nap = 0;
+  pthread_mutex_lock(&g->mu);
+  while (dv->finishing) {
+    int waiting = 0, ended = 0;
+    struct list *it, *tmp;
+    LIST_FOREACH_SAFE(it, tmp, &dv->queued) {
+      struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
+      if (!x->gpu_done_at) continue; /* being queued, or left to the watchdog */
+      if (op_through(dv, x)) {
+        back_to_loop_locked(g, x);
+        ended++;
+      } else {
+        waiting++;
+      }
+    }
+    if (!waiting) {
+      pthread_cond_wait(&dv->finish_cv, &g->mu);
+      last = now_us();
+      nap = 0;
+      continue;
+    }
+    pthread_mutex_unlock(&g->mu);
+    uint64_t now = now_us();
+    if (ended) last = now, nap = 0;
+    if (now - last < FINISH_SPIN_US) {
+      sched_yield();
+    } else {
+      nap = nap ? (nap * 2 < FINISH_NAP_MAX_US ? nap * 2 : FINISH_NAP_MAX_US) : 20;
+      usleep(nap);
+    }
+    pthread_mutex_lock(&g->mu);
+  }
+  pthread_mutex_unlock(&g->mu);
+  return NULL;
 }
 
 /* The last reference to a registered page of flags: to the watchdog. */
@@ -202,15 +250,16 @@ int ccsd_gpu_flags_register(struct gpu *g, struct gpu_flags *f, char *why, size_
   return 0;
 }
 
-/* Queues x on stream st: its ranks' streams first, its kernels, their
- * flags, and the host function that hands it back. Once anything of x is
- * on the stream, x comes back only when the stream is through with it: a
- * failure part way cancels x (its flags are let go, so what was queued
- * runs on) and still queues the host function, or, where even that
+/* Queues x on its comm's stream: its ranks' streams first, its kernels,
+ * their flags, and its number into the page of completions. Once anything
+ * of x is on the stream, x comes back only when the stream is through
+ * with it: a failure part way cancels x (its flags are let go, so what
+ * was queued runs on) and still queues the number, or, where even that
  * fails, leaves x to the watchdog, which waits for the stream to drain
  * (x->gpu_drain). Returns 0 when nothing was queued (x goes back now). */
 static int queue_op(struct device *dv, struct run_op *x, struct lane *ln) {
   cudaStream_t st = ln->work;
+  uint32_t number = ln->queued + 1 ? ln->queued + 1 : 1; /* 0: x not numbered yet */
   char err[200] = "";
   const char *what = "selecting the device";
   cudaError_t e = cudaSetDevice(dv->index);
@@ -244,12 +293,16 @@ static int queue_op(struct device *dv, struct run_op *x, struct lane *ln) {
     atomic_store(&x->cancelled, 1); /* its streams let go: what is queued runs on */
     for (int i = 0; i < x->norders; i++) ccsd_gpu_order_unblock(&x->orders[i]);
   }
-  e = queue_hand_back(ln, x);
-  if (e != cudaSuccess) {
-    check_sticky(dv, e, "queuing the op's end");
+  if (!ccs__cuda_stream_write32(st, &dv->done[ln->slot], number, err, sizeof(err))) {
+    ln->queued = number;
+    pthread_mutex_lock(&dv->g->mu);
+    x->gpu_done_at = number; /* the finisher may look from now on */
+    pthread_cond_signal(&dv->finish_cv);
+    pthread_mutex_unlock(&dv->g->mu);
+  } else {
     if (!x->gpu_error[0])
       snprintf(x->gpu_error, sizeof(x->gpu_error), "GPU %d: queuing the op's end: %s", dv->index,
-               cudaGetErrorString(e));
+               err);
     atomic_store(&x->cancelled, 1);
     for (int i = 0; i < x->norders; i++) ccsd_gpu_order_unblock(&x->orders[i]);
     pthread_mutex_lock(&dv->g->mu);
@@ -278,11 +331,13 @@ static void *submitter(void *arg) {
     }
     s->inflight++;
     x->gpu_stream = s;
+    x->gpu_done_at = 0;
     list_insert_tail(&dv->queued, &x->gpu_link);
     struct lane *ln = s->handle;
+    int slot = (int)(s - dv->streams.s);
     pthread_mutex_unlock(&g->mu);
     cudaError_t e = cudaSuccess;
-    if (!ln && (e = cudaSetDevice(dv->index)) == cudaSuccess) e = lane_make(&ln);
+    if (!ln && (e = cudaSetDevice(dv->index)) == cudaSuccess) e = lane_make(dv, slot, &ln);
     int queued = 0;
     if (e == cudaSuccess) {
       pthread_mutex_lock(&g->mu);
@@ -526,6 +581,7 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
     fair_init(&dv->fair, CCSD_GPU_QUANTUM, 0);
     list_init(&dv->queued);
     pthread_cond_init(&dv->cv, NULL);
+    pthread_cond_init(&dv->finish_cv, NULL);
     for (int k = 0; k < CCSD_GPU_STREAMS; k++) dv->streams.s[k].owner = dv;
     g->ndevices = i + 1;
     cudaError_t e = cudaSetDevice(i);
@@ -541,6 +597,18 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
       if (j == i || (cudaDeviceCanAccessPeer(&can, i, j) == cudaSuccess && can))
         g->reach[i] |= (uint64_t)1 << j;
     }
+    char err[200];
+    if (!(dv->done = aligned_alloc(4096, 4096))) break;
+    memset(dv->done, 0, 4096);
+    if (ccs__cuda_host_register(dv->done, 4096, err, sizeof(err))) {
+      snprintf(why, len, "GPU %d: %s", i, err);
+      free(dv->done);
+      dv->done = NULL;
+      ccsd_gpu_stop(g);
+      return NULL;
+    }
+    dv->finishing = 1;
+    if (!(dv->finisher_started = !pthread_create(&dv->finisher, NULL, finisher, dv))) break;
     dv->pool = engine_pool_new_with((size_t)256 << 20, device_alloc, device_release, dv);
     if (!dv->pool || pthread_create(&dv->submitter, NULL, submitter, dv)) break;
     dv->started = 1;
@@ -558,7 +626,7 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
 
 static void on_closed(uv_handle_t *h) {
   struct gpu *g = h->data;
-  if (g->stuck) return; /* a GPU may still call on_stream_done: g stays */
+  if (g->stuck) return; /* a GPU may still write its completions: g stays */
   reap(g); /* the pages of rings closed since */
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->watch_cv);
@@ -599,6 +667,14 @@ void ccsd_gpu_stop(struct gpu *g) {
     if (g->dev[i].started) pthread_join(g->dev[i].submitter, NULL);
   if (g->watching) pthread_join(g->watchdog, NULL);
   g->stuck = finish_all(g) != 0;
+  pthread_mutex_lock(&g->mu);
+  for (int i = 0; i < g->ndevices; i++) {
+    g->dev[i].finishing = 0;
+    pthread_cond_signal(&g->dev[i].finish_cv);
+  }
+  pthread_mutex_unlock(&g->mu);
+  for (int i = 0; i < g->ndevices; i++)
+    if (g->dev[i].finisher_started) pthread_join(g->dev[i].finisher, NULL);
   drain(g); /* the ops that are over: the loop finishes them */
   if (!g->stuck) /* what is still on a GPU keeps its scratch */
     for (int i = 0; i < g->ndevices; i++) engine_pool_free(g->dev[i].pool);
@@ -611,7 +687,12 @@ void ccsd_gpu_stop(struct gpu *g) {
     retire_streams(g, UINT64_MAX);
     for (int i = 0; i < g->ndevices; i++) {
       pthread_cond_destroy(&g->dev[i].cv);
+      pthread_cond_destroy(&g->dev[i].finish_cv);
       fair_close(&g->dev[i].fair);
+      if (g->dev[i].done) { /* (a stuck GPU may still write its page: kept) */
+        ccs__cuda_host_unregister(g->dev[i].done);
+        free(g->dev[i].done);
+      }
     }
   }
   uv_close((uv_handle_t *)&g->async, on_closed);

@@ -78,7 +78,8 @@ struct run_op {
   /* the GPU threads' (under their lock) */
   char gpu_error[160];
   struct gpu_stream *gpu_stream; /* while queued there */
-  int gpu_drain;                 /* no host function queued: the watchdog waits for the stream */
+  int gpu_drain;                 /* its completion not queued: the watchdog waits for the stream */
+  uint32_t gpu_done_at;          /* its number in its stream's completions (0: not yet queued) */
   struct gpu_watch {             /* the watchdog's (gpu.h: ccsd_gpu_watch_step) */
     uint64_t released_ms;        /* 0: not yet */
     int warned;

@@ -8,7 +8,8 @@
  * own, or none) and queue stream work in the caller's own context where it
  * has one; device UUIDs are read from the driver once, not per lookup; a
  * sticky error ends the daemon (its reason logged first), any other fails
- * its op alone. */
+ * its op alone; ops come back to the loop, once each and in their stream's
+ * order, through the page of completions the streams write. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -244,6 +245,58 @@ static void test_sticky_error_ends_the_daemon(void **state) {
   assert_null(strstr(log, "leaves the context unusable"));
 }
 
+enum { NOPS = 64 };
+static struct run_op back_ops[NOPS];
+static int back_order[NOPS], nback;
+static uv_loop_t *back_loop;
+
+static void count_back(struct run_op *x) {
+  back_order[nback++] = (int)(x - back_ops);
+  if (nback == NOPS) uv_stop(back_loop);
+}
+
+static void test_ops_come_back(void **state) {
+  (void)state;
+  enum { COUNT = 64 };
+  static float send[2][COUNT], recv[2][COUNT];
+  struct engine_part ranks[2] = {{(char *)send[0], (char *)recv[0], 0},
+                                 {(char *)send[1], (char *)recv[1], 0}};
+  struct engine_op eo = {SCHED_ALL_REDUCE, SCHED_DIRECT, 2, 0, 1, COUNT, CCS_FLOAT32,
+                         CCS_SUM, ranks, NULL, 1 << 12};
+  static struct run_share share = {.uid = 1000, .weight = 1, .cap = 1};
+  uv_loop_t loop;
+  char why[256];
+  uv_loop_init(&loop);
+  back_loop = &loop;
+  nback = 0;
+  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
+  assert_non_null(g);
+  for (int i = 0; i < NOPS; i++) { /* two comms' streams, on two GPUs */
+    struct run_op *x = &back_ops[i];
+    memset(x, 0, sizeof(*x));
+    assert_int_equal(engine_compile(&eo, &x->plan, why, sizeof(why)), CCS_OK);
+    x->share = &share;
+    x->device = i % 2;
+    x->stream_key = 1 + i % 2;
+    x->on_done = count_back;
+    ccsd_gpu_submit(g, x);
+  }
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(nback, NOPS);
+  int seen[NOPS] = {0}, last[2] = {-1, -1};
+  for (int k = 0; k < NOPS; k++) {
+    int i = back_order[k];
+    assert_int_equal(seen[i]++, 0);
+    assert_true(i > last[i % 2]); /* each stream's ops in the order queued */
+    last[i % 2] = i;
+    assert_string_equal(back_ops[i].gpu_error, "");
+    engine_plan_free(&back_ops[i].plan);
+  }
+  ccsd_gpu_stop(g);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void) {
   standin_reset(NDEVICES);
   ccsd_gpu_environment(); /* as ccsd's main does, before the first CUDA call */
@@ -255,6 +308,7 @@ int main(void) {
       cmocka_unit_test(test_client_keeps_the_callers_context),
       cmocka_unit_test(test_uuids_read_once),
       cmocka_unit_test(test_sticky_error_ends_the_daemon),
+      cmocka_unit_test(test_ops_come_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
