@@ -102,15 +102,22 @@ static int call_and_fault(ccs_comm_t *comm, float *buf, cudaStream_t s) {
   return 0;
 }
 
+/* A rank's stream on GPU 0, its comm, and a device buffer of COUNT
+ * floats; 0, or the rank's exit code. */
+static int rank_setup(int rank, int n, cudaStream_t *s, ccs_comm_t **comm, float **buf) {
+  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(s, cudaStreamNonBlocking))
+    return 10;
+  if (ccs_comm_init_rank(comm, n, sh->id, rank) != CCS_OK) return 11;
+  return ccs_mem_alloc_device((void **)buf, COUNT * sizeof(float), 0) == CCS_OK ? 0 : 12;
+}
+
 static int fault_rank(int rank, int n, void *arg) {
   (void)arg;
   cudaStream_t s;
-  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))
-    return 10;
   ccs_comm_t *comm;
-  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 11;
   float *buf;
-  if (ccs_mem_alloc_device((void **)&buf, COUNT * sizeof(float), 0) != CCS_OK) return 12;
+  int rc = rank_setup(rank, n, &s, &comm, &buf);
+  if (rc) return rc;
   if (rank == 1) {
     if (wait_for(&sh->posted)) return 13;
     usleep(200 * 1000); /* rank 0's stream is waiting by now */
@@ -130,12 +137,10 @@ static int fault_rank(int rank, int n, void *arg) {
 static int healthy_rank(int rank, int n, void *arg) {
   (void)arg;
   cudaStream_t s;
-  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))
-    return 10;
   ccs_comm_t *comm;
-  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 11;
   float *buf, host[COUNT];
-  if (ccs_mem_alloc_device((void **)&buf, sizeof(host), 0) != CCS_OK) return 12;
+  int rc = rank_setup(rank, n, &s, &comm, &buf);
+  if (rc) return rc;
   for (int i = 0; i < COUNT; i++) host[i] = (float)(rank + 1);
   if (cudaMemcpyAsync(buf, host, sizeof(host), cudaMemcpyHostToDevice, s) != cudaSuccess ||
       ccs_all_reduce(buf, buf, COUNT, CCS_FLOAT32, CCS_SUM, comm, s) != CCS_OK ||

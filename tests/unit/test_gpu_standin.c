@@ -173,6 +173,24 @@ static void stop_loop(struct run_op *x) {
   uv_stop(failing_loop);
 }
 
+/* x: a 2-rank all_reduce of 256 floats on GPU `device`, on the comm's
+ * stream `key`; 0, or -1 where it does not compile. */
+static int make_op(struct run_op *x, int device, uint64_t key) {
+  enum { COUNT = 256 };
+  static float send[2][COUNT], recv[2][COUNT];
+  struct engine_part ranks[2] = {{(char *)send[0], (char *)recv[0], 0},
+                                 {(char *)send[1], (char *)recv[1], 0}};
+  struct engine_op eo = {SCHED_ALL_REDUCE, SCHED_DIRECT, 2, 0, 1, COUNT, CCS_FLOAT32,
+                         CCS_SUM, ranks, NULL, 1 << 12};
+  static struct run_share share = {.uid = 1000, .weight = 1, .cap = 1};
+  char why[256];
+  if (engine_compile(&eo, &x->plan, why, sizeof(why)) != CCS_OK) return -1;
+  x->share = &share;
+  x->device = device;
+  x->stream_key = key;
+  return 0;
+}
+
 /* In a child, as a daemon would: one all_reduce through the domain's
  * submitter, its first launch failing with e. Exits 0 once the op is back
  * with its error (2: back without it, 3: could not set up); a sticky e
@@ -187,22 +205,12 @@ static int run_failing_op(cudaError_t e, char *log, size_t len) {
     alarm(30); /* a hang fails the test, never holds it */
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
-    enum { COUNT = 256 };
-    static float send[2][COUNT], recv[2][COUNT];
-    struct engine_part ranks[2] = {{(char *)send[0], (char *)recv[0], 0},
-                                   {(char *)send[1], (char *)recv[1], 0}};
-    struct engine_op eo = {SCHED_ALL_REDUCE, SCHED_DIRECT, 2, 0, 1, COUNT, CCS_FLOAT32,
-                           CCS_SUM, ranks, NULL, 1 << 12};
-    static struct run_share share = {.uid = 1000, .weight = 1, .cap = 1};
     static struct run_op x;
     uv_loop_t loop;
     char why[256];
     uv_loop_init(&loop);
     struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
-    if (!g || engine_compile(&eo, &x.plan, why, sizeof(why)) != CCS_OK) _exit(3);
-    x.share = &share;
-    x.device = 0;
-    x.stream_key = 1;
+    if (!g || make_op(&x, 0, 1)) _exit(3);
     failing_loop = &loop;
     x.on_done = stop_loop;
     standin.fail_next_launch = e;
@@ -257,13 +265,6 @@ static void count_back(struct run_op *x) {
 
 static void test_ops_come_back(void **state) {
   (void)state;
-  enum { COUNT = 64 };
-  static float send[2][COUNT], recv[2][COUNT];
-  struct engine_part ranks[2] = {{(char *)send[0], (char *)recv[0], 0},
-                                 {(char *)send[1], (char *)recv[1], 0}};
-  struct engine_op eo = {SCHED_ALL_REDUCE, SCHED_DIRECT, 2, 0, 1, COUNT, CCS_FLOAT32,
-                         CCS_SUM, ranks, NULL, 1 << 12};
-  static struct run_share share = {.uid = 1000, .weight = 1, .cap = 1};
   uv_loop_t loop;
   char why[256];
   uv_loop_init(&loop);
@@ -274,10 +275,7 @@ static void test_ops_come_back(void **state) {
   for (int i = 0; i < NOPS; i++) { /* two comms' streams, on two GPUs */
     struct run_op *x = &back_ops[i];
     memset(x, 0, sizeof(*x));
-    assert_int_equal(engine_compile(&eo, &x->plan, why, sizeof(why)), CCS_OK);
-    x->share = &share;
-    x->device = i % 2;
-    x->stream_key = 1 + i % 2;
+    assert_int_equal(make_op(x, i % 2, 1 + i % 2), 0);
     x->on_done = count_back;
     ccsd_gpu_submit(g, x);
   }
