@@ -313,7 +313,10 @@ void ccs__cuda_context_restore(void *saved) {
 int ccs__cuda_host_register(void *ptr, size_t len, char *err, size_t errlen) {
   if (ccs__cuda_usable(err, errlen)) return -1;
   CUresult r = cu.host_register(ptr, len, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-  return r == CUDA_SUCCESS ? 0 : failed(r, "cannot register the stream flags with CUDA", err, errlen);
+  return r == CUDA_SUCCESS
+             ? 0
+             : failed(r, "cannot register a page of host memory (stream flags, completions) with CUDA",
+                      err, errlen);
 }
 
 void ccs__cuda_host_unregister(void *ptr) {

@@ -9,13 +9,18 @@ struct ipc_block *ccsd_ipc_block_find(struct list *blocks, uint64_t addr, uint64
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, blocks) {
     struct ipc_block *b = LIST_ENTRY(it, struct ipc_block, link);
-    if ((b->regs == 0) != !!retired || addr < b->client_base || addr - b->client_base > b->size ||
-        len > b->size - (addr - b->client_base))
+    if (addr < b->client_base || addr - b->client_base >= b->size) continue;
+    if (retired) { /* the driver's latest block there, whatever its state */
+      found = b;
       continue;
-    found = b; /* of retired blocks there, the last opened: the driver's latest there */
-    if (!retired) break;
+    }
+    if (b->regs > 0 && len <= b->size - (addr - b->client_base)) {
+      found = b;
+      break;
+    }
   }
-  if (!found) return NULL;
+  if (!found || (retired && (found->regs > 0 || len > found->size - (addr - found->client_base))))
+    return NULL;
   *ret_ptr = found->base + (addr - found->client_base);
   found->refs++;
   found->regs++;
@@ -39,7 +44,7 @@ struct ipc_block *ccsd_ipc_block_add(struct list *blocks, uint64_t addr, void *o
 }
 
 void ccsd_ipc_block_deregistered(struct ipc_block *b) {
-  if (b) b->regs--;
+  if (b && b->regs > 0) b->regs--;
 }
 
 size_t ccsd_ipc_block_fit(const struct ipc_block *b, const char *ptr, uint64_t len) {

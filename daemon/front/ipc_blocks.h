@@ -33,10 +33,11 @@ struct ipc_block {
   int regs;     /* buffers registered: found while there are any */
 };
 
-/* The block of `blocks` with buffers registered (retired: with none)
- * holding the client's range [addr, addr + len), with that range's start
- * here in *ret_ptr and a registered buffer counted; NULL when none holds
- * it whole. */
+/* The block of `blocks` with buffers registered holding the client's
+ * range [addr, addr + len), with that range's start here in *ret_ptr and
+ * a registered buffer counted; NULL when none holds it whole. retired:
+ * the block opened last of those at addr instead, and only where it is
+ * retired and holds the range whole. */
 struct ipc_block *ccsd_ipc_block_find(struct list *blocks, uint64_t addr, uint64_t len,
                                       int retired, char **ret_ptr);
 

@@ -32,8 +32,9 @@
 
 #define WATCH_MS 50
 #define STREAM_IDLE_MS 10000 /* a comm's stream idle this long is destroyed */
-#define FINISH_SPIN_US 200   /* the finisher yields this long after an op ended, */
-#define FINISH_NAP_MAX_US 1000 /* then naps, longer each time, up to this */
+#define FINISH_SPIN_US 200    /* the finisher yields this long after an op ended, */
+#define FINISH_NAP_MAX_US 250 /* then naps, longer each time, up to this */
+#define DRAINED_MAX 16        /* ops whose stream must drain, looked at per pass */
 
 struct device {
   struct gpu *g;
@@ -50,9 +51,11 @@ struct device {
   /* completions: per stream slot, the number of the last op through it,
    * written by the GPU (pinned, mapped); watched by the finisher */
   _Atomic uint32_t *done;
+  _Atomic uint32_t numbered; /* ops numbered so far: the finisher looks again */
+  _Atomic int finishing;
   pthread_t finisher;
   pthread_cond_t finish_cv;
-  int finishing, finisher_started;
+  int finisher_started;
 };
 
 /* Device memory the pool let go, freed on the reaper thread: cudaFree waits for
@@ -189,43 +192,77 @@ static uint64_t now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-/* Per GPU: hands back each op the GPU is through with. While ops are on
- * the GPU it looks again at once for FINISH_SPIN_US after the last one
- * ended (a stream's small ops follow each other closely), then naps,
- * longer each time; with none there it sleeps until one is queued. */
+/* What the finisher waits for, from its last look under the lock: per
+ * stream slot with ops on the GPU, the number of its oldest op not
+ * through yet. */
+struct finish_watch {
+  int n, slot[CCSD_GPU_STREAMS];
+  uint32_t at[CCSD_GPU_STREAMS];
+  uint32_t numbered; /* dv->numbered then */
+  uint32_t look, seen[CCSD_GPU_STREAMS]; /* which look noted a slot last */
+};
+
+/* Under g->mu: hands back the ops the GPU is through with, and notes in w
+ * what the others wait for. Returns how many went back. */
+static int finish_look(struct device *dv, struct finish_watch *w) {
+  int ended = 0;
+  w->look++;
+  w->n = 0;
+  w->numbered = atomic_load(&dv->numbered);
+  struct list *it, *tmp;
+  LIST_FOREACH_SAFE(it, tmp, &dv->queued) {
+    struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
+    if (!x->gpu_done_at) continue; /* being queued, or left to the watchdog */
+    if (op_through(dv, x)) {
+      back_to_loop_locked(dv->g, x);
+      ended++;
+      continue;
+    }
+    int slot = ((const struct lane *)x->gpu_stream->handle)->slot;
+    if (w->seen[slot] == w->look) continue; /* (a stream's ops end in order) */
+    w->seen[slot] = w->look;
+    w->slot[w->n] = slot;
+    w->at[w->n++] = x->gpu_done_at;
+  }
+  return ended;
+}
+
+/* Not under the lock: whether anything moved since w was noted. */
+static int finish_moved(struct device *dv, const struct finish_watch *w) {
+  if (atomic_load(&dv->numbered) != w->numbered || !atomic_load(&dv->finishing)) return 1;
+  for (int i = 0; i < w->n; i++)
+    if ((int32_t)(atomic_load(&dv->done[w->slot[i]]) - w->at[i]) >= 0) return 1;
+  return 0;
+}
+
+/* Per GPU: hands back each op the GPU is through with. It watches the
+ * page without the lock and takes it only when something moved: at once
+ * (yielding) for FINISH_SPIN_US after an op ended (a stream's small ops
+ * follow each other closely), then napping, longer each time; with no op
+ * on the GPU it sleeps until one is queued. */
 static void *finisher(void *arg) {
   struct device *dv = arg;
   struct gpu *g = dv->g;
+  struct finish_watch w = {0}; /* (3 KiB, on this thread's stack) */
   uint64_t last = now_us();
   useconds_t nap = 0;
   pthread_mutex_lock(&g->mu);
-  while (dv->finishing) {
-    int waiting = 0, ended = 0;
-    struct list *it, *tmp;
-    LIST_FOREACH_SAFE(it, tmp, &dv->queued) {
-      struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
-      if (!x->gpu_done_at) continue; /* being queued, or left to the watchdog */
-      if (op_through(dv, x)) {
-        back_to_loop_locked(g, x);
-        ended++;
-      } else {
-        waiting++;
-      }
-    }
-    if (!waiting) {
+  while (atomic_load(&dv->finishing)) {
+    if (finish_look(dv, &w)) last = now_us(), nap = 0;
+    if (!w.n) {
       pthread_cond_wait(&dv->finish_cv, &g->mu);
       last = now_us();
       nap = 0;
       continue;
     }
     pthread_mutex_unlock(&g->mu);
-    uint64_t now = now_us();
-    if (ended) last = now, nap = 0;
-    if (now - last < FINISH_SPIN_US) {
-      sched_yield();
-    } else {
-      nap = nap ? (nap * 2 < FINISH_NAP_MAX_US ? nap * 2 : FINISH_NAP_MAX_US) : 20;
-      usleep(nap);
+    while (!finish_moved(dv, &w)) {
+      if (now_us() - last < FINISH_SPIN_US) {
+        sched_yield();
+      } else {
+        nap = nap ? (nap * 2 < FINISH_NAP_MAX_US ? nap * 2 : FINISH_NAP_MAX_US) : 20;
+        usleep(nap);
+      }
     }
     pthread_mutex_lock(&g->mu);
   }
@@ -297,6 +334,7 @@ static int queue_op(struct device *dv, struct run_op *x, struct lane *ln) {
     ln->queued = number;
     pthread_mutex_lock(&dv->g->mu);
     x->gpu_done_at = number; /* the finisher may look from now on */
+    atomic_fetch_add(&dv->numbered, 1);
     pthread_cond_signal(&dv->finish_cv);
     pthread_mutex_unlock(&dv->g->mu);
   } else {
@@ -379,8 +417,7 @@ static void watch_queued(struct gpu *g, uint64_t now) {
 }
 
 /* Not under g->mu: errors on the streams that have ops (a failed kernel
- * leaves its stream unable to run anything more), and ops whose stream
- * must drain before they go back (x->gpu_drain). */
+ * leaves its stream unable to run anything more). */
 static void watch_streams(struct gpu *g) {
   for (int d = 0; d < g->ndevices; d++) {
     struct device *dv = &g->dev[d];
@@ -393,18 +430,33 @@ static void watch_streams(struct gpu *g) {
       cudaError_t e = cudaStreamQuery(ln->work);
       if (e != cudaSuccess && e != cudaErrorNotReady) check_sticky(dv, e, "running an op");
     }
-    /* only this thread takes ops without a host function off the list */
+  }
+}
+
+/* Not under g->mu: ops whose number could not be queued (x->gpu_drain) go
+ * back once their stream drained. Only this takes them off the list (the
+ * finisher looks at numbered ops alone), on the watchdog and, once it is
+ * gone, in finish_all: those noted stay while their streams are asked. */
+static void hand_back_drained(struct gpu *g) {
+  for (int d = 0; d < g->ndevices; d++) {
+    struct device *dv = &g->dev[d];
+    struct run_op *ops[DRAINED_MAX];
+    cudaStream_t streams[DRAINED_MAX];
+    int n = 0, drained[DRAINED_MAX];
     pthread_mutex_lock(&g->mu);
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &dv->queued) {
       struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
-      if (!x->gpu_drain) continue;
-      struct lane *ln = x->gpu_stream->handle;
-      pthread_mutex_unlock(&g->mu);
-      cudaError_t e = cudaStreamQuery(ln->work);
-      pthread_mutex_lock(&g->mu);
-      if (e != cudaErrorNotReady) back_to_loop_locked(g, x);
+      if (!x->gpu_drain || n == DRAINED_MAX) continue;
+      ops[n] = x;
+      streams[n++] = ((struct lane *)x->gpu_stream->handle)->work;
     }
+    pthread_mutex_unlock(&g->mu);
+    if (!n || cudaSetDevice(dv->index) != cudaSuccess) continue;
+    for (int i = 0; i < n; i++) drained[i] = cudaStreamQuery(streams[i]) != cudaErrorNotReady;
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < n; i++)
+      if (drained[i]) back_to_loop_locked(g, ops[i]);
     pthread_mutex_unlock(&g->mu);
   }
 }
@@ -486,6 +538,7 @@ static void *watchdog(void *arg) {
     watch_queued(g, now);
     pthread_mutex_unlock(&g->mu);
     watch_streams(g);
+    hand_back_drained(g);
     retire_streams(g, now);
     pthread_mutex_lock(&g->mu);
   }
@@ -650,6 +703,7 @@ static int finish_all(struct gpu *g) {
     }
     pthread_mutex_unlock(&g->mu);
     if (!left) return 0;
+    hand_back_drained(g); /* (the watchdog is gone) */
     usleep(1000);
   }
   LOG_WARN("ops still on a GPU as the daemon stops: their memory is left as it is");

@@ -338,9 +338,7 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void 
                                size_t shared, cudaStream_t stream) {
   (void)kernel, (void)grid, (void)block, (void)args, (void)shared, (void)stream;
   atomic_fetch_add(&standin.launches, 1);
-  cudaError_t e = standin.fail_next_launch;
-  standin.fail_next_launch = cudaSuccess;
-  return fail(e);
+  return fail((cudaError_t)atomic_exchange(&standin.fail_next_launch, cudaSuccess));
 }
 
 /* --- the driver, as cudaGetDriverEntryPointByVersion hands it out ------------- */
@@ -400,12 +398,33 @@ static CUresult cu_host_device_ptr(CUdeviceptr *ret, void *p, unsigned int flags
   return CUDA_SUCCESS;
 }
 
+/* Stream writes held back, as a GPU still busy before them would. */
+static struct held_write {
+  _Atomic uint32_t *at;
+  uint32_t value;
+} held_writes[4096];
+static int nheld;
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void standin_release_writes(void) {
+  pthread_mutex_lock(&held_mu);
+  atomic_store(&standin.hold_writes, 0);
+  for (int i = 0; i < nheld; i++) atomic_store(held_writes[i].at, held_writes[i].value);
+  nheld = 0;
+  pthread_mutex_unlock(&held_mu);
+}
+
 /* Which context the stream's work is queued in: the thread's current one. */
 static CUresult cu_write32(CUstream stream, CUdeviceptr at, cuuint32_t value, unsigned int flags) {
   (void)stream, (void)flags;
   if (!current) return CUDA_ERROR_INVALID_CONTEXT;
   standin.last_stream_context = current;
-  atomic_store((_Atomic uint32_t *)(uintptr_t)at, value);
+  _Atomic uint32_t *word = (_Atomic uint32_t *)(uintptr_t)at;
+  pthread_mutex_lock(&held_mu);
+  int hold = atomic_load(&standin.hold_writes) && nheld < 4096;
+  if (hold) held_writes[nheld++] = (struct held_write){word, value};
+  pthread_mutex_unlock(&held_mu);
+  if (!hold) atomic_store(word, value);
   return CUDA_SUCCESS;
 }
 

@@ -9,7 +9,8 @@
  * has one; device UUIDs are read from the driver once, not per lookup; a
  * sticky error ends the daemon (its reason logged first), any other fails
  * its op alone; ops come back to the loop, once each and in their stream's
- * order, through the page of completions the streams write. */
+ * order, through the page of completions the streams write, and not
+ * before their streams wrote it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -295,6 +296,41 @@ static void test_ops_come_back(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* The streams' writes held back (a GPU busy before them): nothing comes
+ * back while the finisher spins and then naps; all of it once they land. */
+static void test_ops_wait_for_their_stream(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  char why[256];
+  uv_loop_init(&loop);
+  back_loop = &loop;
+  nback = 0;
+  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
+  assert_non_null(g);
+  atomic_store(&standin.hold_writes, 1);
+  int launched = atomic_load(&standin.launches);
+  for (int i = 0; i < NOPS; i++) {
+    struct run_op *x = &back_ops[i];
+    memset(x, 0, sizeof(*x));
+    assert_int_equal(make_op(x, 0, 1 + i % 3), 0);
+    x->on_done = count_back;
+  }
+  for (int i = 0; i < NOPS; i++) ccsd_gpu_submit(g, &back_ops[i]);
+  for (double until = seconds() + 0.05; seconds() < until;) { /* past the spin, into naps */
+    uv_run(&loop, UV_RUN_NOWAIT);
+    usleep(1000);
+  }
+  assert_int_equal(nback, 0);
+  assert_true(atomic_load(&standin.launches) >= launched + NOPS); /* all of them queued */
+  standin_release_writes();
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(nback, NOPS);
+  for (int i = 0; i < NOPS; i++) engine_plan_free(&back_ops[i].plan);
+  ccsd_gpu_stop(g);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void) {
   standin_reset(NDEVICES);
   ccsd_gpu_environment(); /* as ccsd's main does, before the first CUDA call */
@@ -307,6 +343,7 @@ int main(void) {
       cmocka_unit_test(test_uuids_read_once),
       cmocka_unit_test(test_sticky_error_ends_the_daemon),
       cmocka_unit_test(test_ops_come_back),
+      cmocka_unit_test(test_ops_wait_for_their_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

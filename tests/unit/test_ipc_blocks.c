@@ -137,12 +137,46 @@ static void test_block_retired(void **state) {
   assert_true(list_empty(&blocks));
 }
 
+/* "Already mapped" says the block is open here, not which: only the
+ * block opened last at those addresses can be it, and only a retired one
+ * that holds the whole range is taken up. */
+static void test_revive_only_the_latest(void **state) {
+  (void)state;
+  struct list blocks;
+  list_init(&blocks);
+  static char old[2 * MIB], live[MIB];
+  char *ptr;
+  closes = 0;
+  struct ipc_block *b = ccsd_ipc_block_add(&blocks, 0x40000, old, old, 2 * MIB, 0);
+  b->refs++; /* an op holds it */
+  ccsd_ipc_block_deregistered(b);
+  ccsd_ipc_block_unref(b, fake_close);
+  struct ipc_block *n = ccsd_ipc_block_add(&blocks, 0x40000, live, live, MIB, 0);
+  /* 1.5 MiB there: the live block is too small, the old one is not it */
+  assert_null(ccsd_ipc_block_find(&blocks, 0x40000, MIB + MIB / 2, 0, &ptr));
+  assert_null(ccsd_ipc_block_find(&blocks, 0x40000, MIB + MIB / 2, 1, &ptr));
+  ccsd_ipc_block_deregistered(n);
+  ccsd_ipc_block_deregistered(n); /* (once too often: no harm) */
+  assert_int_equal(n->regs, 0);
+  /* retired both: the latest there, and only for what it holds */
+  assert_null(ccsd_ipc_block_find(&blocks, 0x40000, MIB + 1, 1, &ptr));
+  assert_ptr_equal(ccsd_ipc_block_find(&blocks, 0x40000, MIB, 1, &ptr), n);
+  assert_ptr_equal(ptr, live);
+  ccsd_ipc_block_deregistered(n);
+  ccsd_ipc_block_unref(n, fake_close);
+  ccsd_ipc_block_unref(n, fake_close);
+  ccsd_ipc_block_unref(b, fake_close);
+  assert_int_equal(closes, 2);
+  assert_true(list_empty(&blocks));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_second_buffer_of_a_block),
       cmocka_unit_test(test_open_outside_its_range),
       cmocka_unit_test(test_session_gone),
       cmocka_unit_test(test_block_retired),
+      cmocka_unit_test(test_revive_only_the_latest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
