@@ -264,22 +264,36 @@ static void count_back(struct run_op *x) {
   if (nback == NOPS) uv_stop(back_loop);
 }
 
+/* A GPU domain on loop, and back_ops made: op i on GPU i % ngpus, on
+ * comm (stream) 1 + i % ncomms, counted back by count_back. */
+static struct gpu *ops_start(uv_loop_t *loop, int ngpus, int ncomms) {
+  char why[256];
+  uv_loop_init(loop);
+  back_loop = loop;
+  nback = 0;
+  struct gpu *g = ccsd_gpu_start(loop, why, sizeof(why));
+  assert_non_null(g);
+  for (int i = 0; i < NOPS; i++) {
+    struct run_op *x = &back_ops[i];
+    memset(x, 0, sizeof(*x));
+    assert_int_equal(make_op(x, i % ngpus, 1 + (uint64_t)(i % ncomms)), 0);
+    x->on_done = count_back;
+  }
+  return g;
+}
+
+static void ops_stop(struct gpu *g, uv_loop_t *loop) {
+  for (int i = 0; i < NOPS; i++) engine_plan_free(&back_ops[i].plan);
+  ccsd_gpu_stop(g);
+  uv_run(loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(loop), 0);
+}
+
 static void test_ops_come_back(void **state) {
   (void)state;
   uv_loop_t loop;
-  char why[256];
-  uv_loop_init(&loop);
-  back_loop = &loop;
-  nback = 0;
-  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
-  assert_non_null(g);
-  for (int i = 0; i < NOPS; i++) { /* two comms' streams, on two GPUs */
-    struct run_op *x = &back_ops[i];
-    memset(x, 0, sizeof(*x));
-    assert_int_equal(make_op(x, i % 2, 1 + i % 2), 0);
-    x->on_done = count_back;
-    ccsd_gpu_submit(g, x);
-  }
+  struct gpu *g = ops_start(&loop, 2, 2); /* two comms' streams, on two GPUs */
+  for (int i = 0; i < NOPS; i++) ccsd_gpu_submit(g, &back_ops[i]);
   uv_run(&loop, UV_RUN_DEFAULT);
   assert_int_equal(nback, NOPS);
   int seen[NOPS] = {0}, last[2] = {-1, -1};
@@ -289,11 +303,8 @@ static void test_ops_come_back(void **state) {
     assert_true(i > last[i % 2]); /* each stream's ops in the order queued */
     last[i % 2] = i;
     assert_string_equal(back_ops[i].gpu_error, "");
-    engine_plan_free(&back_ops[i].plan);
   }
-  ccsd_gpu_stop(g);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  assert_int_equal(uv_loop_close(&loop), 0);
+  ops_stop(g, &loop);
 }
 
 /* The streams' writes held back (a GPU busy before them): nothing comes
@@ -301,20 +312,9 @@ static void test_ops_come_back(void **state) {
 static void test_ops_wait_for_their_stream(void **state) {
   (void)state;
   uv_loop_t loop;
-  char why[256];
-  uv_loop_init(&loop);
-  back_loop = &loop;
-  nback = 0;
-  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
-  assert_non_null(g);
+  struct gpu *g = ops_start(&loop, 1, 3);
   atomic_store(&standin.hold_writes, 1);
   int launched = atomic_load(&standin.launches);
-  for (int i = 0; i < NOPS; i++) {
-    struct run_op *x = &back_ops[i];
-    memset(x, 0, sizeof(*x));
-    assert_int_equal(make_op(x, 0, 1 + i % 3), 0);
-    x->on_done = count_back;
-  }
   for (int i = 0; i < NOPS; i++) ccsd_gpu_submit(g, &back_ops[i]);
   for (double until = seconds() + 0.05; seconds() < until;) { /* past the spin, into naps */
     uv_run(&loop, UV_RUN_NOWAIT);
@@ -325,10 +325,7 @@ static void test_ops_wait_for_their_stream(void **state) {
   standin_release_writes();
   uv_run(&loop, UV_RUN_DEFAULT);
   assert_int_equal(nback, NOPS);
-  for (int i = 0; i < NOPS; i++) engine_plan_free(&back_ops[i].plan);
-  ccsd_gpu_stop(g);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  assert_int_equal(uv_loop_close(&loop), 0);
+  ops_stop(g, &loop);
 }
 
 int main(void) {
