@@ -111,11 +111,13 @@ static void check_sticky(const struct device *dv, cudaError_t e, const char *wha
   _exit(EXIT_FAILURE);
 }
 
-static uint64_t now_ms(void) {
+static uint64_t now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+  return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
+
+static uint64_t now_ms(void) { return now_us() / 1000; }
 
 /* Under g->mu: x is back from its GPU (or never went): to the loop. */
 static void back_to_loop_locked(struct gpu *g, struct run_op *x) {
@@ -149,14 +151,14 @@ static cudaError_t run_task(const struct engine_plan *pl, size_t task, cudaStrea
   return (cudaError_t)ccs__copy_device(in[0], out, nd->nout, n * pl->elem_size, stream);
 }
 
-/* A comm's stream on a GPU (gpu_stream.handle), and where the GPU says
- * how far it got: its slot of the device's page of completions. An op is
- * numbered as it is queued; the stream writes the number after it. A
+/* A comm's stream on a GPU (gpu_stream.handle), and the number of its
+ * last op. The GPU says how far it got in the stream's slot of the
+ * device's page of completions (slot_of): an op is numbered as it is
+ * queued, and the stream writes the number after it. A
  * host function per op would hand it back as well, but the driver wakes a
  * thread for each (tens of µs in a VM) and holds the stream meanwhile. */
 struct lane {
   cudaStream_t work;
-  int slot;
   uint32_t queued; /* the number of the last op queued (the submitter's) */
 };
 
@@ -168,7 +170,6 @@ static cudaError_t lane_make(struct device *dv, int slot, struct lane **ret) {
     free(l);
     return e;
   }
-  l->slot = slot;
   l->queued = atomic_load(&dv->done[slot]); /* an idle slot's last number */
   *ret = l;
   return cudaSuccess;
@@ -180,16 +181,14 @@ static void lane_free(struct lane *l) {
   free(l);
 }
 
-/* Under g->mu: whether the GPU is through with x (numbered: queued whole). */
-static int op_through(const struct device *dv, const struct run_op *x) {
-  const struct lane *l = x->gpu_stream->handle;
-  return x->gpu_done_at && (int32_t)(atomic_load(&dv->done[l->slot]) - x->gpu_done_at) >= 0;
+/* The slot of the device's page of completions that stream s writes. */
+static int slot_of(const struct device *dv, const struct gpu_stream *s) {
+  return (int)(s - dv->streams.s);
 }
 
-static uint64_t now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+/* Whether the GPU wrote number `at`, or a later one, into slot. */
+static int reached(const struct device *dv, int slot, uint32_t at) {
+  return (int32_t)(atomic_load(&dv->done[slot]) - at) >= 0;
 }
 
 /* What the finisher waits for, from its last look under the lock: per
@@ -213,12 +212,12 @@ static int finish_look(struct device *dv, struct finish_watch *w) {
   LIST_FOREACH_SAFE(it, tmp, &dv->queued) {
     struct run_op *x = LIST_ENTRY(it, struct run_op, gpu_link);
     if (!x->gpu_done_at) continue; /* being queued, or left to the watchdog */
-    if (op_through(dv, x)) {
+    int slot = slot_of(dv, x->gpu_stream);
+    if (reached(dv, slot, x->gpu_done_at)) {
       back_to_loop_locked(dv->g, x);
       ended++;
       continue;
     }
-    int slot = ((const struct lane *)x->gpu_stream->handle)->slot;
     if (w->seen[slot] == w->look) continue; /* (a stream's ops end in order) */
     w->seen[slot] = w->look;
     w->slot[w->n] = slot;
@@ -231,7 +230,7 @@ static int finish_look(struct device *dv, struct finish_watch *w) {
 static int finish_moved(struct device *dv, const struct finish_watch *w) {
   if (atomic_load(&dv->numbered) != w->numbered || !atomic_load(&dv->finishing)) return 1;
   for (int i = 0; i < w->n; i++)
-    if ((int32_t)(atomic_load(&dv->done[w->slot[i]]) - w->at[i]) >= 0) return 1;
+    if (reached(dv, w->slot[i], w->at[i])) return 1;
   return 0;
 }
 
@@ -296,6 +295,7 @@ int ccsd_gpu_flags_register(struct gpu *g, struct gpu_flags *f, char *why, size_
  * (x->gpu_drain). Returns 0 when nothing was queued (x goes back now). */
 static int queue_op(struct device *dv, struct run_op *x, struct lane *ln) {
   cudaStream_t st = ln->work;
+  int slot = slot_of(dv, x->gpu_stream);
   uint32_t number = ln->queued + 1 ? ln->queued + 1 : 1; /* 0: x not numbered yet */
   char err[200] = "";
   const char *what = "selecting the device";
@@ -330,7 +330,7 @@ static int queue_op(struct device *dv, struct run_op *x, struct lane *ln) {
     atomic_store(&x->cancelled, 1); /* its streams let go: what is queued runs on */
     for (int i = 0; i < x->norders; i++) ccsd_gpu_order_unblock(&x->orders[i]);
   }
-  if (!ccs__cuda_stream_write32(st, &dv->done[ln->slot], number, err, sizeof(err))) {
+  if (!ccs__cuda_stream_write32(st, &dv->done[slot], number, err, sizeof(err))) {
     ln->queued = number;
     pthread_mutex_lock(&dv->g->mu);
     x->gpu_done_at = number; /* the finisher may look from now on */
@@ -372,10 +372,9 @@ static void *submitter(void *arg) {
     x->gpu_done_at = 0;
     list_insert_tail(&dv->queued, &x->gpu_link);
     struct lane *ln = s->handle;
-    int slot = (int)(s - dv->streams.s);
     pthread_mutex_unlock(&g->mu);
     cudaError_t e = cudaSuccess;
-    if (!ln && (e = cudaSetDevice(dv->index)) == cudaSuccess) e = lane_make(dv, slot, &ln);
+    if (!ln && (e = cudaSetDevice(dv->index)) == cudaSuccess) e = lane_make(dv, slot_of(dv, s), &ln);
     int queued = 0;
     if (e == cudaSuccess) {
       pthread_mutex_lock(&g->mu);
