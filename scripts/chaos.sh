@@ -73,6 +73,7 @@ for _ in $(seq 600); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$job" 2>/dev/null; then
   hangs=1
   echo "chaos: the job did not finish within 60 s of being told to stop" >&2
+  kill -9 -- "-$job" 2>/dev/null # whole, so the report and the logs below come now
 fi
 status=0
 wait "$job" || status=$?
