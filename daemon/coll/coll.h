@@ -44,6 +44,7 @@ struct coll_hooks {
 struct coll_config {
   double init_timeout_s, op_timeout_s, id_ttl_s;
   double peer_restart_grace_s; /* comms across a daemon that went are held this long */
+  size_t peer_replay_bytes;    /* replay.c: a collective sending at most this keeps a copy */
   size_t chunk_bytes, stream_bytes, inline_bytes;
   int peer_connections;
   char algo[512]; /* the daemon's algorithm rules */
@@ -174,6 +175,11 @@ struct comm {
   struct regather *regather; /* span.c: the daemons that held it, heard so far */
   uint64_t coll_finished, coll_retry; /* the rejoin's verdict on its collectives (rejoin.c) */
   uint64_t *resumed;       /* regather.c: per node, the hold this daemon answered */
+  uint64_t *node_finished; /* rejoin.c: per node, its collectives finished, where one node is one
+                              behind (it runs the last again); NULL: all alike (coll_finished) */
+  uint64_t *node_kept;     /* regather.c: per node, the collective whose messages it keeps (0: none) */
+  struct replay *replay;   /* replay.c: the last collective across daemons finished here, what it sent */
+  int replaying;           /* replay.c: its messages being sent again (the comm's connections stay) */
   int owed;                /* draining: another daemon sent it what no op here took yet */
   char *barrier_bytes;     /* op.c: 2 a rank, what a barrier across daemons moves */
   int refs;          /* members, xops, the timer handle */
@@ -328,6 +334,18 @@ void ccsd_hold_defer(struct comm *c, struct post *p); /* a send/recv across daem
 void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume *m);
 void ccsd_hold_end(struct comm *c); /* the comm failed or goes: what waited is answered with its error */
 int ccsd_hold_waiting(const struct comm *c); /* sends and receives wait for the hold to end */
+
+/* replay.c: a collective across daemons that sends at most
+ * peer_replay_bytes keeps a copy of what it sent (prepare, at launch); the
+ * comm keeps the last finished one's (keep); after a daemon of the comm
+ * restarted one collective behind, its messages go again to the daemons
+ * marked in rerun (per node), and theirs are taken (start: 0, or -1 when
+ * out of memory; once at most). */
+void ccsd_replay_prepare(struct xop *x);
+void ccsd_replay_keep(struct xop *x);
+uint64_t ccsd_replay_kept(const struct comm *c); /* the collective kept; 0: none */
+int ccsd_replay_start(struct comm *c, const uint8_t *rerun);
+void ccsd_replay_free(struct comm *c);
 
 /* match.c */
 void ccsd_post_submit(struct post *p);

@@ -298,7 +298,8 @@ static void ask(struct comm *c) {
                                       .addrs = addrs, .naddrs = (size_t)c->nranks,
                                       .chunk_bytes = c->chunk_bytes, .lanes = (uint32_t)c->lanes,
                                       .ranks = (const Ccs__PeerRank *const *)rank_ptrs, .nranks = nlocal,
-                                      .hold = h->number}};
+                                      .hold = h->number,
+                                      .kept = h->finished && ccsd_replay_kept(c) == h->finished ? h->finished : 0}};
     ccsd_peers_send(c->co->peers, h->addr, &msg);
   }
   free(addrs), free(ranks), free(rank_ptrs), free(reports), free(chans), free(chan_ptrs), free(flags);
@@ -331,6 +332,25 @@ static const char *take_counts(struct comm *c, const struct peer_resume *m) {
   }
   free(pairs);
   return bad;
+}
+
+/* The daemons the restarted one says run collective #finished again,
+ * which finished here: per node, marked in *ret; NULL, or why not. */
+static const char *rerun_nodes(const struct comm *c, const struct peer_resume *m, uint8_t **ret) {
+  if (ccsd_replay_kept(c) != c->hold->finished || !c->hold->finished)
+    return "a collective to send again that this daemon did not keep";
+  uint8_t *rerun = calloc((size_t)c->nnodes, 1);
+  if (!rerun) return "out of memory";
+  for (size_t i = 0; i < m->nrerun; i++) {
+    int node = ccsd_span_node_of(c, m->rerun[i]);
+    if (node < 0 || node == c->mynode) {
+      free(rerun);
+      return "a daemon to send a collective again to that is not another of the communicator";
+    }
+    rerun[node] = 1;
+  }
+  *ret = rerun;
+  return NULL;
 }
 
 /* The sends and receives kept here, by their numbers (those the other end
@@ -377,7 +397,7 @@ static void on_ask(uv_timer_t *t) {
                    c->co->cfg.peer_restart_grace_s);
     return;
   }
-  if (!list_empty(&c->running) && now >= h->stop_ms && !h->stopped) { /* what still waits, waits in vain */
+  if ((!list_empty(&c->running) || c->replaying) && now >= h->stop_ms && !h->stopped) { /* what still waits, waits in vain */
     h->stopped = 1;
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &c->running) {
@@ -398,7 +418,7 @@ static void on_ask(uv_timer_t *t) {
     }
     if (c->net) ccsd_peers_comm_close(c->co->peers, c->net); /* what is posted on it fails now */
   }
-  if (list_empty(&c->running)) { /* what this daemon says is final now */
+  if (list_empty(&c->running) && !c->replaying) { /* what this daemon says is final now */
     if (c->net) ccsd_peers_comm_free(c->co->peers, c->net); /* before the new one opens */
     c->net = NULL;
     ask(c);
@@ -422,17 +442,21 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
                    (unsigned long long)h->finished);
     return;
   }
+  uint8_t *rerun = NULL;
   const char *bad = take_counts(c, m);
+  if (!bad && m->nrerun) bad = rerun_nodes(c, m, &rerun);
   if (bad) {
     ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back with %s", addr, bad);
     return;
   }
   c->net = ccsd_peers_comm_open(c->co->peers, c->name, c->nnodes, c->mynode,
                                 (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes);
-  if (!c->net) {
+  if (!c->net || (rerun && ccsd_replay_start(c, rerun))) {
+    free(rerun);
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory reconnecting to the daemon at %s", addr);
     return;
   }
+  free(rerun);
   /* from the first op some rank cannot run again on, every rank repeats
    * its calls itself (the ops take the same numbers again) */
   char text[CCS__ERROR_TEXT_MAX];

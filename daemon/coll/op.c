@@ -256,6 +256,7 @@ static int hand_down(struct xop *x) {
   r->p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
   r->seq = x->seq;
   r->on_done = on_run_done;
+  ccsd_replay_prepare(x);
   return r->plan.net_items ? ccsd_peers_op_prepare(r) : 0;
 }
 
@@ -364,7 +365,7 @@ static void ccsd_xop_done(struct xop *x) {
   if (failed && c->hold && c->state == COMM_READY && !x->run.net_error[0] && !x->run.gpu_error[0])
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory keeping op #%llu while a daemon restarts",
                    (unsigned long long)x->seq);
-  if (!failed) ccsd_hold_op_done(x);
+  if (!failed) ccsd_hold_op_done(x), ccsd_replay_keep(x);
   if (x->run.net_error[0] && c->state != COMM_FAILED) /* the network thread said why */
     ccsd_comm_fail(c, x->run.net_status, "%s", x->run.net_error);
   if (x->run.gpu_error[0] && c->state != COMM_FAILED) /* as NCCL: a CUDA error ends the comm */

@@ -24,6 +24,7 @@ struct regather {
   char (*nodes)[CCSD_ADDR_MAX]; /* the daemons, this one among them */
   uint8_t *heard;               /* per node: it sent its ranks' reports */
   uint64_t *hold;               /* per node: the number of its hold, for the answer */
+  uint64_t *kept;               /* per node: the collective whose messages it keeps (replay.c) */
 };
 
 void ccsd_regather_free(struct comm *c) {
@@ -33,6 +34,7 @@ void ccsd_regather_free(struct comm *c) {
   free(g->nodes);
   free(g->heard);
   free(g->hold);
+  free(g->kept);
   free(g);
   c->regather = NULL;
 }
@@ -69,14 +71,23 @@ static void resume(struct comm *c, const char *addr, uint64_t hold) {
       n++;
     }
   }
+  /* a daemon that finished the last collective where others did not
+   * sends them its messages again (replay.c) */
+  const char **rerun = calloc((size_t)c->nnodes, sizeof(*rerun));
+  size_t nrerun = 0;
+  uint64_t finished = c->node_finished ? c->node_finished[node] : c->coll_finished;
+  for (int k = 0; rerun && c->node_finished && k < c->nnodes; k++)
+    if (c->node_finished[k] < finished) rerun[nrerun++] = c->node_addr[k];
   struct peer_msg m = {.kind = PEER_RESUME,
                        .resume = {.name = c->name, .name_len = CCS__NAME_BYTES,
-                                  .finished = c->coll_finished, .retry_from = c->coll_retry, .hold = hold,
-                                  .counts = (const Ccs__PeerCount *const *)ptrs, .ncounts = n}};
-  if (counts && ptrs) ccsd_peers_send(c->co->peers, addr, &m);
+                                  .finished = finished, .retry_from = c->coll_retry, .hold = hold,
+                                  .counts = (const Ccs__PeerCount *const *)ptrs, .ncounts = n,
+                                  .rerun = rerun, .nrerun = nrerun}};
+  if (counts && ptrs && rerun) ccsd_peers_send(c->co->peers, addr, &m);
   else ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory answering the daemon at %s", addr);
   free(counts);
   free(ptrs);
+  free(rerun);
 }
 
 /* Why the map m cannot be this comm's; NULL when it can. */
@@ -111,9 +122,10 @@ static int take_map(struct comm *c, const char *addr, const struct peer_rejoin *
     g->nodes = calloc((size_t)c->nranks, sizeof(*g->nodes));
     g->heard = calloc((size_t)c->nranks, 1);
     g->hold = calloc((size_t)c->nranks, sizeof(*g->hold));
+    g->kept = calloc((size_t)c->nranks, sizeof(*g->kept));
   }
-  if (!g || !g->addrs || !g->nodes || !g->heard || !g->hold) {
-    if (g) free(g->addrs), free(g->nodes), free(g->heard), free(g->hold);
+  if (!g || !g->addrs || !g->nodes || !g->heard || !g->hold || !g->kept) {
+    if (g) free(g->addrs), free(g->nodes), free(g->heard), free(g->hold), free(g->kept);
     free(g);
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
     return -1;
@@ -191,6 +203,7 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
   }
   g->heard[node_of(g, addr)] = 1;
   g->hold[node_of(g, addr)] = m->hold;
+  g->kept[node_of(g, addr)] = m->kept;
   ccsd_regather_check(c);
 }
 
@@ -211,12 +224,18 @@ void ccsd_regather_check(struct comm *c) {
   char(*addrs)[CCSD_ADDR_MAX] = g->addrs;
   uint64_t *holds = g->hold;
   char(*nodes)[CCSD_ADDR_MAX] = g->nodes;
+  uint64_t *g_kept = g->kept;
   int nnodes = g->nnodes;
-  g->addrs = NULL, g->hold = NULL, g->nodes = NULL;
+  g->addrs = NULL, g->hold = NULL, g->nodes = NULL, g->kept = NULL;
   ccsd_regather_free(c);
   int made = ccsd_span_map(c, addrs);
   free(addrs);
-  if (made) ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
+  free(c->node_kept);
+  if (!made && (c->node_kept = calloc((size_t)c->nnodes, sizeof(*c->node_kept))))
+    for (int k = 0; k < nnodes; k++)
+      if (ccsd_span_node_of(c, nodes[k]) >= 0) c->node_kept[ccsd_span_node_of(c, nodes[k])] = g_kept[k];
+  free(g_kept);
+  if (made || !c->node_kept) ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
   else ccsd_comm_ready(c); /* the verdicts: every rank's, the other daemons' included */
   if (c->state == COMM_READY && (c->resumed = calloc((size_t)c->nnodes, sizeof(*c->resumed)))) {
     LOG_WARN("comm %llu rejoined across %d daemons after this one restarted (%llu collectives finished)",

@@ -113,28 +113,52 @@ static uint64_t done_of(const struct comm *c, int r, int peer, int send) {
   return ch ? ch->done : 0;
 }
 
+/* Whether the daemons behind can run collective #last again: each of
+ * those that finished it keeps the messages it sent (replay.c) and none of
+ * the ranks behind wrote over its inputs in it. */
+static int rerunnable(const struct comm *c, const uint64_t *fin, uint64_t last) {
+  for (int k = 0; k < c->nnodes; k++)
+    if (fin[k] == last ? !c->node_kept || c->node_kept[k] != last : fin[k] + 1 != last) return 0;
+  for (int r = 0; r < c->nranks; r++) {
+    const struct coll_channel *ch = find(c->members[r], -1, 0);
+    uint64_t retry = UINT64_MAX;
+    first_retry(ch, last - 1, &retry);
+    if (fin[c->node_of_rank[r]] < last && retry == last - 1) return 0;
+  }
+  return 1;
+}
+
 /* Across daemons: a daemon answers its ranks once an op is done on its own
- * node, not on every node; an op finished at one daemon and not at
- * another (the one that went, say) cannot be made whole. Nor can a
- * message whose send finished and whose receive did not: it was lost with
- * the daemon. (A receive finished while its send was still under way is
- * whole: the send finished.) */
+ * node, not on every node; a collective finished at one daemon and not at
+ * another (the one that went, say) is whole only where the daemons that
+ * finished it send their messages again (node_finished then says who runs
+ * it again). A message whose send finished and whose receive did not was
+ * lost with the daemon. (A receive finished while its send was still
+ * under way is whole: the send finished.) */
 static ccs_result_t across_daemons(struct comm *c) {
-  uint64_t *fin = calloc((size_t)c->nnodes, sizeof(*fin));
+  uint64_t *fin = calloc((size_t)c->nnodes, sizeof(*fin)), last = 0;
   if (!fin) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
     return c->error;
   }
   for (int r = 0; r < c->nranks; r++) furthest(find(c->members[r], -1, 0), &fin[c->node_of_rank[r]]);
-  for (int k = 1; k < c->nnodes; k++)
-    if (fin[k] != fin[0]) {
-      int ahead = fin[k] > fin[0] ? k : 0, behind = ahead ? 0 : k;
-      ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "collective #%llu finished at the daemon at %s but not at "
-                     "the daemon at %s when a daemon went: the communicator cannot be rejoined",
-                     (unsigned long long)fin[behind] + 1, c->node_addr[ahead], c->node_addr[behind]);
-      free(fin);
-      return c->error;
+  for (int k = 0; k < c->nnodes; k++)
+    if (fin[k] > last) last = fin[k];
+  for (int k = 0; k < c->nnodes; k++) {
+    if (fin[k] == last) continue;
+    if (rerunnable(c, fin, last)) {
+      free(c->node_finished);
+      c->node_finished = fin;
+      return CCS_OK;
     }
+    int ahead = 0;
+    while (fin[ahead] != last) ahead++;
+    ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "collective #%llu finished at the daemon at %s but not at "
+                   "the daemon at %s when a daemon went: the communicator cannot be rejoined",
+                   (unsigned long long)fin[k] + 1, c->node_addr[ahead], c->node_addr[k]);
+    free(fin);
+    return c->error;
+  }
   free(fin);
   for (int r = 0; r < c->nranks; r++)
     for (size_t i = 0; c->members[r]->rejoin && i < c->members[r]->rejoin->n; i++) {
@@ -172,6 +196,12 @@ static ccs_result_t count_messages(struct comm *c) {
   return CCS_OK;
 }
 
+/* The collectives finished for rank r: as far as the furthest rank, or
+ * one less at a daemon that runs the last one again. */
+static uint64_t finished_at(const struct comm *c, int r, uint64_t furthest) {
+  return c->node_finished ? c->node_finished[c->node_of_rank[r]] : furthest;
+}
+
 ccs_result_t ccsd_rejoin_settle(struct comm *c) {
   int any = 0;
   for (int r = 0; r < c->nranks; r++) any |= c->members[r] && c->members[r]->rejoin;
@@ -181,16 +211,16 @@ ccs_result_t ccsd_rejoin_settle(struct comm *c) {
   for (int r = 0; r < c->nranks; r++) furthest(find(c->members[r], -1, 0), &coll_finished);
   for (int r = 0; r < c->nranks; r++) first_retry(find(c->members[r], -1, 0), coll_finished, &coll_retry);
   for (int r = 0; r < c->nranks; r++)
-    if (c->members[r] && c->members[r]->rejoin && taken(c, r, -1, 0) < coll_finished)
-      return disagree(c, r, taken(c, r, -1, 0), "collectives", coll_finished);
+    if (c->members[r] && c->members[r]->rejoin && taken(c, r, -1, 0) < finished_at(c, r, coll_finished))
+      return disagree(c, r, taken(c, r, -1, 0), "collectives", finished_at(c, r, coll_finished));
   for (int r = 0; r < c->nranks; r++) {
     struct member *m = c->members[r];
     if (!m) continue;
-    m->coll_seq = coll_finished; /* the next collective is number finished + 1 */
+    m->coll_seq = finished_at(c, r, coll_finished); /* the next collective is number finished + 1 */
     for (size_t i = 0; m->rejoin && i < m->rejoin->n; i++) {
       struct coll_channel *ch = &m->rejoin->ch[i];
       if (ch->peer < 0) {
-        ch->finished = coll_finished, ch->retry_from = coll_retry;
+        ch->finished = m->coll_seq, ch->retry_from = coll_retry;
         continue;
       }
       /* rank r's sends to peer are the peer's receives from r */

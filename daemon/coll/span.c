@@ -160,6 +160,9 @@ void ccsd_span_free(struct comm *c) {
   ccsd_regather_free(c);
   ccsd_hold_end(c);
   free(c->resumed);
+  free(c->node_finished);
+  free(c->node_kept);
+  ccsd_replay_free(c);
   if (c->net) ccsd_peers_comm_free(c->co->peers, c->net);
   c->net = NULL;
   free(c->node_addr);

@@ -53,6 +53,7 @@ struct ccsd_config {
   int threads;
   double init_timeout_s;
   double peer_restart_grace_s; /* comms across a daemon that went wait this long for it */
+  size_t peer_replay_bytes;     /* a collective across daemons sending at most this keeps a copy */
   double op_timeout_s;  /* default deadline of one op; per comm overridable */
   double io_timeout_s;  /* a client stalled mid-frame or not reading replies */
   size_t chunk_bytes;

@@ -74,7 +74,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   co->hooks = (struct coll_hooks){ccsd_tenant_coll_charge, ccsd_tenant_coll_release, d};
   co->cfg = (struct coll_config){
       .init_timeout_s = cfg.init_timeout_s, .op_timeout_s = cfg.op_timeout_s, .id_ttl_s = cfg.id_ttl_s,
-      .peer_restart_grace_s = cfg.peer_restart_grace_s,
+      .peer_restart_grace_s = cfg.peer_restart_grace_s, .peer_replay_bytes = cfg.peer_replay_bytes,
       .chunk_bytes = cfg.chunk_bytes, .stream_bytes = cfg.stream_bytes,
       .inline_bytes = cfg.inline_bytes, .peer_connections = cfg.peer_connections};
   snprintf(co->cfg.algo, sizeof(co->cfg.algo), "%s", cfg.algo);

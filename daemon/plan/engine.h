@@ -127,6 +127,21 @@ ccs_result_t engine_compile(const struct engine_op *op, struct engine_plan *plan
                             size_t errlen);
 void engine_plan_free(struct engine_plan *plan);
 
+/* One message of a plan of messages alone: a SEND from buf (send) or a
+ * RECV into it, between participants from and to, the msg-th of theirs,
+ * count elements. */
+struct engine_message {
+  int send, from, to;
+  uint32_t msg;
+  size_t count;
+  void *buf;
+};
+/* A plan of n independent messages, each cut into chunks of chunk_elems
+ * as engine_compile cuts them (plan/messages.c). CCS_OK, or
+ * CCS_ERR_NO_MEMORY. */
+ccs_result_t engine_plan_messages(const struct engine_message *msgs, size_t n, ccs_dtype_t dtype,
+                                  size_t chunk_elems, struct engine_plan *plan);
+
 static inline const struct engine_item *engine_task_item(const struct engine_plan *plan,
                                                          size_t task) {
   return &plan->items[plan->task_item[task]];

@@ -532,6 +532,7 @@ static void transfer_start(struct peers *p, struct pconn *c, struct net_task *re
     transfer_fail(p, rec, CCS_ERR_SYSTEM, "a message outside the op's memory");
     return;
   }
+  if (send && x->sent) memcpy(x->sent + x->sent_at[x->plan.task_item[task_of(rec)]] + off, sbuf, len);
   int rc = send ? p->ops->send(c->tc, m, sbuf, len, tag, rec)
                 : p->ops->recv(c->tc, m, rbuf, len, tag, rec);
   if (rc && !failed_here(p, c, rec)) transfer_fail_later(p, rec, "its data connection is closed", 0, NULL);

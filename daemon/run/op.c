@@ -8,6 +8,8 @@ void ccsd_run_op_free(struct run_op *x) {
   free(x->regions);
   free(x->orders);
   free(x->net_tasks);
+  free(x->sent);
+  free(x->sent_at);
 }
 
 int ccsd_run_op_peer_node(const struct run_op *x, size_t task) {

@@ -50,6 +50,11 @@ struct run_op {
   struct run_region *regions; /* the ranks' buffers and the launcher's scratch */
   int scratch_cacheable;      /* the plan's scratch pool reports its frees (ccsd_peers_forget) */
   int nregions;
+  /* where the network thread copies what it sends, to send it again after
+   * another daemon restarted (coll/replay.c): per item, where its bytes
+   * go in sent; NULL: not kept */
+  char *sent;
+  size_t *sent_at;
   void (*on_done)(struct run_op *x);     /* every task finished (or skipped) */
   _Atomic int cancelled;      /* anyone: skip the remaining work */
 

@@ -60,6 +60,7 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     rj.ranks = (Ccs__PeerRank **)m->rejoin.ranks;
     rj.n_ranks = m->rejoin.nranks;
     rj.hold = m->rejoin.hold;
+    rj.kept = m->rejoin.kept;
     w.body_case = CCS__PEER_MSG__BODY_REJOIN, w.rejoin = &rj;
     break;
   case PEER_RESUME:
@@ -69,6 +70,8 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     rs.hold = m->resume.hold;
     rs.counts = (Ccs__PeerCount **)m->resume.counts;
     rs.n_counts = m->resume.ncounts;
+    rs.rerun = (char **)m->resume.rerun;
+    rs.n_rerun = m->resume.nrerun;
     w.body_case = CCS__PEER_MSG__BODY_RESUME, w.resume = &rs;
     break;
   default: return NULL;
@@ -110,13 +113,14 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
                                        (const char *const *)w->rejoin->addrs, w->rejoin->n_addrs,
                                        w->rejoin->chunk_bytes, w->rejoin->lanes,
                                        (const Ccs__PeerRank *const *)w->rejoin->ranks, w->rejoin->n_ranks,
-                                       w->rejoin->hold};
+                                       w->rejoin->hold, w->rejoin->kept};
     break;
   case CCS__PEER_MSG__BODY_RESUME:
     ret->kind = PEER_RESUME;
     ret->resume = (struct peer_resume){w->resume->name.data, w->resume->name.len, w->resume->finished,
                                        w->resume->retry_from, w->resume->hold,
-                                       (const Ccs__PeerCount *const *)w->resume->counts, w->resume->n_counts};
+                                       (const Ccs__PeerCount *const *)w->resume->counts, w->resume->n_counts,
+                                       (const char *const *)w->resume->rerun, w->resume->n_rerun};
     break;
   default: ret->kind = PEER_OTHER; break;
   }

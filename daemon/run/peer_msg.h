@@ -61,6 +61,7 @@ struct peer_rejoin {
   const Ccs__PeerRank *const *ranks;
   size_t nranks;
   uint64_t hold; /* the hold's number, echoed in the answer */
+  uint64_t kept; /* the collective whose messages it sent it keeps (coll/replay.c); 0: none */
 };
 
 /* the restarted daemon's verdict on the collectives: the others go on */
@@ -71,6 +72,8 @@ struct peer_resume {
   uint64_t hold;
   const Ccs__PeerCount *const *counts; /* the messages between their ranks and the receiver's */
   size_t ncounts;
+  const char *const *rerun; /* the daemons that run collective #finished again: sent its messages again */
+  size_t nrerun;
 };
 
 enum peer_kind { PEER_JOIN, PEER_READY, PEER_FAIL, PEER_OP, PEER_REJOIN, PEER_RESUME, PEER_OTHER };

@@ -623,6 +623,60 @@ static void test_nodes_stop_owed(void **state) {
   release_and_wait(ranks);
 }
 
+/* Killed (kill -9) as it matched a collective that the first daemon had
+ * finished: rank 0's broadcast, or the reduce to rank 1 of the first
+ * daemon's ranks, needs nothing back from the second daemon, so it
+ * finished at the first while rank 1 had not called yet, and what was sent
+ * was lost with the second. The first daemon kept it (peer_replay_bytes)
+ * and sends it again to the restarted one; rank 1's call, made again
+ * there, gets every element. Then an all_reduce of every rank. */
+static int replayed_rank(int rank, int n, void *arg) {
+  int reduce = *(const int *)arg;
+  ccs_comm_t *comm;
+  int64_t *buf = malloc(sizeof(int64_t) * COUNT), *out = malloc(sizeof(int64_t) * COUNT), one = 1;
+  if (!buf || !out || ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
+  ccs_result_t rc = ccs_all_reduce(&one, &one, 1, CCS_INT64, CCS_SUM, comm, NULL); /* launch 1 */
+  int bad = rc != CCS_OK || one != n;
+  if (rank == 1)
+    while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+  const char *what = reduce ? "reduce" : "broadcast";
+  for (size_t i = 0; i < COUNT; i++) buf[i] = value(rank, 0, i), out[i] = -1;
+  if (!bad) {
+    rc = reduce ? ccs_reduce(buf, out, COUNT, CCS_INT64, CCS_SUM, 1, comm, NULL)
+                : ccs_broadcast(buf, out, COUNT, CCS_INT64, 0, comm, NULL);
+    ring_from = 0;
+    bad = rc != CCS_OK || (reduce ? rank == 1 && check(what, rank, 0, out, COUNT, sum_of, n)
+                                  : check(what, rank, 0, out, COUNT, from_prev, n));
+  }
+  if (rank == 0) __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST); /* done here: rank 1 calls */
+  for (size_t i = 0; i < COUNT && !bad; i++) buf[i] = value(rank, 1, i);
+  if (!bad) {
+    what = "all_reduce";
+    rc = ccs_all_reduce(buf, out, COUNT, CCS_INT64, CCS_SUM, comm, NULL);
+    bad = rc != CCS_OK || check(what, rank, 1, out, COUNT, sum_of, n);
+  }
+  if (bad) fprintf(stderr, "rank %d %s: %s: %s\n", rank, what, ccs_result_name(rc), ccs_comm_last_error(comm));
+  free(buf), free(out);
+  ccs_comm_destroy(comm);
+  return bad;
+}
+
+static void test_nodes_replayed(void **state) {
+  (void)state;
+  for (int reduce = 0; reduce < 2; reduce++) {
+    fresh_round(1);
+    sh->hold = 1;
+    start_nodes("launch:2", 0, "30"); /* the second daemon dies as it matches the broadcast or reduce */
+    pid_t ranks = fork();
+    if (ranks == 0) _exit(test_run_ranks(reduce ? 3 : 2, replayed_rank, &reduce, 60, NULL));
+    double until = test_now() + 30;
+    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
+    test_daemon_kill(&node[1]);
+    assert_int_equal(start_node(1, 1, "30"), 0);
+    release_and_wait(ranks);
+  }
+}
+
 /* The second daemon does not come back: the first one's ranks get
  * CCS_ERR_PEER_LOST once peer_restart_grace passed, saying so. */
 static int deserted_rank(int rank, int n, void *arg) {
@@ -669,6 +723,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_host_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_receive_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_replayed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,195 @@
+/* The last collective across daemons, sent again (docs/restart.md). A
+ * daemon answers its ranks once an op is done on its own node; when
+ * another daemon of the comm crashes (kill -9), the op may have finished
+ * here and not there, and what this daemon sent it is gone with it. So a
+ * collective that sends at most peer_replay_bytes keeps a copy of its
+ * messages as they go (the network thread copies each chunk as it posts
+ * it: an in-place op overwrites its inputs after), and the comm keeps the
+ * last finished one's. When the restarted daemon's ranks come back one
+ * collective behind, the daemons that finished it send its messages again
+ * under the same tags, on the new connections, and take (and drop) the
+ * messages the daemons that run it again send them: the collective
+ * finishes there with the same bits. On the loop thread. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "coll/coll.h"
+#include "run/executor.h"
+#include "run/net.h"
+
+struct replay {
+  uint64_t seq, sig_key;
+  ccs_dtype_t dtype;
+  size_t chunk_elems;
+  struct replay_msg {
+    struct engine_message m; /* buf: an offset into sent (a send) or into the sink (a receive) */
+    int node;                /* the daemon at the other end */
+  } *msgs;
+  size_t nmsgs;
+  char *sent;
+  size_t sent_bytes, sink_bytes;
+  int *part_node; /* the op's participants' nodes */
+  int nparts;
+};
+
+/* The messages going again, as an op of their own. */
+struct replay_run {
+  struct run_op run;
+  struct comm *comm;
+  int *part_node;
+  char *sent, *sink;
+};
+
+void ccsd_replay_prepare(struct xop *x) {
+  struct comm *c = x->comm;
+  const struct engine_plan *pl = &x->run.plan;
+  if (!c->spans || x->run.p2p || x->run.device >= 0 || !pl->net_items || c->co->cfg.peer_restart_grace_s <= 0)
+    return;
+  size_t bytes = 0;
+  for (size_t i = 0; i < pl->nitems; i++)
+    if (pl->items[i].kind == ENGINE_SEND) bytes += pl->items[i].count * pl->elem_size;
+  if (bytes > c->co->cfg.peer_replay_bytes) return;
+  x->run.sent = malloc(bytes ? bytes : 1);
+  x->run.sent_at = malloc(sizeof(*x->run.sent_at) * pl->nitems);
+  if (!x->run.sent || !x->run.sent_at) { /* not kept: a crash may cost the comm, as without */
+    free(x->run.sent), free(x->run.sent_at);
+    x->run.sent = NULL, x->run.sent_at = NULL;
+    return;
+  }
+  bytes = 0;
+  for (size_t i = 0; i < pl->nitems; i++) {
+    x->run.sent_at[i] = bytes;
+    if (pl->items[i].kind == ENGINE_SEND) bytes += pl->items[i].count * pl->elem_size;
+  }
+}
+
+static void replay_free(struct replay *r) {
+  if (!r) return;
+  free(r->msgs);
+  free(r->sent);
+  free(r->part_node);
+  free(r);
+}
+
+void ccsd_replay_keep(struct xop *x) {
+  struct comm *c = x->comm;
+  const struct engine_plan *pl = &x->run.plan;
+  if (!x->run.sent || (c->replay && c->replay->seq > x->seq)) return;
+  struct replay *r = calloc(1, sizeof(*r));
+  int nparts = 0;
+  for (size_t i = 0; i < pl->nitems; i++) {
+    const struct engine_item *nd = &pl->items[i];
+    if (nd->kind != ENGINE_COMPUTE && nd->from >= nparts) nparts = nd->from + 1;
+    if (nd->kind != ENGINE_COMPUTE && nd->to >= nparts) nparts = nd->to + 1;
+  }
+  if (r) {
+    r->msgs = calloc(pl->net_items, sizeof(*r->msgs));
+    r->part_node = malloc(sizeof(int) * (size_t)(nparts ? nparts : 1));
+  }
+  if (!r || !r->msgs || !r->part_node) {
+    replay_free(r);
+    return; /* (the one before is of no use any more either) */
+  }
+  memcpy(r->part_node, x->part_node, sizeof(int) * (size_t)nparts);
+  r->nparts = nparts;
+  for (size_t i = 0; i < pl->nitems; i++) {
+    const struct engine_item *nd = &pl->items[i];
+    if (nd->kind == ENGINE_COMPUTE || !nd->ntasks) continue;
+    int send = nd->kind == ENGINE_SEND;
+    size_t at = send ? x->run.sent_at[i] : r->sink_bytes;
+    if (!send) r->sink_bytes += nd->count * pl->elem_size;
+    r->msgs[r->nmsgs++] = (struct replay_msg){
+        .m = {.send = send, .from = nd->from, .to = nd->to, .msg = nd->msg, .count = nd->count,
+              .buf = (void *)(uintptr_t)at},
+        .node = ccsd_run_op_peer_node(&x->run, nd->first_task)};
+  }
+  r->seq = x->seq;
+  r->sig_key = x->run.sig_key;
+  r->dtype = pl->dtype;
+  r->chunk_elems = pl->chunk_elems;
+  r->sent = x->run.sent;
+  for (size_t i = 0; i < pl->nitems; i++)
+    if (pl->items[i].kind == ENGINE_SEND) r->sent_bytes += pl->items[i].count * pl->elem_size;
+  x->run.sent = NULL;
+  replay_free(c->replay);
+  c->replay = r;
+}
+
+uint64_t ccsd_replay_kept(const struct comm *c) { return c->replay ? c->replay->seq : 0; }
+
+static void replay_done(struct run_op *x) {
+  struct replay_run *rr = (struct replay_run *)x;
+  struct comm *c = rr->comm;
+  if (x->net_error[0]) /* (a daemon that goes again is held for again, or fails the comm) */
+    LOG_WARN("comm %llu: sending collective #%llu again failed: %s", (unsigned long long)c->id,
+             (unsigned long long)x->seq, x->net_error);
+  c->replaying--;
+  ccsd_peers_release(c->co->peers, x->net_mem);
+  ccsd_run_op_free(x);
+  free(rr->part_node);
+  free(rr->sent);
+  free(rr->sink);
+  free(rr);
+  ccsd_comm_unref(c);
+}
+
+int ccsd_replay_start(struct comm *c, const uint8_t *rerun) {
+  const struct replay *r = c->replay; /* kept: the daemon may go again before it finishes */
+  struct engine_message *msgs = calloc(r->nmsgs + 1, sizeof(*msgs));
+  size_t n = 0;
+  for (size_t i = 0; msgs && i < r->nmsgs; i++) /* to and from the daemons that run it again */
+    if (rerun[r->msgs[i].node]) msgs[n++] = r->msgs[i].m;
+  struct replay_run *rr = msgs && n ? calloc(1, sizeof(*rr)) : NULL;
+  if (rr) {
+    rr->sent = malloc(r->sent_bytes ? r->sent_bytes : 1);
+    rr->sink = malloc(r->sink_bytes ? r->sink_bytes : 1);
+    rr->part_node = malloc(sizeof(int) * (size_t)(r->nparts ? r->nparts : 1));
+    rr->run.regions = calloc(2, sizeof(*rr->run.regions));
+  }
+  int ok = msgs && (!n || (rr && rr->sent && rr->sink && rr->part_node && rr->run.regions));
+  if (!n || !ok) {
+    if (rr) free(rr->sent), free(rr->sink), free(rr->part_node), free(rr->run.regions);
+    free(rr);
+    free(msgs);
+    return ok ? 0 : -1;
+  }
+  memcpy(rr->sent, r->sent, r->sent_bytes);
+  for (size_t i = 0; i < n; i++) /* (an offset until now) */
+    msgs[i].buf = (msgs[i].send ? rr->sent : rr->sink) + (uintptr_t)msgs[i].buf;
+  struct run_op *x = &rr->run;
+  ccs_result_t rc = engine_plan_messages(msgs, n, r->dtype, r->chunk_elems, &x->plan);
+  free(msgs);
+  memcpy(rr->part_node, r->part_node, sizeof(int) * (size_t)r->nparts);
+  rr->comm = c;
+  x->share = c->share;
+  x->prio = c->prio;
+  x->device = -1;
+  x->stream_key = c->id;
+  x->net = c->net;
+  x->map = &c->map;
+  x->part_node = rr->part_node;
+  x->seq = r->seq;
+  x->sig_key = r->sig_key;
+  if (r->sent_bytes) x->regions[x->nregions++] = (struct run_region){rr->sent, r->sent_bytes, 0};
+  if (r->sink_bytes) x->regions[x->nregions++] = (struct run_region){rr->sink, r->sink_bytes, 0};
+  x->on_done = replay_done;
+  c->replaying++;
+  ccsd_comm_ref(c);
+  uint64_t seq = r->seq;
+  if (rc != CCS_OK || ccsd_peers_op_prepare(x)) {
+    replay_done(x);
+    return -1;
+  }
+  LOG_WARN("comm %llu: collective #%llu finished here, not at a daemon that went: its %zu messages "
+           "with the daemons that run it again go again", (unsigned long long)c->id,
+           (unsigned long long)seq, n);
+  ccsd_executor_submit(c->co->exec, x);
+  return 0;
+}
+
+void ccsd_replay_free(struct comm *c) {
+  replay_free(c->replay);
+  c->replay = NULL;
+}
