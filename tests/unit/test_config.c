@@ -38,7 +38,7 @@ static const char every_key[] =
              "peer_unexpected_bytes = 8M\npeer_unexpected_total = 1G\ntransport = auto\nlink_capacity = 10G\n"
              "ib_library = /opt/lib/libibverbs.so.1\nib_devices = mlx5_0:1,mlx5_1\nib_gid_index = 3\n"
              "scratch_keep = 3M\nalgo = all_reduce:ring;broadcast:tree:0-64K\nlisten = 127.0.0.1:7100\n"
-             "advertise = 10.0.0.5:7100\npeer_connections = 3\nheartbeat = 0.25\npeer_timeout = 2.5\npeer_restart_grace = 12\n"
+             "advertise = 10.0.0.5:7100\npeer_connections = 3\nheartbeat = 0.25\npeer_timeout = 2.5\npeer_restart_grace = 12\npeer_replay_bytes = 64K\n"
              "cuda_legacy_ipc = true\npoll_spin_us = 77\ntenant_weights = root:2.5,4242:3\n"
              "tenant_max_share = 0.5\nexecutor_priority = IDLE\n";
 
@@ -86,7 +86,7 @@ static void test_every_key(void **state) {
   assert_string_equal(c.listen, "127.0.0.1:7100");
   assert_string_equal(c.advertise, "10.0.0.5:7100");
   assert_int_equal(c.peer_connections, 3);
-  assert_true(c.heartbeat_s == 0.25 && c.peer_timeout_s == 2.5 && c.peer_restart_grace_s == 12);
+  assert_true(c.heartbeat_s == 0.25 && c.peer_timeout_s == 2.5 && c.peer_restart_grace_s == 12 && c.peer_replay_bytes == 65536);
   assert_int_equal(c.cuda_legacy_ipc, 1);
   assert_int_equal(c.poll_spin_us, 77);
   assert_int_equal(c.nweights, 2);
@@ -113,7 +113,7 @@ static void test_every_key(void **state) {
     keys++;
     if (next) next[-1] = '\n';
   }
-  assert_int_equal(keys, 48);
+  assert_int_equal(keys, 49);
   write_file(text);
   struct ccsd_config back;
   ccsd_config_defaults(&back);
