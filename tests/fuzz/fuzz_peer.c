@@ -269,6 +269,7 @@ static void one_message(struct fuzz_input *in) {
       rj.chunk_bytes = fuzz_u8(in) % 4 ? 1u << (12 + fuzz_u8(in) % 16) : fuzz_u64(in);
       rj.lanes = fuzz_u8(in) % 4 ? 1u + fuzz_u8(in) % 3u : fuzz_u32(in);
       rj.hold = fuzz_u64(in);
+      rj.kept = fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
       rj.n_ranks = fuzz_u8(in) % 3;
       for (size_t r = 0; r < rj.n_ranks; r++) {
         ccs__peer_rank__init(&pr[r]);
@@ -300,6 +301,8 @@ static void one_message(struct fuzz_input *in) {
       rs.finished = fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
       rs.retry_from = fuzz_u8(in) % 2 ? UINT64_MAX : fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
       rs.hold = fuzz_u8(in) % 2 ? fuzz_u8(in) % 64 : fuzz_u64(in);
+      rs.n_rerun = fuzz_u8(in) % 2 ? 0 : fuzz_addrs(in, 6, addrs, addrbuf); /* daemons to send a collective again */
+      rs.rerun = addrs;
       m.body_case = CCS__PEER_MSG__BODY_RESUME, m.resume = &rs;
       kind = 7;
       break;
