@@ -73,6 +73,17 @@ for _ in $(seq 600); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$job" 2>/dev/null; then
   hangs=1
   echo "chaos: the job did not finish within 60 s of being told to stop" >&2
+  for sock in ${sockets//:/ }; do # what each daemon holds, and who waits for what
+    echo "== $sock" >&2
+    "$build/client/ccsctl" --socket "$sock" comms >&2 || true
+    "$build/client/ccsctl" --socket "$sock" stuck >&2 || true
+  done
+  if command -v gdb >/dev/null; then # where each rank waits
+    for pid in $(pgrep -g "$job" -f chaos_ranks); do
+      echo "== rank process $pid" >&2
+      gdb -p "$pid" -batch -ex "thread apply all bt 12" 2>/dev/null | grep -E "^(Thread|#)" >&2 || true
+    done
+  fi
   kill -9 -- "-$job" 2>/dev/null # whole, so the report and the logs below come now
 fi
 status=0

@@ -95,6 +95,7 @@ struct coll_channel {
   uint64_t *retry; /* the numbers of those after them it must repeat itself, ascending */
   size_t nretry;
   uint64_t finished, retry_from; /* the verdict */
+  uint64_t kept; /* sends across daemons: the last finished that its daemon keeps, to send again (0: none) */
 };
 struct coll_rejoin {
   int spans; /* the comm spans daemons: the others hold it for this one */
@@ -179,6 +180,9 @@ struct comm {
                               behind (it runs the last again); NULL: all alike (coll_finished) */
   uint64_t *node_kept;     /* regather.c: per node, the collective whose messages it keeps (0: none) */
   struct replay *replay;   /* replay.c: the last collective across daemons finished here, what it sent */
+  struct replay **replay_sends; /* replay.c: per pair of ranks, the last send across daemons finished */
+  size_t nreplay_sends;
+  uint64_t replay_sends_made;
   int replaying;           /* replay.c: its messages being sent again (the comm's connections stay) */
   int owed;                /* draining: another daemon sent it what no op here took yet */
   char *barrier_bytes;     /* op.c: 2 a rank, what a barrier across daemons moves */
@@ -345,6 +349,11 @@ void ccsd_replay_prepare(struct xop *x);
 void ccsd_replay_keep(struct xop *x);
 uint64_t ccsd_replay_kept(const struct comm *c); /* the collective kept; 0: none */
 int ccsd_replay_start(struct comm *c, const uint8_t *rerun);
+/* Sends across daemons too (at most peer_replay_bytes kept in all, the
+ * oldest out first): the number + 1 of the last send finished from rank
+ * from to rank to that is kept (0: none), and that message sent again. */
+uint32_t ccsd_replay_sent(const struct comm *c, int from, int to);
+int ccsd_replay_send_again(struct comm *c, int from, int to);
 void ccsd_replay_free(struct comm *c);
 
 /* match.c */

@@ -253,7 +253,20 @@ static void ask(struct comm *c) {
   Ccs__Channel *chans = calloc(nchan, sizeof(*chans));
   Ccs__Channel **chan_ptrs = calloc(nchan, sizeof(*chan_ptrs));
   protobuf_c_boolean *flags = calloc(nlocal, sizeof(*flags));
-  if (pairs && none && addrs && ranks && rank_ptrs && reports && chans && chan_ptrs && flags) {
+  Ccs__PeerCount *kept = calloc(npairs + 1, sizeof(*kept)); /* the last sends finished, kept (replay.c) */
+  Ccs__PeerCount **kept_ptrs = calloc(npairs + 1, sizeof(*kept_ptrs));
+  size_t nkept = 0;
+  for (size_t i = 0; pairs && kept && kept_ptrs && i < npairs; i++) {
+    uint32_t sent = c->node_of_rank[pairs[i].from] == c->mynode ? ccsd_replay_sent(c, pairs[i].from, pairs[i].to) : 0;
+    if (!sent) continue;
+    ccs__peer_count__init(&kept[nkept]);
+    kept[nkept].from = pairs[i].from;
+    kept[nkept].to = pairs[i].to;
+    kept[nkept].finished = sent;
+    kept_ptrs[nkept] = &kept[nkept];
+    nkept++;
+  }
+  if (pairs && none && addrs && ranks && rank_ptrs && reports && chans && chan_ptrs && flags && kept && kept_ptrs) {
     size_t k = 0, at = 0;
     for (int r = 0; r < c->nranks; r++) {
       addrs[r] = c->node_addr[c->node_of_rank[r]];
@@ -299,20 +312,28 @@ static void ask(struct comm *c) {
                                       .chunk_bytes = c->chunk_bytes, .lanes = (uint32_t)c->lanes,
                                       .ranks = (const Ccs__PeerRank *const *)rank_ptrs, .nranks = nlocal,
                                       .hold = h->number,
-                                      .kept = h->finished && ccsd_replay_kept(c) == h->finished ? h->finished : 0}};
+                                      .kept = h->finished && ccsd_replay_kept(c) == h->finished ? h->finished : 0,
+                                      .kept_sends = (const Ccs__PeerCount *const *)kept_ptrs,
+                                      .nkept_sends = nkept}};
     ccsd_peers_send(c->co->peers, h->addr, &msg);
   }
   free(addrs), free(ranks), free(rank_ptrs), free(reports), free(chans), free(chan_ptrs), free(flags);
-  free(pairs), free(none);
+  free(pairs), free(none), free(kept), free(kept_ptrs);
 }
 
 /* The restarted daemon's count of the messages between its ranks and
  * these; NULL, or why it cannot be. */
-static const char *take_counts(struct comm *c, const struct peer_resume *m) {
+static const char *take_counts(struct comm *c, const struct peer_resume *m, struct pair **resend,
+                               size_t *nresend) {
   const struct comm_hold *h = c->hold;
   size_t npairs = 0;
   struct pair *pairs = pairs_of(c, &npairs);
-  if (!pairs) return "out of memory";
+  *resend = calloc(m->ncounts + 1, sizeof(**resend));
+  *nresend = 0;
+  if (!pairs || !*resend) {
+    free(pairs);
+    return "out of memory";
+  }
   const char *bad = NULL;
   for (size_t i = 0; i < npairs && !bad; i++) /* as far as finished here; the word below says further */
     if (set_count(c, pairs[i].from, pairs[i].to, pairs[i].count - pairs[i].kept)) bad = "out of memory";
@@ -327,8 +348,12 @@ static const char *take_counts(struct comm *c, const struct peer_resume *m) {
     }
     const struct pair *pr = find_pair(pairs, npairs, from, to);
     uint32_t done = pr ? pr->count - pr->kept : 0, numbered = pr ? pr->count : 0;
-    if (pc->finished < done || pc->finished > numbered) bad = "a count of messages this daemon cannot have";
-    else if (set_count(c, from, to, (uint32_t)pc->finished)) bad = "out of memory";
+    /* the last send finished here and lost there: sent again (replay.c) */
+    int again = pc->finished + 1 == done && c->node_of_rank[from] == c->mynode &&
+                ccsd_replay_sent(c, from, to) == done;
+    if (again) (*resend)[(*nresend)++] = (struct pair){.from = from, .to = to};
+    if ((pc->finished < done && !again) || pc->finished > numbered) bad = "a count of messages this daemon cannot have";
+    else if (set_count(c, from, to, again ? done : (uint32_t)pc->finished)) bad = "out of memory";
   }
   free(pairs);
   return bad;
@@ -443,20 +468,25 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
     return;
   }
   uint8_t *rerun = NULL;
-  const char *bad = take_counts(c, m);
+  struct pair *resend = NULL;
+  size_t nresend = 0;
+  const char *bad = take_counts(c, m, &resend, &nresend);
   if (!bad && m->nrerun) bad = rerun_nodes(c, m, &rerun);
   if (bad) {
+    free(resend);
     ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back with %s", addr, bad);
     return;
   }
   c->net = ccsd_peers_comm_open(c->co->peers, c->name, c->nnodes, c->mynode,
                                 (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes);
-  if (!c->net || (rerun && ccsd_replay_start(c, rerun))) {
-    free(rerun);
+  int failed = !c->net || (rerun && ccsd_replay_start(c, rerun));
+  for (size_t i = 0; i < nresend && !failed; i++) failed = ccsd_replay_send_again(c, resend[i].from, resend[i].to);
+  free(rerun);
+  free(resend);
+  if (failed) {
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory reconnecting to the daemon at %s", addr);
     return;
   }
-  free(rerun);
   /* from the first op some rank cannot run again on, every rank repeats
    * its calls itself (the ops take the same numbers again) */
   char text[CCS__ERROR_TEXT_MAX];

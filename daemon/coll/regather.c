@@ -201,6 +201,21 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
     ccsd_rejoin_free(mb->rejoin); /* (a repeat: the latest) */
     mb->rejoin = report;
   }
+  for (size_t i = 0; i < m->nkept_sends; i++) { /* the last sends it finished and keeps (replay.c) */
+    const Ccs__PeerCount *k = m->kept_sends[i];
+    struct coll_channel *ch = NULL;
+    if (k->from >= 0 && k->from < c->nranks && k->to >= 0 && k->to < c->nranks &&
+        !strcmp(g->addrs[k->from], addr) && !strcmp(g->addrs[k->to], c->co->self) && c->members[k->from]->rejoin)
+      for (size_t j = 0; j < c->members[k->from]->rejoin->n; j++)
+        if (c->members[k->from]->rejoin->ch[j].peer == k->to && c->members[k->from]->rejoin->ch[j].send)
+          ch = &c->members[k->from]->rejoin->ch[j];
+    if (!ch) {
+      ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s sent a bad rejoin: a kept send of ranks %d to %d, "
+                     "which it does not report", addr, k->from, k->to);
+      return;
+    }
+    ch->kept = k->finished;
+  }
   g->heard[node_of(g, addr)] = 1;
   g->hold[node_of(g, addr)] = m->hold;
   g->kept[node_of(g, addr)] = m->kept;

@@ -113,6 +113,16 @@ static uint64_t done_of(const struct comm *c, int r, int peer, int send) {
   return ch ? ch->done : 0;
 }
 
+/* Whether the last send from rank `from` to rank `to` finished at the
+ * sender's daemon and not at the receiver's, and the sender's daemon keeps
+ * it to send again (replay.c): the receive is made again. */
+static int resent(const struct comm *c, int from, int to) {
+  const struct coll_channel *s = find(c->members[from], to, 1), *r = find(c->members[to], from, 0);
+  uint64_t received = r ? r->done : 0;
+  return s && s->kept && s->kept == s->done && s->done == received + 1 &&
+         c->node_of_rank[from] != c->node_of_rank[to];
+}
+
 /* Whether the daemons behind can run collective #last again: each of
  * those that finished it keeps the messages it sent (replay.c) and none of
  * the ranks behind wrote over its inputs in it. */
@@ -167,6 +177,7 @@ static ccs_result_t across_daemons(struct comm *c) {
       uint64_t other = done_of(c, ch->peer, r, !ch->send);
       if (ch->send ? ch->done <= other : other <= ch->done) continue;
       int from = ch->send ? r : ch->peer, to = ch->send ? ch->peer : r;
+      if (resent(c, from, to)) continue;
       ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d's sends to rank %d: %llu finished at the daemon at "
                      "%s, %llu received at the daemon at %s when a daemon went: the communicator "
                      "cannot be rejoined", from, to, (unsigned long long)(ch->send ? ch->done : other),
@@ -228,6 +239,8 @@ ccs_result_t ccsd_rejoin_settle(struct comm *c) {
       uint64_t finished = 0, retry = UINT64_MAX;
       furthest(ch, &finished);
       furthest(other, &finished);
+      int from = ch->send ? r : ch->peer, to = ch->send ? ch->peer : r;
+      if (resent(c, from, to)) finished--; /* the receive is made again, the message sent again */
       first_retry(ch, finished, &retry);
       first_retry(other, finished, &retry);
       if (ch->taken < finished)

@@ -21,6 +21,8 @@
 
 struct replay {
   uint64_t seq, sig_key;
+  int p2p;      /* a send to a rank of another daemon: one message, from and to ranks */
+  uint64_t age; /* sends: the comm's count of sends kept when this one was */
   ccs_dtype_t dtype;
   size_t chunk_elems;
   struct replay_msg {
@@ -45,7 +47,8 @@ struct replay_run {
 void ccsd_replay_prepare(struct xop *x) {
   struct comm *c = x->comm;
   const struct engine_plan *pl = &x->run.plan;
-  if (!c->spans || x->run.p2p || x->run.device >= 0 || !pl->net_items || c->co->cfg.peer_restart_grace_s <= 0)
+  if (!c->spans || x->run.device >= 0 || !pl->net_items || c->co->cfg.peer_restart_grace_s <= 0 ||
+      (x->run.p2p && pl->items[0].kind != ENGINE_SEND))
     return;
   size_t bytes = 0;
   for (size_t i = 0; i < pl->nitems; i++)
@@ -73,13 +76,50 @@ static void replay_free(struct replay *r) {
   free(r);
 }
 
+/* The send from rank `from` to rank `to` kept, or NULL. */
+static struct replay **send_of(const struct comm *c, int from, int to) {
+  for (size_t i = 0; i < c->nreplay_sends; i++)
+    if (c->replay_sends[i]->msgs[0].m.from == from && c->replay_sends[i]->msgs[0].m.to == to)
+      return &c->replay_sends[i];
+  return NULL;
+}
+
+/* Sends kept, the oldest first out, within peer_replay_bytes in all (a
+ * comm may have many pairs of ranks); r is the newest. */
+static void keep_send(struct comm *c, struct replay *r) {
+  const struct engine_message *m = &r->msgs[0].m;
+  struct replay **same = send_of(c, m->from, m->to);
+  if (same) {
+    replay_free(*same);
+    *same = c->replay_sends[--c->nreplay_sends];
+  }
+  size_t bytes = r->sent_bytes;
+  for (size_t i = 0; i < c->nreplay_sends; i++) bytes += c->replay_sends[i]->sent_bytes;
+  while (bytes > c->co->cfg.peer_replay_bytes && c->nreplay_sends) {
+    size_t oldest = 0;
+    for (size_t i = 1; i < c->nreplay_sends; i++)
+      if (c->replay_sends[i]->age < c->replay_sends[oldest]->age) oldest = i;
+    bytes -= c->replay_sends[oldest]->sent_bytes;
+    replay_free(c->replay_sends[oldest]);
+    c->replay_sends[oldest] = c->replay_sends[--c->nreplay_sends];
+  }
+  struct replay **grown = realloc(c->replay_sends, sizeof(*grown) * (c->nreplay_sends + 1));
+  if (!grown) {
+    replay_free(r);
+    return;
+  }
+  c->replay_sends = grown;
+  r->age = ++c->replay_sends_made;
+  c->replay_sends[c->nreplay_sends++] = r;
+}
+
 void ccsd_replay_keep(struct xop *x) {
   struct comm *c = x->comm;
   const struct engine_plan *pl = &x->run.plan;
-  if (!x->run.sent || (c->replay && c->replay->seq > x->seq)) return;
+  if (!x->run.sent || (!x->run.p2p && c->replay && c->replay->seq > x->seq)) return;
   struct replay *r = calloc(1, sizeof(*r));
-  int nparts = 0;
-  for (size_t i = 0; i < pl->nitems; i++) {
+  int nparts = x->run.p2p ? 2 : 0; /* a send's participants: its two ranks */
+  for (size_t i = 0; !x->run.p2p && i < pl->nitems; i++) {
     const struct engine_item *nd = &pl->items[i];
     if (nd->kind != ENGINE_COMPUTE && nd->from >= nparts) nparts = nd->from + 1;
     if (nd->kind != ENGINE_COMPUTE && nd->to >= nparts) nparts = nd->to + 1;
@@ -106,6 +146,7 @@ void ccsd_replay_keep(struct xop *x) {
         .node = ccsd_run_op_peer_node(&x->run, nd->first_task)};
   }
   r->seq = x->seq;
+  r->p2p = x->run.p2p;
   r->sig_key = x->run.sig_key;
   r->dtype = pl->dtype;
   r->chunk_elems = pl->chunk_elems;
@@ -113,6 +154,11 @@ void ccsd_replay_keep(struct xop *x) {
   for (size_t i = 0; i < pl->nitems; i++)
     if (pl->items[i].kind == ENGINE_SEND) r->sent_bytes += pl->items[i].count * pl->elem_size;
   x->run.sent = NULL;
+  if (r->p2p && !r->nmsgs) replay_free(r); /* nothing went */
+  else if (r->p2p) {
+    keep_send(c, r);
+    return;
+  }
   replay_free(c->replay);
   c->replay = r;
 }
@@ -123,8 +169,8 @@ static void replay_done(struct run_op *x) {
   struct replay_run *rr = (struct replay_run *)x;
   struct comm *c = rr->comm;
   if (x->net_error[0]) /* (a daemon that goes again is held for again, or fails the comm) */
-    LOG_WARN("comm %llu: sending collective #%llu again failed: %s", (unsigned long long)c->id,
-             (unsigned long long)x->seq, x->net_error);
+    LOG_WARN("comm %llu: sending %s again failed: %s", (unsigned long long)c->id,
+             x->p2p ? "a message" : "a collective's messages", x->net_error);
   c->replaying--;
   ccsd_peers_release(c->co->peers, x->net_mem);
   ccsd_run_op_free(x);
@@ -135,8 +181,9 @@ static void replay_done(struct run_op *x) {
   ccsd_comm_unref(c);
 }
 
-int ccsd_replay_start(struct comm *c, const uint8_t *rerun) {
-  const struct replay *r = c->replay; /* kept: the daemon may go again before it finishes */
+/* r's messages with the nodes marked in rerun go again, as an op of
+ * their own; r stays (the daemon may go again before they are taken). */
+static int launch(struct comm *c, const struct replay *r, const uint8_t *rerun) {
   struct engine_message *msgs = calloc(r->nmsgs + 1, sizeof(*msgs));
   size_t n = 0;
   for (size_t i = 0; msgs && i < r->nmsgs; i++) /* to and from the daemons that run it again */
@@ -170,6 +217,7 @@ int ccsd_replay_start(struct comm *c, const uint8_t *rerun) {
   x->net = c->net;
   x->map = &c->map;
   x->part_node = rr->part_node;
+  x->p2p = r->p2p;
   x->seq = r->seq;
   x->sig_key = r->sig_key;
   if (r->sent_bytes) x->regions[x->nregions++] = (struct run_region){rr->sent, r->sent_bytes, 0};
@@ -177,19 +225,45 @@ int ccsd_replay_start(struct comm *c, const uint8_t *rerun) {
   x->on_done = replay_done;
   c->replaying++;
   ccsd_comm_ref(c);
-  uint64_t seq = r->seq;
   if (rc != CCS_OK || ccsd_peers_op_prepare(x)) {
     replay_done(x);
     return -1;
   }
-  LOG_WARN("comm %llu: collective #%llu finished here, not at a daemon that went: its %zu messages "
-           "with the daemons that run it again go again", (unsigned long long)c->id,
-           (unsigned long long)seq, n);
   ccsd_executor_submit(c->co->exec, x);
   return 0;
+}
+
+int ccsd_replay_start(struct comm *c, const uint8_t *rerun) {
+  LOG_WARN("comm %llu: collective #%llu finished here, not at a daemon that went: its messages with the "
+           "daemons that run it again go again", (unsigned long long)c->id, (unsigned long long)c->replay->seq);
+  return launch(c, c->replay, rerun);
+}
+
+uint32_t ccsd_replay_sent(const struct comm *c, int from, int to) {
+  struct replay **r = send_of(c, from, to);
+  return r ? (*r)->msgs[0].m.msg + 1 : 0;
+}
+
+int ccsd_replay_send_again(struct comm *c, int from, int to) {
+  struct replay **r = send_of(c, from, to);
+  uint8_t *rerun = calloc((size_t)c->nnodes, 1);
+  if (!r || !rerun) {
+    free(rerun);
+    return -1;
+  }
+  LOG_WARN("comm %llu: rank %d's send #%u to rank %d finished here, not at the daemon that went: it goes "
+           "again", (unsigned long long)c->id, from, (*r)->msgs[0].m.msg + 1, to);
+  rerun[(*r)->msgs[0].node] = 1;
+  int rc = launch(c, *r, rerun);
+  free(rerun);
+  return rc;
 }
 
 void ccsd_replay_free(struct comm *c) {
   replay_free(c->replay);
   c->replay = NULL;
+  for (size_t i = 0; i < c->nreplay_sends; i++) replay_free(c->replay_sends[i]);
+  free(c->replay_sends);
+  c->replay_sends = NULL;
+  c->nreplay_sends = 0;
 }

@@ -61,6 +61,8 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     rj.n_ranks = m->rejoin.nranks;
     rj.hold = m->rejoin.hold;
     rj.kept = m->rejoin.kept;
+    rj.kept_sends = (Ccs__PeerCount **)m->rejoin.kept_sends;
+    rj.n_kept_sends = m->rejoin.nkept_sends;
     w.body_case = CCS__PEER_MSG__BODY_REJOIN, w.rejoin = &rj;
     break;
   case PEER_RESUME:
@@ -113,7 +115,9 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
                                        (const char *const *)w->rejoin->addrs, w->rejoin->n_addrs,
                                        w->rejoin->chunk_bytes, w->rejoin->lanes,
                                        (const Ccs__PeerRank *const *)w->rejoin->ranks, w->rejoin->n_ranks,
-                                       w->rejoin->hold, w->rejoin->kept};
+                                       w->rejoin->hold, w->rejoin->kept,
+                                       (const Ccs__PeerCount *const *)w->rejoin->kept_sends,
+                                       w->rejoin->n_kept_sends};
     break;
   case CCS__PEER_MSG__BODY_RESUME:
     ret->kind = PEER_RESUME;

@@ -62,6 +62,8 @@ struct peer_rejoin {
   size_t nranks;
   uint64_t hold; /* the hold's number, echoed in the answer */
   uint64_t kept; /* the collective whose messages it sent it keeps (coll/replay.c); 0: none */
+  const Ccs__PeerCount *const *kept_sends; /* per pair, the last send finished it keeps (number + 1) */
+  size_t nkept_sends;
 };
 
 /* the restarted daemon's verdict on the collectives: the others go on */

@@ -623,15 +623,17 @@ static void test_nodes_stop_owed(void **state) {
   release_and_wait(ranks);
 }
 
-/* Killed (kill -9) as it matched a collective that the first daemon had
- * finished: rank 0's broadcast, or the reduce to rank 1 of the first
- * daemon's ranks, needs nothing back from the second daemon, so it
- * finished at the first while rank 1 had not called yet, and what was sent
- * was lost with the second. The first daemon kept it (peer_replay_bytes)
- * and sends it again to the restarted one; rank 1's call, made again
- * there, gets every element. Then an all_reduce of every rank. */
+/* Killed (kill -9) as it matched a call that the first daemon had
+ * finished: rank 0's broadcast, the reduce to rank 1 of the first
+ * daemon's ranks, or rank 0's send to rank 1, needs nothing back from the
+ * second daemon, so it finished at the first while rank 1 had not called
+ * yet, and what was sent was lost with the second. The first daemon kept
+ * it (peer_replay_bytes) and sends it again to the restarted one; rank 1's
+ * call, made again there, gets every element. Then an all_reduce of every
+ * rank. */
+enum { REPLAYED_BROADCAST, REPLAYED_REDUCE, REPLAYED_SEND };
 static int replayed_rank(int rank, int n, void *arg) {
-  int reduce = *(const int *)arg;
+  int kind = *(const int *)arg;
   ccs_comm_t *comm;
   int64_t *buf = malloc(sizeof(int64_t) * COUNT), *out = malloc(sizeof(int64_t) * COUNT), one = 1;
   if (!buf || !out || ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
@@ -639,14 +641,18 @@ static int replayed_rank(int rank, int n, void *arg) {
   int bad = rc != CCS_OK || one != n;
   if (rank == 1)
     while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
-  const char *what = reduce ? "reduce" : "broadcast";
+  const char *what = kind == REPLAYED_REDUCE ? "reduce" : kind == REPLAYED_SEND ? "send" : "broadcast";
   for (size_t i = 0; i < COUNT; i++) buf[i] = value(rank, 0, i), out[i] = -1;
-  if (!bad) {
-    rc = reduce ? ccs_reduce(buf, out, COUNT, CCS_INT64, CCS_SUM, 1, comm, NULL)
-                : ccs_broadcast(buf, out, COUNT, CCS_INT64, 0, comm, NULL);
-    ring_from = 0;
-    bad = rc != CCS_OK || (reduce ? rank == 1 && check(what, rank, 0, out, COUNT, sum_of, n)
-                                  : check(what, rank, 0, out, COUNT, from_prev, n));
+  ring_from = 0;
+  if (!bad && kind == REPLAYED_REDUCE) {
+    rc = ccs_reduce(buf, out, COUNT, CCS_INT64, CCS_SUM, 1, comm, NULL);
+    bad = rc != CCS_OK || (rank == 1 && check(what, rank, 0, out, COUNT, sum_of, n));
+  } else if (!bad && kind == REPLAYED_SEND && rank < 2) {
+    rc = rank == 0 ? ccs_send(buf, COUNT, CCS_INT64, 1, comm, NULL) : ccs_recv(out, COUNT, CCS_INT64, 0, comm, NULL);
+    bad = rc != CCS_OK || (rank == 1 && check(what, rank, 0, out, COUNT, from_prev, n));
+  } else if (!bad && kind == REPLAYED_BROADCAST) {
+    rc = ccs_broadcast(buf, out, COUNT, CCS_INT64, 0, comm, NULL);
+    bad = rc != CCS_OK || check(what, rank, 0, out, COUNT, from_prev, n);
   }
   if (rank == 0) __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST); /* done here: rank 1 calls */
   for (size_t i = 0; i < COUNT && !bad; i++) buf[i] = value(rank, 1, i);
@@ -663,12 +669,12 @@ static int replayed_rank(int rank, int n, void *arg) {
 
 static void test_nodes_replayed(void **state) {
   (void)state;
-  for (int reduce = 0; reduce < 2; reduce++) {
+  for (int kind = REPLAYED_BROADCAST; kind <= REPLAYED_SEND; kind++) {
     fresh_round(1);
     sh->hold = 1;
-    start_nodes("launch:2", 0, "30"); /* the second daemon dies as it matches the broadcast or reduce */
+    start_nodes("launch:2", 0, "30"); /* the second daemon dies as it matches rank 1's call */
     pid_t ranks = fork();
-    if (ranks == 0) _exit(test_run_ranks(reduce ? 3 : 2, replayed_rank, &reduce, 60, NULL));
+    if (ranks == 0) _exit(test_run_ranks(kind == REPLAYED_REDUCE ? 3 : 2, replayed_rank, &kind, 60, NULL));
     double until = test_now() + 30;
     while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
     test_daemon_kill(&node[1]);
