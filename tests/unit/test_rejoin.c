@@ -185,6 +185,73 @@ static void test_disagreeing_reports_fail(void **state) {
   }
 }
 
+/* Across daemons (rank r on daemon r % 2; daemon 1 restarted): where
+ * daemon 0 finished a collective, or a send, that daemon 1 had not, the
+ * comm goes on only when daemon 0 keeps what it sent to send it again
+ * (replay.c), daemon 1 is exactly one behind, and its ranks can make the
+ * call again; then daemon 1's ranks run it again and daemon 0's do not.
+ * Every other such history fails the comm, saying it cannot be rejoined. */
+enum { SAME, REPLAYED, NOT_KEPT, TWO_BEHIND, RESTARTED_AHEAD, UNSAFE_BEHIND, SEND_REPLAYED, SEND_NOT_KEPT,
+       SEND_KEPT_EARLIER, CASES };
+static void test_across_daemons(void **state) {
+  (void)state;
+  static const char addrs[2][CCSD_ADDR_MAX] = {"10.0.0.1:7000", "10.0.0.2:7000"};
+  for (int trial = 0; trial < 200; trial++) {
+    int n = 2 + rand() % (RANKS_MAX - 1), rule = trial % CASES;
+    struct world w;
+    world_init(&w, n);
+    int node_of_rank[RANKS_MAX];
+    uint64_t kept[2] = {0, 0};
+    for (int r = 0; r < n; r++) node_of_rank[r] = r % 2;
+    w.c.nnodes = 2, w.c.mynode = 1;
+    w.c.node_of_rank = node_of_rank;
+    w.c.node_addr = (char(*)[CCSD_ADDR_MAX])addrs;
+    w.c.node_kept = kept;
+    uint64_t last = (uint64_t)(2 + rand() % 40), fin[2] = {last, last};
+    if (rule == REPLAYED || rule == NOT_KEPT || rule == UNSAFE_BEHIND) fin[1] = last - 1;
+    if (rule == TWO_BEHIND) fin[1] = last - 2;
+    if (rule == RESTARTED_AHEAD) fin[0] = last - 1;
+    if (rule != NOT_KEPT) kept[0] = fin[0];
+    struct side coll[RANKS_MAX], none[RANKS_MAX], send[RANKS_MAX], recv[RANKS_MAX];
+    memset(none, 0, sizeof(none)), memset(send, 0, sizeof(send)), memset(recv, 0, sizeof(recv));
+    for (int r = 0; r < n; r++) /* each made the last call; those behind have it out */
+      coll[r] = (struct side){.done = fin[r % 2], .taken = last, .unsafe = {rule == UNSAFE_BEHIND && r == 1}};
+    int p2p = rule >= SEND_REPLAYED;
+    uint64_t sends = (uint64_t)(1 + rand() % 20);
+    if (p2p) { /* rank 0's sends to rank 1: the last finished at daemon 0, not received at daemon 1 */
+      send[1] = (struct side){.done = sends, .taken = sends};
+      recv[0] = (struct side){.done = sends - 1, .taken = sends};
+    }
+    report(&w, 0, &coll[0], p2p ? send : none, none);
+    report(&w, 1, &coll[1], none, p2p ? recv : none);
+    for (int r = 2; r < n; r++) report(&w, r, &coll[r], none, none);
+    if (p2p && rule != SEND_NOT_KEPT) /* (what daemon 0's word says it keeps) */
+      ((struct coll_channel *)verdict(&w, 0, 1, 1))->kept = rule == SEND_KEPT_EARLIER ? sends - 1 : sends;
+    ccs_result_t rc = ccsd_rejoin_settle(&w.c);
+    if (rule == SAME || rule == REPLAYED || rule == SEND_REPLAYED) {
+      assert_int_equal(rc, CCS_OK);
+      for (int r = 0; r < n; r++) {
+        assert_int_equal(verdict(&w, r, -1, 0)->finished, fin[r % 2]);
+        assert_int_equal(w.m[r].coll_seq, fin[r % 2]); /* daemon 1's ranks call the last one again */
+      }
+      if (rule == REPLAYED) assert_int_equal(w.c.node_finished[1], last - 1);
+      if (p2p) { /* the receive is made again, and numbered as the message sent again */
+        assert_int_equal(verdict(&w, 0, 1, 1)->finished, sends - 1);
+        assert_int_equal(verdict(&w, 1, 0, 0)->finished, sends - 1);
+        assert_int_equal(w.c.np2p, sends > 1 ? 1 : 0);
+        if (sends > 1) assert_int_equal(w.c.p2p_counts[0].n, sends - 1);
+      }
+    } else {
+      assert_int_equal(rc, CCS_ERR_PEER_LOST);
+      assert_int_equal(w.c.state, COMM_FAILED);
+      assert_non_null(strstr(w.c.error_text, "cannot be rejoined"));
+    }
+    if (w.c.node_finished != NULL) free(w.c.node_finished);
+    free(w.c.p2p_counts);
+    world_free(&w);
+  }
+}
+
 /* A comm nobody rejoins (made afresh) has nothing to settle. */
 static void test_fresh_comm_untouched(void **state) {
   (void)state;
@@ -202,6 +269,7 @@ int main(void) {
       cmocka_unit_test(test_verdicts),
       cmocka_unit_test(test_disagreeing_reports_fail),
       cmocka_unit_test(test_fresh_comm_untouched),
+      cmocka_unit_test(test_across_daemons),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
