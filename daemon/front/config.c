@@ -59,7 +59,7 @@ static const struct key keys[] = {
     {"heartbeat", K_SECONDS, AT(heartbeat_s), 0.01, 3600, "seconds between heartbeats to other daemons"},
     {"peer_timeout", K_SECONDS, AT(peer_timeout_s), 0.05, 1e6, "seconds without a word from another daemon before its comms fail"},
     {"peer_restart_grace", K_SECONDS, AT(peer_restart_grace_s), 0, 1e6, "seconds the comms of a daemon that went are held for it to come back (a restart), then fail; 0: they fail at once"},
-    {"peer_replay_bytes", K_BYTES, AT(peer_replay_bytes), 0, 1 << 30, "a collective across daemons sending at most this much keeps a copy of what it sent until the next one finishes, and the last sends between each pair of ranks are kept up to this much in all, so that a daemon that crashes (kill -9) before taking them gets them again; 0: none kept"},
+    {"peer_replay_bytes", K_BYTES, AT(peer_replay_bytes), 0, 1 << 30, "bytes of a comm's last collective and last sends across daemons kept, to send again to a daemon that crashed (kill -9) before it took them; larger ones are not kept; 0: none"},
     {"cuda_legacy_ipc", K_BOOL, AT(cuda_legacy_ipc), 0, 1, "accept cudaMalloc'ed buffers by legacy cudaIpcMemHandle (ccs_mem_register): a bearer token, for trusted single-tenant nodes only"},
     {"admin_gids", K_IDS, AT(admin_gids), 0, 4294967294.0, "groups (names or gids) whose members are operators: see and abort every tenant's comms; root always is"},
     {"quota_ranks", K_COUNT, AT(quota[TENANT_RANKS]), 1, 1.8e19, "ranks per uid joined through this daemon (each costs per-op state)"},
