@@ -183,6 +183,8 @@ struct comm {
   struct replay **replay_sends; /* replay.c: per pair of ranks, the last send across daemons finished */
   size_t nreplay_sends;
   uint64_t replay_sends_made;
+  char *replay_spare;      /* replay.c: a copy's buffer let go, for the next */
+  size_t replay_spare_cap;
   int replaying;           /* replay.c: its messages being sent again (the comm's connections stay) */
   int owed;                /* draining: another daemon sent it what no op here took yet */
   char *barrier_bytes;     /* op.c: 2 a rank, what a barrier across daemons moves */
@@ -275,6 +277,7 @@ struct xop {
   int *part_node;          /* across daemons: each participant's node */
   uint64_t launched_ms;    /* for the deadline of ops waiting on other daemons */
   int plan_kept;           /* its plan goes back to comm->plans, made for key plan_gen */
+  size_t sent_cap;         /* replay.c: the size of run.sent */
   uint64_t plan_gen;
 };
 

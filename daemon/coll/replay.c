@@ -31,7 +31,7 @@ struct replay {
   } *msgs;
   size_t nmsgs;
   char *sent;
-  size_t sent_bytes, sink_bytes;
+  size_t sent_cap, sent_bytes, sink_bytes;
   int *part_node; /* the op's participants' nodes */
   int nparts;
 };
@@ -54,7 +54,14 @@ void ccsd_replay_prepare(struct xop *x) {
   for (size_t i = 0; i < pl->nitems; i++)
     if (pl->items[i].kind == ENGINE_SEND) bytes += pl->items[i].count * pl->elem_size;
   if (bytes > c->co->cfg.peer_replay_bytes) return;
-  x->run.sent = malloc(bytes ? bytes : 1);
+  /* the buffer of a copy let go (not malloc'ed afresh each op: its pages
+   * stay in place) */
+  if (c->replay_spare && c->replay_spare_cap >= bytes) {
+    x->run.sent = c->replay_spare, x->sent_cap = c->replay_spare_cap;
+    c->replay_spare = NULL;
+  } else {
+    x->run.sent = malloc(bytes ? bytes : 1), x->sent_cap = bytes ? bytes : 1;
+  }
   x->run.sent_at = malloc(sizeof(*x->run.sent_at) * pl->nitems);
   if (!x->run.sent || !x->run.sent_at) { /* not kept: a crash may cost the comm, as without */
     free(x->run.sent), free(x->run.sent_at);
@@ -68,10 +75,16 @@ void ccsd_replay_prepare(struct xop *x) {
   }
 }
 
-static void replay_free(struct replay *r) {
+/* r goes; its buffer is kept for the next copy when it is the largest */
+static void replay_free(struct comm *c, struct replay *r) {
   if (!r) return;
+  if (r->sent && (!c->replay_spare || r->sent_cap > c->replay_spare_cap)) {
+    free(c->replay_spare);
+    c->replay_spare = r->sent, c->replay_spare_cap = r->sent_cap;
+  } else {
+    free(r->sent);
+  }
   free(r->msgs);
-  free(r->sent);
   free(r->part_node);
   free(r);
 }
@@ -90,7 +103,7 @@ static void keep_send(struct comm *c, struct replay *r) {
   const struct engine_message *m = &r->msgs[0].m;
   struct replay **same = send_of(c, m->from, m->to);
   if (same) {
-    replay_free(*same);
+    replay_free(c, *same);
     *same = c->replay_sends[--c->nreplay_sends];
   }
   size_t bytes = r->sent_bytes;
@@ -100,12 +113,12 @@ static void keep_send(struct comm *c, struct replay *r) {
     for (size_t i = 1; i < c->nreplay_sends; i++)
       if (c->replay_sends[i]->age < c->replay_sends[oldest]->age) oldest = i;
     bytes -= c->replay_sends[oldest]->sent_bytes;
-    replay_free(c->replay_sends[oldest]);
+    replay_free(c, c->replay_sends[oldest]);
     c->replay_sends[oldest] = c->replay_sends[--c->nreplay_sends];
   }
   struct replay **grown = realloc(c->replay_sends, sizeof(*grown) * (c->nreplay_sends + 1));
   if (!grown) {
-    replay_free(r);
+    replay_free(c, r);
     return;
   }
   c->replay_sends = grown;
@@ -129,7 +142,7 @@ void ccsd_replay_keep(struct xop *x) {
     r->part_node = malloc(sizeof(int) * (size_t)(nparts ? nparts : 1));
   }
   if (!r || !r->msgs || !r->part_node) {
-    replay_free(r);
+    replay_free(c, r);
     return; /* (the one before is of no use any more either) */
   }
   memcpy(r->part_node, x->part_node, sizeof(int) * (size_t)nparts);
@@ -151,15 +164,16 @@ void ccsd_replay_keep(struct xop *x) {
   r->dtype = pl->dtype;
   r->chunk_elems = pl->chunk_elems;
   r->sent = x->run.sent;
+  r->sent_cap = x->sent_cap;
   for (size_t i = 0; i < pl->nitems; i++)
     if (pl->items[i].kind == ENGINE_SEND) r->sent_bytes += pl->items[i].count * pl->elem_size;
   x->run.sent = NULL;
-  if (r->p2p && !r->nmsgs) replay_free(r); /* nothing went */
+  if (r->p2p && !r->nmsgs) replay_free(c, r); /* nothing went */
   else if (r->p2p) {
     keep_send(c, r);
     return;
   }
-  replay_free(c->replay);
+  replay_free(c, c->replay);
   c->replay = r;
 }
 
@@ -260,10 +274,12 @@ int ccsd_replay_send_again(struct comm *c, int from, int to) {
 }
 
 void ccsd_replay_free(struct comm *c) {
-  replay_free(c->replay);
+  replay_free(c, c->replay);
   c->replay = NULL;
-  for (size_t i = 0; i < c->nreplay_sends; i++) replay_free(c->replay_sends[i]);
+  for (size_t i = 0; i < c->nreplay_sends; i++) replay_free(c, c->replay_sends[i]);
   free(c->replay_sends);
   c->replay_sends = NULL;
   c->nreplay_sends = 0;
+  free(c->replay_spare);
+  c->replay_spare = NULL;
 }

@@ -121,7 +121,7 @@ void ccsd_config_defaults(struct ccsd_config *cfg) {
   cfg->peer_connections = 2;
   cfg->peer_timeout_s = 5;
   cfg->peer_restart_grace_s = 30;
-  cfg->peer_replay_bytes = 1 << 20;
+  cfg->peer_replay_bytes = 64 << 10;
   cfg->poll_spin_us = 50;
   cfg->tenant_max_share = 1;
 }

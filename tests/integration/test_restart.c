@@ -628,38 +628,39 @@ static void test_nodes_stop_owed(void **state) {
  * daemon's ranks, or rank 0's send to rank 1, needs nothing back from the
  * second daemon, so it finished at the first while rank 1 had not called
  * yet, and what was sent was lost with the second. The first daemon kept
- * it (peer_replay_bytes) and sends it again to the restarted one; rank 1's
+ * it (within peer_replay_bytes, at its default) and sends it again to the restarted one; rank 1's
  * call, made again there, gets every element. Then an all_reduce of every
  * rank. */
 enum { REPLAYED_BROADCAST, REPLAYED_REDUCE, REPLAYED_SEND };
+#define REPLAYED_COUNT 8000 /* int64s: within the default peer_replay_bytes */
 static int replayed_rank(int rank, int n, void *arg) {
   int kind = *(const int *)arg;
   ccs_comm_t *comm;
-  int64_t *buf = malloc(sizeof(int64_t) * COUNT), *out = malloc(sizeof(int64_t) * COUNT), one = 1;
+  int64_t *buf = malloc(sizeof(int64_t) * REPLAYED_COUNT), *out = malloc(sizeof(int64_t) * REPLAYED_COUNT), one = 1;
   if (!buf || !out || ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
   ccs_result_t rc = ccs_all_reduce(&one, &one, 1, CCS_INT64, CCS_SUM, comm, NULL); /* launch 1 */
   int bad = rc != CCS_OK || one != n;
   if (rank == 1)
     while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
   const char *what = kind == REPLAYED_REDUCE ? "reduce" : kind == REPLAYED_SEND ? "send" : "broadcast";
-  for (size_t i = 0; i < COUNT; i++) buf[i] = value(rank, 0, i), out[i] = -1;
+  for (size_t i = 0; i < REPLAYED_COUNT; i++) buf[i] = value(rank, 0, i), out[i] = -1;
   ring_from = 0;
   if (!bad && kind == REPLAYED_REDUCE) {
-    rc = ccs_reduce(buf, out, COUNT, CCS_INT64, CCS_SUM, 1, comm, NULL);
-    bad = rc != CCS_OK || (rank == 1 && check(what, rank, 0, out, COUNT, sum_of, n));
+    rc = ccs_reduce(buf, out, REPLAYED_COUNT, CCS_INT64, CCS_SUM, 1, comm, NULL);
+    bad = rc != CCS_OK || (rank == 1 && check(what, rank, 0, out, REPLAYED_COUNT, sum_of, n));
   } else if (!bad && kind == REPLAYED_SEND && rank < 2) {
-    rc = rank == 0 ? ccs_send(buf, COUNT, CCS_INT64, 1, comm, NULL) : ccs_recv(out, COUNT, CCS_INT64, 0, comm, NULL);
-    bad = rc != CCS_OK || (rank == 1 && check(what, rank, 0, out, COUNT, from_prev, n));
+    rc = rank == 0 ? ccs_send(buf, REPLAYED_COUNT, CCS_INT64, 1, comm, NULL) : ccs_recv(out, REPLAYED_COUNT, CCS_INT64, 0, comm, NULL);
+    bad = rc != CCS_OK || (rank == 1 && check(what, rank, 0, out, REPLAYED_COUNT, from_prev, n));
   } else if (!bad && kind == REPLAYED_BROADCAST) {
-    rc = ccs_broadcast(buf, out, COUNT, CCS_INT64, 0, comm, NULL);
-    bad = rc != CCS_OK || check(what, rank, 0, out, COUNT, from_prev, n);
+    rc = ccs_broadcast(buf, out, REPLAYED_COUNT, CCS_INT64, 0, comm, NULL);
+    bad = rc != CCS_OK || check(what, rank, 0, out, REPLAYED_COUNT, from_prev, n);
   }
   if (rank == 0) __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST); /* done here: rank 1 calls */
-  for (size_t i = 0; i < COUNT && !bad; i++) buf[i] = value(rank, 1, i);
+  for (size_t i = 0; i < REPLAYED_COUNT && !bad; i++) buf[i] = value(rank, 1, i);
   if (!bad) {
     what = "all_reduce";
-    rc = ccs_all_reduce(buf, out, COUNT, CCS_INT64, CCS_SUM, comm, NULL);
-    bad = rc != CCS_OK || check(what, rank, 1, out, COUNT, sum_of, n);
+    rc = ccs_all_reduce(buf, out, REPLAYED_COUNT, CCS_INT64, CCS_SUM, comm, NULL);
+    bad = rc != CCS_OK || check(what, rank, 1, out, REPLAYED_COUNT, sum_of, n);
   }
   if (bad) fprintf(stderr, "rank %d %s: %s: %s\n", rank, what, ccs_result_name(rc), ccs_comm_last_error(comm));
   free(buf), free(out);
