@@ -168,9 +168,9 @@ void ccsd_replay_keep(struct xop *x) {
   for (size_t i = 0; i < pl->nitems; i++)
     if (pl->items[i].kind == ENGINE_SEND) r->sent_bytes += pl->items[i].count * pl->elem_size;
   x->run.sent = NULL;
-  if (r->p2p && !r->nmsgs) replay_free(c, r); /* nothing went */
-  else if (r->p2p) {
-    keep_send(c, r);
+  if (r->p2p) {
+    if (r->nmsgs) keep_send(c, r);
+    else replay_free(c, r); /* nothing went */
     return;
   }
   replay_free(c, c->replay);
