@@ -119,7 +119,7 @@ static uint64_t done_of(const struct comm *c, int r, int peer, int send) {
 static int resent(const struct comm *c, int from, int to) {
   const struct coll_channel *s = find(c->members[from], to, 1), *r = find(c->members[to], from, 0);
   uint64_t received = r ? r->done : 0;
-  return s && s->kept && s->kept == s->done && s->done == received + 1 &&
+  return c->node_of_rank && s && s->kept && s->kept == s->done && s->done == received + 1 &&
          c->node_of_rank[from] != c->node_of_rank[to];
 }
 
