@@ -117,13 +117,17 @@ static uint64_t wrong_in(int k, int rank, int n, uint64_t round, size_t c, const
   return bad;
 }
 
-static int join(ccs_comm_t **comm, int rank, int n, uint64_t epoch) {
-  char name[64];
-  snprintf(name, sizeof(name), "chaos.%llu.%llu", (unsigned long long)seed, (unsigned long long)epoch);
-  for (int tries = 0; tries < 5; tries++) {
+/* The comm of the next epoch. An init that a daemon's death cut short
+ * (its answer lost, or the comm's first daemon gone) cannot be rejoined:
+ * this rank goes on to the epoch after, and so do the others, when their
+ * init fails too or their comm, short of this rank, fails its first call. */
+static int join(ccs_comm_t **comm, int rank, int n, uint64_t *epoch) {
+  for (int tries = 0; tries < 8; tries++, ++*epoch) {
+    char name[64];
+    snprintf(name, sizeof(name), "chaos.%llu.%llu", (unsigned long long)seed, (unsigned long long)*epoch);
     if (ccs_comm_init_named(comm, name, n, rank) == CCS_OK) return 0;
     fprintf(stderr, "rank %d: init %s: %s\n", rank, name, ccs_comm_last_error(NULL));
-    sleep(1);
+    usleep(200000);
   }
   return -1;
 }
@@ -139,7 +143,7 @@ static int rank_main(int rank, int n, const char *stop_file) {
     return 2;
   ccs_comm_t *comm = NULL;
   uint64_t epoch = 0;
-  if (join(&comm, rank, n, epoch)) return 3;
+  if (join(&comm, rank, n, &epoch)) return 3;
   t->comms++;
   for (uint64_t round = 0;; round++) {
     /* stop where every rank stops */
@@ -166,7 +170,8 @@ static int rank_main(int rank, int n, const char *stop_file) {
             ccs_result_name(rc), ccs_comm_last_error(comm));
     t->failed++;
     ccs_comm_destroy(comm);
-    if (join(&comm, rank, n, ++epoch)) return 4;
+    ++epoch;
+    if (join(&comm, rank, n, &epoch)) return 4;
     t->comms++;
     /* ranks may have failed in different rounds: go on from the furthest */
     uint64_t at = round;
