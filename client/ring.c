@@ -456,6 +456,21 @@ void ccs__ring_settle_streams(struct ccs__conn *c, ccs_comm_t *comm, uint64_t fi
   pthread_mutex_unlock(&r->mu);
 }
 
+void ccs__ring_fail_streams(struct ccs__conn *c, const char *text) {
+  struct ccs__ring *r = c->ring;
+  if (!r) return;
+  pthread_mutex_lock(&r->mu);
+  for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) {
+    struct call *call = &r->calls[i];
+    if (!call->busy || call->done || !call->stream) continue;
+    call->done = 1;
+    call->status = CCS_ERR_DAEMON_UNAVAILABLE;
+    call->text = strdup(text);
+    stream_call_done(r, i);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
 void ccs__ring_forget_comm(struct ccs__conn *c, const ccs_comm_t *comm) {
   struct ccs__ring *r = c->ring;
   if (!r) return;

@@ -377,6 +377,69 @@ static void test_ids_after_restart(void **state) {
   assert_int_equal(test_daemon_stop(&dmn), 0);
 }
 
+/* A host stream's calls out when their comm cannot be rejoined (the
+ * daemon comes back with a key of its own run: the comm's id is not its
+ * own any more): synchronize fails, and the stream then serves a new comm,
+ * its count of calls in flight right again. */
+static int stream_lost_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  ccs_stream_t stream;
+  int64_t *buf;
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK || ccs_stream_create(&stream) != CCS_OK ||
+      ccs_mem_alloc((void **)&buf, 2 * sizeof(int64_t)) != CCS_OK)
+    return 10;
+  int bad = 0;
+  if (rank == 0) { /* two calls out, waiting for rank 1 when the daemon goes */
+    buf[0] = 1, buf[1] = 2;
+    bad |= ccs_all_reduce(&buf[0], &buf[0], 1, CCS_INT64, CCS_SUM, comm, stream) != CCS_OK;
+    bad |= ccs_all_reduce(&buf[1], &buf[1], 1, CCS_INT64, CCS_SUM, comm, stream) != CCS_OK;
+    __atomic_store_n(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+    ccs_result_t rc = ccs_stream_synchronize(stream);
+    if (rc == CCS_OK) fprintf(stderr, "rank 0: synchronize after its comm was lost: CCS_OK\n"), bad = 1;
+    ccs_comm_destroy(comm);
+    ccs_unique_id_t id;
+    ccs_comm_t *alone;
+    if (ccs_get_unique_id(&id) != CCS_OK || ccs_comm_init_rank(&alone, 1, id, 0) != CCS_OK) return 11;
+    buf[0] = 5;
+    bad |= ccs_all_reduce(&buf[0], &buf[0], 1, CCS_INT64, CCS_SUM, alone, stream) != CCS_OK;
+    rc = ccs_stream_synchronize(stream);
+    if (rc != CCS_OK || buf[0] != 5)
+      fprintf(stderr, "rank 0: the stream on a new comm: %s, %lld\n", ccs_result_name(rc), (long long)buf[0]), bad = 1;
+    ccs_comm_destroy(alone);
+  } else {
+    while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+    ccs_comm_destroy(comm);
+  }
+  ccs_stream_destroy(stream);
+  ccs_mem_free(buf);
+  return bad;
+}
+
+static void test_host_stream_lost(void **state) {
+  (void)state;
+  assert_int_equal(test_daemon_start(&dmn, NULL), 0);
+  test_new_id(&sh->id[0]);
+  sh->hold = 1;
+  sh->at_hold = 0;
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(2, stream_lost_rank, NULL, 60, NULL));
+  double until = test_now() + 30;
+  while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && ops_in_flight_at(&dmn) >= 1) && test_now() < until)
+    usleep(2000);
+  char key[160];
+  snprintf(key, sizeof(key), "%s.id-key", dmn.socket);
+  test_daemon_kill(&dmn);
+  assert_int_equal(chmod(key, 0644), 0); /* (the next daemon uses a key of its own) */
+  assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+  int status;
+  assert_int_equal(waitpid(ranks, &status, 0), ranks);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(test_daemon_stop(&dmn), 0);
+}
+
 /* --- across daemons: ranks on two daemons (rank r on daemon r % 2), and
  * the second one restarts while the first holds their comms for it
  * (peer_restart_grace). Only the second daemon's ranks rejoin; the first
@@ -725,6 +788,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_host_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ids_after_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_stream_lost, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_waiting, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_started, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_host_stream, setup, teardown),
