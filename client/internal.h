@@ -103,12 +103,10 @@ int ccs__ring_takes(const struct ccs__conn *c, size_t nops);
 ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, struct ccs__call *call);
 /* After a restart: each host stream's call of comm still out on c (each
  * numbered, collectives) is settled: finished where number < finished,
- * else failed with CCS_ERR_RETRY. Their streams leave c. */
+ * else failed with CCS_ERR_RETRY. Their streams leave c. comm NULL: every
+ * call no verdict settled (its comm was not rejoined) fails, so that its
+ * stream's count in flight comes back down. */
 void ccs__ring_settle_streams(struct ccs__conn *c, ccs_comm_t *comm, uint64_t finished);
-/* The host streams' calls on c's ring that no verdict settled (their comm
- * was not rejoined) fail with text: their streams' counts in flight come
- * back down. */
-void ccs__ring_fail_streams(struct ccs__conn *c, const char *text);
 /* The numbers of comm's host stream calls still out on c: [first, end);
  * returns how many of its CUDA stream calls are out. */
 int ccs__ring_stream_numbers(struct ccs__conn *c, const ccs_comm_t *comm, uint64_t *first, uint64_t *end);

@@ -537,8 +537,7 @@ static void restart(struct ccs__conn *c) {
   }
   /* a host stream's calls of a comm that was not rejoined fail (their
    * stream may serve a new comm on the next connection) */
-  ccs__ring_fail_streams(c, "the connection to ccsd closed under this host stream's call, and its "
-                         "communicator could not be rejoined");
+  ccs__ring_settle_streams(c, NULL, 0);
   pthread_mutex_lock(&mu);
   settle_calls(c, NULL, CCS_OK, NULL);
   /* what never got a verdict (a comm that was not rejoined) fails */

@@ -437,9 +437,13 @@ void ccs__ring_settle_streams(struct ccs__conn *c, ccs_comm_t *comm, uint64_t fi
   pthread_mutex_lock(&r->mu);
   for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) {
     struct call *call = &r->calls[i];
-    if (!call->busy || call->done || call->comm != comm || !call->stream) continue;
+    if (!call->busy || call->done || !call->stream || (comm && call->comm != comm)) continue;
     call->done = 1;
-    if (call->number + call->nops <= finished) {
+    if (!comm) {
+      call->status = CCS_ERR_DAEMON_UNAVAILABLE;
+      call->text = strdup("the connection to ccsd closed under this host stream's call, and its "
+                          "communicator could not be rejoined");
+    } else if (call->number + call->nops <= finished) {
       call->status = CCS_OK; /* its answer was lost with the daemon */
     } else if (call->number < finished) { /* repeating it would run its first ops twice */
       call->status = CCS_ERR_DAEMON_UNAVAILABLE;
@@ -451,21 +455,6 @@ void ccs__ring_settle_streams(struct ccs__conn *c, ccs_comm_t *comm, uint64_t fi
       call->text = strdup("ccsd restarted before this call of the host stream finished: repeat "
                           "it (its outputs, and the inputs of an in-place call, are undefined)");
     }
-    stream_call_done(r, i);
-  }
-  pthread_mutex_unlock(&r->mu);
-}
-
-void ccs__ring_fail_streams(struct ccs__conn *c, const char *text) {
-  struct ccs__ring *r = c->ring;
-  if (!r) return;
-  pthread_mutex_lock(&r->mu);
-  for (uint32_t i = 0; i < CCS__RING_ENTRIES; i++) {
-    struct call *call = &r->calls[i];
-    if (!call->busy || call->done || !call->stream) continue;
-    call->done = 1;
-    call->status = CCS_ERR_DAEMON_UNAVAILABLE;
-    call->text = strdup(text);
     stream_call_done(r, i);
   }
   pthread_mutex_unlock(&r->mu);

@@ -152,7 +152,7 @@ void ccsd_replay_keep(struct xop *x) {
     if (nd->kind == ENGINE_COMPUTE || !nd->ntasks) continue;
     int send = nd->kind == ENGINE_SEND;
     size_t at = send ? x->run.sent_at[i] : r->sink_bytes;
-    if (!send) r->sink_bytes += nd->count * pl->elem_size;
+    *(send ? &r->sent_bytes : &r->sink_bytes) += nd->count * pl->elem_size;
     r->msgs[r->nmsgs++] = (struct replay_msg){
         .m = {.send = send, .from = nd->from, .to = nd->to, .msg = nd->msg, .count = nd->count,
               .buf = (void *)(uintptr_t)at},
@@ -165,8 +165,6 @@ void ccsd_replay_keep(struct xop *x) {
   r->chunk_elems = pl->chunk_elems;
   r->sent = x->run.sent;
   r->sent_cap = x->sent_cap;
-  for (size_t i = 0; i < pl->nitems; i++)
-    if (pl->items[i].kind == ENGINE_SEND) r->sent_bytes += pl->items[i].count * pl->elem_size;
   x->run.sent = NULL;
   if (r->p2p) {
     if (r->nmsgs) keep_send(c, r);
