@@ -4,7 +4,7 @@
 # rows of OUT/gpu_summary.md as it goes, and says PASS or FAIL on its last
 # line. Together under 10 minutes of GPU time.
 #
-#   tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl|faults ...]   (default: all five)
+#   tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl|faults|restart ...]   (default: all six)
 #
 #   smoke   (30 s)   nvidia-smi facts and the compute mode (EXCLUSIVE_PROCESS
 #                    forbids ranks and the daemon sharing GPU 0), the daemon's
@@ -27,6 +27,11 @@
 #                    is killed or stopped, or the comm aborted: the stream goes
 #                    on, the comm carries the error, the daemon serves on
 #                    (stream_faults)
+#   restart (1 min)  a job of device buffers (registered, cudaMalloc'ed) on
+#                    the NULL stream rides through its daemon killed or
+#                    stopped while a call waits, or dying as an op starts:
+#                    every call right or repeated after CCS_ERR_RETRY,
+#                    checked element by element (gpu_restart)
 #
 # The binaries: $CCS_GPU_BUILD (a bundle made by scripts/gpu_bundle.sh on a
 # CPU machine, for a GPU machine that cannot build), else build-gpu/, built
@@ -39,15 +44,15 @@ stages=()
 for a in "$@"; do
   case $a in
   --dry-run) dry=1 ;;
-  smoke | matrix | perf | nccl | faults) stages+=("$a") ;;
-  *) echo "usage: tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl|faults ...]" >&2; exit 2 ;;
+  smoke | matrix | perf | nccl | faults | restart) stages+=("$a") ;;
+  *) echo "usage: tests/gpu/run.sh [--dry-run] [smoke|matrix|perf|nccl|faults|restart ...]" >&2; exit 2 ;;
   esac
 done
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 summary="$out/gpu_summary.md"
 # stages run one by one add to one summary; all of them start it afresh
-[ ${#stages[@]} -gt 0 ] || { stages=(smoke matrix perf nccl faults); rm -f "$summary"; }
+[ ${#stages[@]} -gt 0 ] || { stages=(smoke matrix perf nccl faults restart); rm -f "$summary"; }
 
 if [ "$dry" = 1 ]; then
   build=${CCS_GPU_BUILD:-build}
@@ -59,7 +64,7 @@ else
     t0=$SECONDS
     if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCCS_WERROR=OFF >/dev/null &&
            cmake --build "$build" -j "$(nproc)" --target ccsd ccs-perf test_collectives nccl_device \
-             stream_faults >/dev/null; }; then
+             stream_faults gpu_restart >/dev/null; }; then
       echo "BUILD FAILED (scripts/gpu_bundle.sh makes a build to bring along)"
       exit 1
     fi
@@ -94,7 +99,7 @@ start_daemon() {
 stop_daemon() {
   [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
   daemon_pid=
-  rm -rf "$dir"
+  if [ -n "${dir:-}" ]; then rm -rf "$dir"; fi
 }
 trap stop_daemon EXIT
 
@@ -190,18 +195,30 @@ nccl() {
   stop_daemon
 }
 
-faults() {
-  local prog="$build/tests/stream_faults"
+# gpu_program STAGE NAME LIMIT PROG WHAT: a program of the GPU alone
+# (tests/gpu), its "# " lines shown; without a GPU it must say so (77)
+gpu_program() {
+  local stage=$1 prog="$build/tests/$4"
   if [ "$dry" = 1 ]; then # host memory: the program runs and finds no GPU
     if [ -x "$prog" ]; then
-      check faults "stream_faults without a GPU says so (77)" 30 bash -c '"$1"; [ $? = 77 ]' _ "$prog"
+      check "$stage" "$4 without a GPU says so (77)" 30 bash -c '"$1"; [ $? = 77 ]' _ "$prog"
     else
-      row faults "stream_faults" "not built (no CUDA toolkit)" 0
+      row "$stage" "$4" "not built (no CUDA toolkit)" 0
     fi
     return
   fi
-  check faults "a stream's call out: peer killed, daemon killed, stopped, comm aborted" 120 "$prog"
-  grep '^# ' "$out/faults_a_stream_s_call_out__peer_killed__daemon_killed__stopped__comm_aborted.log"
+  check "$stage" "$2" "$3" "$prog"
+  grep '^# ' "$out/${stage}_${2//[^A-Za-z0-9]/_}.log"
+}
+
+faults() {
+  gpu_program faults "a stream's call out: peer killed, daemon killed, stopped, comm aborted" 120 \
+    stream_faults
+}
+
+restart() {
+  gpu_program restart "device buffers through a restart: killed, stopped, died as an op started" 150 \
+    gpu_restart
 }
 
 for s in "${stages[@]}"; do

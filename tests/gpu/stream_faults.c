@@ -29,6 +29,7 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
+#include "have_gpu.h"
 #include "harness.h"
 #include "serving.h"
 
@@ -197,25 +198,8 @@ static void test_aborted(void **state) {
   run_fault(ABORTED);
 }
 
-/* Whether there is a GPU, asked in a child: CUDA made in this process
- * would be unusable in the ranks it forks. */
-static int have_gpu(void) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int gpus = 0;
-    cudaError_t e = cudaGetDeviceCount(&gpus);
-    if (e != cudaSuccess || gpus < 1)
-      printf("stream_faults: no GPU here (%s): nothing to check\n", cudaGetErrorString(e));
-    fflush(stdout);
-    _exit(e == cudaSuccess && gpus > 0 ? 0 : 1);
-  }
-  int status;
-  return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
-         WEXITSTATUS(status) == 0;
-}
-
 int main(void) {
-  if (!have_gpu()) return 77;
+  if (!test_have_gpu("stream_faults")) return 77;
   sh = test_shared_new(sizeof(*sh));
   if (!sh) return 1;
   const struct CMUnitTest tests[] = {
