@@ -199,11 +199,12 @@ static struct ccs__call *track(struct ccs__conn *c, const struct op *ops, size_t
   for (size_t i = 0; d && i < n; i++) {
     const struct op *o = &ops[i];
     /* run again, an in-place op on registered memory would read what it
-     * wrote; a device op: what its GPU did is not known */
+     * wrote. On a GPU as on the host: a dead daemon's context is torn down,
+     * its work stopped, before its process is gone */
     d[i] = (struct ccs__call_desc){o->comm, o->kind, o->root,
-                                   o->device >= 0 || (o->send_len && o->recv_len && !o->stage_lo &&
-                                                      o->send < o->recv + o->recv_len &&
-                                                      o->recv < o->send + o->send_len)};
+                                   o->send_len && o->recv_len && !o->stage_lo &&
+                                       o->send < o->recv + o->recv_len &&
+                                       o->recv < o->send + o->send_len};
   }
   if (d) call = ccs__call_new(c, d, n, numbers, &moving);
   if (d != few) free(d);

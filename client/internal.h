@@ -279,9 +279,8 @@ int ccs__chan_of(ccs_comm_t *comm, int peer, int send);
 
 /* A blocking call's record while it is out: its ops' channels and
  * numbers, which ops could not run again once started (in place on
- * registered memory: their inputs overwritten; on device memory: what the
- * GPU did is not known), the journal key its request went under, and,
- * after a restart, what became of each op. */
+ * registered memory: their inputs overwritten), the journal key its
+ * request went under, and, after a restart, what became of each op. */
 enum ccs__verdict { CCS__OUT, CCS__FINISHED, CCS__RESUBMIT, CCS__REPEAT };
 struct ccs__call_op {
   ccs_comm_t *comm;
@@ -309,7 +308,7 @@ struct ccs__call_desc {
   ccs_comm_t *comm;
   uint32_t kind;
   int peer;            /* a send's or receive's */
-  int unsafe_to_rerun; /* run again, it could read what it wrote (or a GPU's unknown work) */
+  int unsafe_to_rerun; /* run again, it could read what it wrote */
 };
 struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc *ops, size_t n,
                                 const uint64_t *numbers, int *moving);

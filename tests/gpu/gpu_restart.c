@@ -11,8 +11,8 @@
  * alone in a call, or dies as an op starts (CCSD_FAILPOINT=started), and
  * is started again on the same socket. Every call ends right, its result
  * copied back and checked element by element against values computed on
- * the host, or with CCS_ERR_RETRY on every rank, which then fills its
- * inputs again and repeats it. Needs a GPU (tests/gpu/run.sh restart);
+ * the host, or, where it ran in place, with CCS_ERR_RETRY on every rank,
+ * which then fills its inputs again and repeats it. Needs a GPU (tests/gpu/run.sh restart);
  * without one it says so and exits 77. */
 #include <setjmp.h>
 #include <signal.h>
@@ -212,11 +212,13 @@ static void test_stopped_while_waiting(void **state) {
   (void)state;
   run(2, NULL, 1, 0);
 }
-/* op 4 (round 3) in place on registered memory, op 5 (round 4) staged */
+/* op 4 (round 3) in place on registered memory: repeated; op 5 (round 4)
+ * staged and op 3 (round 2) out of place on registered memory: resubmitted */
 static void test_died_as_it_started(void **state) {
   (void)state;
   run(2, "started:4", 0, 1);
   run(3, "started:5", 0, 0);
+  run(2, "started:3", 0, 0);
 }
 
 static int teardown(void **state) {
