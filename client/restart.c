@@ -111,6 +111,10 @@ void ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t coun
   pthread_mutex_lock(&mu);
   struct ccs__chan *ch = &comm->chans[chan];
   if (status == CCS_OK || status == CCS_ERR_MISMATCH) answered(comm, chan, first + count - 1);
+  /* to repeat: the daemon dropped it and every later call of the channel,
+   * which take their numbers again from it, whatever order their answers
+   * come in */
+  else if (status == CCS_ERR_RETRY && ch->next > first) ch->next = first;
   else if (ch->next == first + count) ch->next = first; /* refused as a whole */
   if (status == CCS_ERR_MISMATCH) comm->has_id = 0;
   pthread_mutex_unlock(&mu);
@@ -526,13 +530,15 @@ static void restart(struct ccs__conn *c) {
       pthread_mutex_unlock(&mu);
       continue;
     }
-    ccs__ring_settle_streams(c, comm, v->n_verdicts ? v->verdicts[0]->finished : 0);
     pthread_mutex_lock(&mu);
     apply(c, comm, v);
     comm->handle = v->comm;
     ccs__conn_ref(nc);
     comm->conn = nc;
     pthread_mutex_unlock(&mu);
+    /* only now: a caller back from synchronize repeats its stream's calls
+     * on the new connection, numbered from the verdict */
+    ccs__ring_settle_streams(c, comm, v->n_verdicts ? v->verdicts[0]->finished : 0);
     ccs__conn_put(c); /* the comm's reference: the keeper still holds one */
   }
   /* a host stream's calls of a comm that was not rejoined fail (their

@@ -1,0 +1,89 @@
+/* A comm's channel numbers as its calls are answered (client/restart.c):
+ * what ran keeps its number, a call refused as a whole gives its number
+ * back, and calls to repeat after a restart (CCS_ERR_RETRY: the daemon
+ * dropped them and every later one) give theirs back from the first,
+ * whatever order their answers come in. A host stream's calls are
+ * answered in the order the daemon drops them, which is not their
+ * order: a staying daemon then numbered one rank's repeated calls one off
+ * the others' (CCS_ERR_MISMATCH after a restart). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "internal.h"
+
+static struct ccs__chan chan;
+static ccs_comm_t comm = {.chans = &chan, .nchans = 1, .has_id = 1};
+
+static void numbered(uint64_t next, uint64_t done) {
+  chan = (struct ccs__chan){.peer = -1, .next = next, .done = done};
+}
+
+static void test_ran(void **state) {
+  (void)state;
+  numbered(5, 5);
+  assert_int_equal(ccs__chan_take(&comm, 0, 2), 5);
+  ccs__chan_settled(&comm, 0, 5, 2, CCS_OK);
+  assert_int_equal(chan.next, 7);
+  assert_int_equal(chan.done, 7);
+  ccs__chan_settled(&comm, 0, 7, 1, CCS_ERR_MISMATCH); /* a mismatch took its number */
+  assert_int_equal(chan.done, 8);
+  assert_int_equal(comm.has_id, 0);
+  comm.has_id = 1;
+}
+
+static void test_refused(void **state) {
+  (void)state;
+  numbered(5, 5);
+  ccs__chan_take(&comm, 0, 1);
+  ccs__chan_take(&comm, 0, 1);
+  ccs__chan_settled(&comm, 0, 5, 1, CCS_ERR_INVALID_USAGE); /* not the last: kept */
+  assert_int_equal(chan.next, 7);
+  ccs__chan_settled(&comm, 0, 6, 1, CCS_ERR_QUOTA); /* the last: given back */
+  assert_int_equal(chan.next, 6);
+  assert_int_equal(chan.done, 5);
+}
+
+/* Calls 5, 6 and 7 (two ops) dropped for a repeat, answered in each order. */
+static void test_retry_any_order(void **state) {
+  (void)state;
+  const uint64_t first[3] = {5, 6, 7}, count[3] = {1, 1, 2};
+  const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+  for (int o = 0; o < 6; o++) {
+    numbered(5, 5);
+    for (int i = 0; i < 3; i++) ccs__chan_take(&comm, 0, count[i]);
+    for (int i = 0; i < 3; i++) {
+      int k = orders[o][i];
+      ccs__chan_settled(&comm, 0, first[k], count[k], CCS_ERR_RETRY);
+    }
+    assert_int_equal(chan.next, 5);
+    assert_int_equal(chan.done, 5);
+    assert_int_equal(ccs__chan_take(&comm, 0, 1), 5); /* the repeat takes 5 again */
+  }
+}
+
+/* A repeat dropped after the calls before it ran: only its numbers on. */
+static void test_retry_after_ran(void **state) {
+  (void)state;
+  numbered(5, 5);
+  for (int i = 0; i < 4; i++) ccs__chan_take(&comm, 0, 1);
+  ccs__chan_settled(&comm, 0, 8, 1, CCS_ERR_RETRY);
+  ccs__chan_settled(&comm, 0, 5, 1, CCS_OK);
+  ccs__chan_settled(&comm, 0, 7, 1, CCS_ERR_RETRY);
+  ccs__chan_settled(&comm, 0, 6, 1, CCS_OK);
+  assert_int_equal(chan.next, 7);
+  assert_int_equal(chan.done, 7);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ran),
+      cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_retry_any_order),
+      cmocka_unit_test(test_retry_after_ran),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
