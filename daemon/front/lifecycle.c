@@ -160,6 +160,8 @@ void ccsd_daemon_close(struct daemon *d) {
   d->coll.peers = NULL;
   engine_pool_free(d->coll.pool);
   ccsd_run_shares_close(&d->shares);
+  ccsd_gpu_free(d->coll.gpu); /* after all that could still let go of its pages */
+  d->coll.gpu = NULL;
   uv_loop_close(d->loop);
   ccsd_metrics_free(d);
 }

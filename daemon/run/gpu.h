@@ -43,7 +43,12 @@ struct gpu;
 void ccsd_gpu_environment(void);
 /* The GPUs of this daemon, or NULL with the reason it runs host-only. */
 struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len);
+/* Stops its threads, letting go of what is still on a GPU; closes its
+ * handle on the loop. Freed by ccsd_gpu_free, once the loop ran its close
+ * callbacks: ops and rings freed there may still let go of pages of flags
+ * (a comm across daemons kept until its connections closed). */
 void ccsd_gpu_stop(struct gpu *g);
+void ccsd_gpu_free(struct gpu *g);
 /* "2 GPUs: NVIDIA H200 (0), NVIDIA H200 (1)" */
 void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len);
 

@@ -77,6 +77,7 @@ struct gpu {
   pthread_t reaper;
   int closed; /* the loop's handle is closing: nothing more is sent to it */
   int stuck;  /* ops still on a GPU at the end: g and the pools are kept */
+  int handle_closed, released; /* both: g is freed (destroy) */
   struct list to_loop;     /* ops back from the GPU (done_link) */
   struct list dead_flags;  /* pages of flags to unregister and unmap (gpu_flags.link) */
   struct dead_mem *dead_mem;
@@ -607,6 +608,8 @@ static void enable_peer_access(struct gpu *g) {
 
 void ccsd_gpu_environment(void) { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
 
+static struct gpu *abandon(struct gpu *g);
+
 struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
   if (ccs__cuda_usable(why, len)) return NULL;
   int n = 0;
@@ -640,8 +643,7 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&p, i);
     if (e != cudaSuccess) {
       snprintf(why, len, "GPU %d: %s", i, cudaGetErrorString(e));
-      ccsd_gpu_stop(g);
-      return NULL;
+      return abandon(g);
     }
     snprintf(dv->name, sizeof(dv->name), "%s", p.name);
     for (int j = 0; j < n; j++) {
@@ -656,8 +658,7 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
       snprintf(why, len, "GPU %d: %s", i, err);
       free(dv->done);
       dv->done = NULL;
-      ccsd_gpu_stop(g);
-      return NULL;
+      return abandon(g);
     }
     dv->finishing = 1;
     if (!(dv->finisher_started = !pthread_create(&dv->finisher, NULL, finisher, dv))) break;
@@ -669,21 +670,42 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
       !(g->watching = !pthread_create(&g->watchdog, NULL, watchdog, g)) ||
       !(g->reaping = !pthread_create(&g->reaper, NULL, reaper, g))) {
     snprintf(why, len, "cannot start the GPU threads");
-    ccsd_gpu_stop(g);
-    return NULL;
+    return abandon(g);
   }
   enable_peer_access(g);
   return g;
 }
 
-static void on_closed(uv_handle_t *h) {
-  struct gpu *g = h->data;
+/* Once its handle closed and the daemon let it go, whichever is last:
+ * what let go of its pages after it stopped (the ops and rings freed in
+ * the loop's close callbacks) is reaped, and g freed. */
+static void destroy(struct gpu *g) {
+  if (!g->handle_closed || !g->released) return;
   if (g->stuck) return; /* a GPU may still write its completions: g stays */
-  reap(g); /* the pages of rings closed since */
+  reap(g);
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->watch_cv);
   pthread_cond_destroy(&g->reap_cv);
   free(g);
+}
+
+static void on_closed(uv_handle_t *h) {
+  struct gpu *g = h->data;
+  g->handle_closed = 1;
+  destroy(g);
+}
+
+void ccsd_gpu_free(struct gpu *g) {
+  if (!g) return;
+  g->released = 1;
+  destroy(g);
+}
+
+/* A start that failed: stopped, freed once its handle closed. */
+static struct gpu *abandon(struct gpu *g) {
+  ccsd_gpu_stop(g);
+  ccsd_gpu_free(g);
+  return NULL;
 }
 
 /* At the end: every op on a GPU is let go, and waited for; 0 when none is

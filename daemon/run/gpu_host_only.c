@@ -13,6 +13,7 @@ struct gpu *ccsd_gpu_start(uv_loop_t *loop, char *why, size_t len) {
 }
 
 void ccsd_gpu_stop(struct gpu *g) {}
+void ccsd_gpu_free(struct gpu *g) {}
 void ccsd_gpu_describe(const struct gpu *g, char *buf, size_t len) { snprintf(buf, len, "none"); }
 
 ccs_result_t ccsd_gpu_map(struct gpu *g, int fd, uint64_t size, const uint8_t *uuid,

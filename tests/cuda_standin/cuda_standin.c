@@ -389,6 +389,7 @@ static CUresult cu_host_register(void *p, size_t len, unsigned int flags) {
 
 static CUresult cu_host_unregister(void *p) {
   (void)p;
+  atomic_fetch_add(&standin.host_unregisters, 1);
   return CUDA_SUCCESS;
 }
 

@@ -14,6 +14,7 @@ struct standin {
   char module_loading[32];    /* CUDA_MODULE_LOADING when the runtime started */
   _Atomic int fail_next_launch; /* the next launch's own result (a cudaError_t) */
   _Atomic int launches, mallocs, frees, frees_on_loop, streams, set_device_calls, uuid_reads;
+  _Atomic int host_unregisters;
   char peer[STANDIN_MAX_DEVICES][STANDIN_MAX_DEVICES]; /* access enabled from [i] to [j] */
   void *_Atomic last_stream_context; /* where the last stream write or wait was queued */
   _Atomic int hold_writes;   /* stream writes wait for standin_release_writes */

@@ -9,7 +9,10 @@
  *
  * while the daemon is killed (SIGKILL) or stopped (SIGTERM) with rank 0
  * alone in a call, or dies as an op starts (CCSD_FAILPOINT=started), and
- * is started again on the same socket. Every call ends right, its result
+ * is started again on the same socket; and with the ranks on two daemons
+ * (libccs stages device buffers through host memory there), the second
+ * killed or stopped while rank 0 waits at the first, which holds the comm
+ * for it. Every call ends right, its result
  * copied back and checked element by element against values computed on
  * the host, or, where it ran in place, with CCS_ERR_RETRY on every rank,
  * which then fills its inputs again and repeats it. Needs a GPU (tests/gpu/run.sh restart);
@@ -47,7 +50,6 @@ struct shared {
   int retried[MAXR], ok[MAXR];
 };
 static struct shared *sh;
-static struct test_daemon dmn;
 
 static int64_t value(int rank, int round, size_t i) {
   return (int64_t)(test_mix(sh->seed + (uint64_t)round, (uint64_t)rank * COUNT + i) % 100000);
@@ -144,26 +146,52 @@ static int rank_main(int rank, int n, void *arg) {
   return bad;
 }
 
-static uint64_t ops_in_flight(void) {
-  Ccs__StatsReply *st = raw_stats(dmn.socket);
+/* One daemon, or two (rank r on daemon r % 2, device buffers through
+ * host memory) of which the second goes and the first holds the comm for
+ * it (peer_restart_grace). */
+static struct test_daemon dmn[2];
+static int ndaemons;
+static char listen_at[2][32];
+
+static int start(int k, int again) {
+  const char *args[] = {"--listen", listen_at[k], "--cluster-key-file", test_cluster_key(),
+                        "--peer-restart-grace", "30", NULL};
+  const char *const *extra = ndaemons > 1 ? args : NULL;
+  return again ? test_daemon_restart(&dmn[k], extra) : test_daemon_start(&dmn[k], extra);
+}
+
+static void stop(void) {
+  test_spread_ranks(NULL, 0);
+  for (int k = 0; k < ndaemons; k++) test_daemon_stop(&dmn[k]);
+}
+
+static uint64_t ops_in_flight(const struct test_daemon *d) {
+  Ccs__StatsReply *st = raw_stats(d->socket);
   uint64_t ops = st ? st->ops_in_flight : 0;
   free(st);
   return ops;
 }
 
-/* The ranks' rounds while the daemon goes: where `failpoint` says, else
- * with rank 0 alone in HOLD_ROUND's call (killed, or stopped when `term`);
- * started again each time. retry: every rank repeated one call (1), none
- * did (0). */
-static void run(int n, const char *failpoint, int term, int retry) {
+/* The ranks' rounds while the last daemon goes: where `failpoint` says,
+ * else with rank 0 alone in HOLD_ROUND's call at the first (killed, or
+ * stopped when `term`); started again each time. retry: every rank
+ * repeated one call (1), none did (0). */
+static void run(int daemons, int n, const char *failpoint, int term, int retry) {
   memset(sh, 0, sizeof(*sh));
   sh->seed = test_seed();
   sh->hold_round = failpoint ? -1 : HOLD_ROUND;
   sh->hold = !failpoint;
-  if (failpoint) setenv("CCSD_FAILPOINT", failpoint, 1);
-  assert_int_equal(test_daemon_start(&dmn, NULL), 0);
-  unsetenv("CCSD_FAILPOINT");
+  ndaemons = daemons;
+  for (int k = 0; k < daemons; k++) {
+    snprintf(listen_at[k], sizeof(listen_at[k]), "127.0.0.1:%d", test_free_port());
+    if (failpoint && k == daemons - 1) setenv("CCSD_FAILPOINT", failpoint, 1);
+    assert_int_equal(start(k, 0), 0);
+    unsetenv("CCSD_FAILPOINT");
+  }
+  setenv("CCS_SOCKET", dmn[0].socket, 1);
   test_new_id(&sh->id);
+  if (daemons > 1) test_spread_ranks(dmn, daemons);
+  struct test_daemon *victim = &dmn[daemons - 1];
   pid_t ranks = fork();
   if (ranks == 0) {
     int st[MAXR], bad = 0;
@@ -174,29 +202,29 @@ static void run(int n, const char *failpoint, int term, int retry) {
   int restarts = 0, status = -1;
   if (!failpoint) {
     double until = test_now() + 60;
-    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) == 1 && ops_in_flight() >= 1) &&
+    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) == 1 && ops_in_flight(&dmn[0]) >= 1) &&
            test_now() < until)
       usleep(2000);
-    if (term) assert_int_equal(test_daemon_term(&dmn), 0);
-    else test_daemon_kill(&dmn);
-    assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+    if (term) assert_int_equal(test_daemon_term(victim), 0);
+    else test_daemon_kill(victim);
+    assert_int_equal(start(daemons - 1, 1), 0);
     restarts++;
     __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
   }
   while (waitpid(ranks, &status, WNOHANG) != ranks) {
-    if (dmn.pid > 0 && !test_daemon_alive(&dmn)) { /* the failpoint: as systemd, start it again */
-      test_daemon_kill(&dmn);
-      assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+    if (victim->pid > 0 && !test_daemon_alive(victim)) { /* the failpoint: as systemd, start it again */
+      test_daemon_kill(victim);
+      assert_int_equal(start(daemons - 1, 1), 0);
       restarts++;
     }
     usleep(2000);
   }
   int retried = 0, ok = 0;
   for (int r = 0; r < n; r++) retried += sh->retried[r], ok += sh->ok[r];
-  fprintf(stderr, "# %s, %d ranks: %d restart(s); %d calls right, %d repeated after CCS_ERR_RETRY\n",
-          failpoint ? failpoint : term ? "SIGTERM" : "SIGKILL while rank 0 waits", n, restarts, ok,
-          retried);
-  assert_int_equal(test_daemon_stop(&dmn), 0);
+  fprintf(stderr, "# %s, %d ranks on %d daemon(s): %d restart(s); %d calls right, %d repeated after "
+          "CCS_ERR_RETRY\n", failpoint ? failpoint : term ? "SIGTERM" : "SIGKILL while rank 0 waits",
+          n, daemons, restarts, ok, retried);
+  stop();
   assert_true(WIFEXITED(status));
   assert_int_equal(WEXITSTATUS(status), 0);
   assert_int_equal(restarts, 1);
@@ -206,24 +234,31 @@ static void run(int n, const char *failpoint, int term, int retry) {
 
 static void test_killed_while_waiting(void **state) {
   (void)state;
-  run(3, NULL, 0, 0);
+  run(1, 3, NULL, 0, 0);
 }
 static void test_stopped_while_waiting(void **state) {
   (void)state;
-  run(2, NULL, 1, 0);
+  run(1, 2, NULL, 1, 0);
 }
 /* op 4 (round 3) in place on registered memory: repeated; op 5 (round 4)
  * staged and op 3 (round 2) out of place on registered memory: resubmitted */
 static void test_died_as_it_started(void **state) {
   (void)state;
-  run(2, "started:4", 0, 1);
-  run(3, "started:5", 0, 0);
-  run(2, "started:3", 0, 0);
+  run(1, 2, "started:4", 0, 1);
+  run(1, 3, "started:5", 0, 0);
+  run(1, 2, "started:3", 0, 0);
+}
+/* the second of two daemons killed or stopped while rank 0 waits at the
+ * first, which holds the comm: the calls there wait and go on */
+static void test_across_daemons(void **state) {
+  (void)state;
+  run(2, 3, NULL, 0, 0);
+  run(2, 2, NULL, 1, 0);
 }
 
 static int teardown(void **state) {
   (void)state;
-  test_daemon_stop(&dmn);
+  stop();
   return 0;
 }
 
@@ -235,6 +270,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_killed_while_waiting, teardown),
       cmocka_unit_test_teardown(test_stopped_while_waiting, teardown),
       cmocka_unit_test_teardown(test_died_as_it_started, teardown),
+      cmocka_unit_test_teardown(test_across_daemons, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,9 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -314,10 +311,29 @@ static void test_host_stream(void **state) {
 }
 
 /* No daemon comes back: the calls fail once CCS_RECONNECT_TIMEOUT passed. */
+/* A rank's comm made, its init answered: counted in sh->at_hold (a daemon
+ * killed before a rank read its init's answer fails the init instead of
+ * the call the test means). NULL when the init failed, saying so. */
+static ccs_comm_t *init_counted(int rank, int n) {
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, ccs_comm_last_error(NULL));
+    return NULL;
+  }
+  __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+  return comm;
+}
+
+/* Until n ranks made their comm (30 s at most). */
+static void wait_for_inits(int n) {
+  double until = test_now() + 30;
+  while (__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) < n && test_now() < until) usleep(1000);
+}
+
 static int abandoned_rank(int rank, int n, void *arg) {
   (void)arg;
-  ccs_comm_t *comm;
-  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
+  ccs_comm_t *comm = init_counted(rank, n);
+  if (!comm) return 10;
   int64_t v = rank, out;
   if (rank == n - 1) {
     while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
@@ -336,10 +352,12 @@ static void test_daemon_not_back(void **state) {
   assert_int_equal(test_daemon_start(&dmn, NULL), 0);
   test_new_id(&sh->id[0]);
   sh->hold = 1;
+  sh->at_hold = 0;
   setenv("CCS_RECONNECT_TIMEOUT", "1", 1);
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(2, abandoned_rank, NULL, 60, NULL));
   unsetenv("CCS_RECONNECT_TIMEOUT");
+  wait_for_inits(2);
   double until = test_now() + 30;
   while (ops_in_flight_at(&dmn) < 1 && test_now() < until) usleep(2000);
   test_daemon_kill(&dmn);
@@ -447,17 +465,6 @@ static void test_host_stream_lost(void **state) {
 static struct test_daemon node[2];
 static char node_listen[2][32];
 
-/* A port no one listens on now, for a daemon that comes back on it. */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof(a);
-  assert_true(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 static int start_node(int k, int again, const char *grace) {
   const char *args[] = {"--listen", node_listen[k], "--cluster-key-file", test_cluster_key(),
                         "--peer-restart-grace", grace, NULL};
@@ -466,7 +473,7 @@ static int start_node(int k, int again, const char *grace) {
 
 /* ids: from the daemon that stays (root 0) or the one that restarts (1) */
 static void start_nodes(const char *failpoint, int root, const char *grace) {
-  for (int k = 0; k < 2; k++) snprintf(node_listen[k], sizeof(node_listen[k]), "127.0.0.1:%d", free_port());
+  for (int k = 0; k < 2; k++) snprintf(node_listen[k], sizeof(node_listen[k]), "127.0.0.1:%d", test_free_port());
   assert_int_equal(start_node(0, 0, grace), 0);
   if (failpoint) setenv("CCSD_FAILPOINT", failpoint, 1);
   assert_int_equal(start_node(1, 0, grace), 0);
@@ -751,8 +758,8 @@ static void test_nodes_replayed(void **state) {
  * CCS_ERR_PEER_LOST once peer_restart_grace passed, saying so. */
 static int deserted_rank(int rank, int n, void *arg) {
   (void)arg;
-  ccs_comm_t *comm;
-  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
+  ccs_comm_t *comm = init_counted(rank, n);
+  if (!comm) return 10;
   int64_t v = rank, out;
   if (rank == 1)
     while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
@@ -768,10 +775,12 @@ static void test_nodes_not_back(void **state) {
   (void)state;
   start_nodes(NULL, 0, "1");
   sh->hold = 1;
+  sh->at_hold = 0;
   setenv("CCS_RECONNECT_TIMEOUT", "1", 1);
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(2, deserted_rank, NULL, 60, NULL));
   unsetenv("CCS_RECONNECT_TIMEOUT");
+  wait_for_inits(2);
   wait_for_call(&node[0]);
   test_daemon_kill(&node[1]);
   usleep(2500000); /* the grace passes */

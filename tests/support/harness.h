@@ -49,6 +49,9 @@ const char *test_cluster_key(void);
 /* A directory for the emulated NIC's sockets (tests/verbs_emu), made once,
  * named in CCS_VERBS_EMU_DIR, removed at exit. */
 const char *test_verbs_emu_dir(void);
+/* A loopback port no one listens on now (for a daemon that must come
+ * back on the same one); -1 when none could be had. */
+int test_free_port(void);
 /* Ranks forked from now on connect to daemon r % n of these. */
 void test_spread_ranks(const struct test_daemon *d, int n);
 

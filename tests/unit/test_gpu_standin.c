@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,6 +72,7 @@ static void test_start_stop_peer_access(void **state) {
   }
   ccsd_gpu_stop(g);
   uv_run(&loop, UV_RUN_DEFAULT);
+  ccsd_gpu_free(g);
   assert_int_equal(uv_loop_close(&loop), 0);
   assert_int_equal(atomic_load(&standin.streams), 0);
 }
@@ -99,9 +101,36 @@ static void test_scratch_freed_off_the_loop(void **state) {
   engine_pool_put(pool, small, kept); /* kept for the next op: freed at stop */
   ccsd_gpu_stop(g);
   uv_run(&loop, UV_RUN_DEFAULT);
+  ccsd_gpu_free(g);
   assert_int_equal(uv_loop_close(&loop), 0);
   assert_int_equal(atomic_load(&standin.frees) - frees, 2);
   assert_int_equal(atomic_load(&standin.frees_on_loop), 0);
+}
+
+/* A page of flags let go after the domain stopped (a comm across daemons
+ * freed in a close callback of a stopping daemon drops its last op's
+ * reference then) is reaped when the domain is freed, after the loop ran
+ * its close callbacks, not handed to a freed domain. */
+static void test_flags_let_go_after_stop(void **state) {
+  (void)state;
+  uv_loop_t loop;
+  char why[256] = "";
+  uv_loop_init(&loop);
+  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
+  assert_non_null(g);
+  void *map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(map != MAP_FAILED);
+  struct gpu_flags *f = ccsd_gpu_flags_new(map, 4096, map, (_Atomic uint32_t *)map + 64);
+  assert_non_null(f);
+  assert_int_equal(ccsd_gpu_flags_register(g, f, why, sizeof(why)), 0);
+  ccsd_gpu_stop(g);
+  uv_run(&loop, UV_RUN_DEFAULT); /* the close callbacks, the domain's among them */
+  int unregisters = atomic_load(&standin.host_unregisters);
+  ccsd_gpu_flags_unref(f); /* as a later one frees a ring's last op */
+  assert_int_equal(atomic_load(&standin.host_unregisters), unregisters);
+  ccsd_gpu_free(g); /* reaps it: unregistered and unmapped */
+  assert_int_equal(atomic_load(&standin.host_unregisters) - unregisters, 1);
+  assert_int_equal(uv_loop_close(&loop), 0);
 }
 
 static void test_launch_reports_its_own_error(void **state) {
@@ -221,6 +250,7 @@ static int run_failing_op(cudaError_t e, char *log, size_t len) {
     engine_plan_free(&x.plan);
     ccsd_gpu_stop(g);
     uv_run(&loop, UV_RUN_DEFAULT);
+    ccsd_gpu_free(g);
     _exit(0);
   }
   close(fds[1]);
@@ -286,6 +316,7 @@ static void ops_stop(struct gpu *g, uv_loop_t *loop) {
   for (int i = 0; i < NOPS; i++) engine_plan_free(&back_ops[i].plan);
   ccsd_gpu_stop(g);
   uv_run(loop, UV_RUN_DEFAULT);
+  ccsd_gpu_free(g);
   assert_int_equal(uv_loop_close(loop), 0);
 }
 
@@ -335,6 +366,7 @@ int main(void) {
       cmocka_unit_test(test_eager_loading),
       cmocka_unit_test(test_start_stop_peer_access),
       cmocka_unit_test(test_scratch_freed_off_the_loop),
+      cmocka_unit_test(test_flags_let_go_after_stop),
       cmocka_unit_test(test_launch_reports_its_own_error),
       cmocka_unit_test(test_client_keeps_the_callers_context),
       cmocka_unit_test(test_uuids_read_once),
