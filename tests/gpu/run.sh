@@ -96,8 +96,19 @@ start_daemon() {
   for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.1; done
   return 1
 }
+# stop_daemon STAGE: stopped; a daemon that does not exit 0 (it crashed
+# on the way out) fails the stage
 stop_daemon() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  if [ -n "$daemon_pid" ]; then
+    local rc=0
+    kill "$daemon_pid" 2>/dev/null
+    wait "$daemon_pid" 2>/dev/null || rc=$?
+    if [ "$rc" != 0 ]; then
+      echo "${1:-?}: the daemon exited with status $rc"
+      row "${1:-?}" "the daemon stops" "FAILED (status $rc)" 0
+      status=1
+    fi
+  fi
   daemon_pid=
   if [ -n "${dir:-}" ]; then rm -rf "$dir"; fi
 }
@@ -147,7 +158,7 @@ smoke() {
   [ "$dry" = 0 ] && dev=(--device 0)
   check smoke "all_reduce 2 ranks" 30 \
     "$build/client/ccs-perf" all_reduce --np 2 "${dev[@]}" -b 1M -e 1M -n 2 -w 1 -c 1
-  stop_daemon
+  stop_daemon smoke
 }
 
 matrix() {
@@ -182,7 +193,7 @@ perf() {
         printf "| %s | 4 | %s | %s | %s | %s | %s |\n", c, $1, $8, $12, $9 + ($13 == "N/A" ? 0 : $13), bw }' \
       "$log" >> "$out/perf_table.md"
   done
-  stop_daemon
+  stop_daemon perf
 }
 
 nccl() {
@@ -192,7 +203,7 @@ nccl() {
   for n in 2 3; do
     check nccl "NCCL program, $n ranks" 30 env "${mem[@]}" "$build/tests/nccl_device" "$n"
   done
-  stop_daemon
+  stop_daemon nccl
 }
 
 # gpu_program STAGE NAME LIMIT PROG WHAT: a program of the GPU alone
