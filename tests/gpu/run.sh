@@ -29,7 +29,8 @@
 #                    (stream_faults)
 #   restart (1 min)  a job of device buffers (registered, cudaMalloc'ed) on
 #                    the NULL stream rides through its daemon killed or
-#                    stopped while a call waits, or dying as an op starts:
+#                    stopped while a call waits, or dying as an op starts,
+#                    and across two daemons the second killed or stopped:
 #                    every call right or repeated after CCS_ERR_RETRY,
 #                    checked element by element (gpu_restart)
 #
