@@ -62,6 +62,7 @@ struct ccs__ring {
   uint16_t free_slots[CCS__RING_ENTRIES];
   uint32_t nfree;
   uint64_t spin_ns;
+  _Atomic int alone; /* the last yield of a wait came back at once: nobody shares this CPU */
   int flags_state; /* the stream flags: 0 not tried, 1 registered with CUDA, -1 unusable */
   int daemon_flags; /* the daemon took them (RingSetup's reply) */
   uint32_t beat_ms; /* the daemon's beat comes at least this often (0: it has none) */
@@ -262,10 +263,13 @@ static void take_completions(struct ccs__ring *r) {
  * daemon must run for the answer to come (8 B all_reduce, 4 ranks on 2
  * CPUs: 8.6 us after 64 pauses, 7.3 us after 8). A yield that comes
  * straight back means nobody shares this CPU: then pauses alone for a
- * while (proto/ring.h). */
+ * while (proto/ring.h), and the next wait starts so, since an answer
+ * that comes during a yield waits for its system call. */
 static ccs_result_t wait_done(struct ccs__conn *c, uint32_t seen) {
   struct ccs__ring_shared *sh = c->ring->sh;
-  uint64_t start = now_ns(), watch_until = 0;
+  uint64_t start = now_ns();
+  uint64_t watch_until = atomic_load_explicit(&c->ring->alone, memory_order_relaxed)
+                             ? start + CCS__WATCH_ALONE_NS : 0;
   for (unsigned k = 0;; k++) { /* (pauses count too: unsigned, it wraps harmlessly) */
     if (atomic_load_explicit(&sh->done_tail, memory_order_acquire) != seen) return CCS_OK;
     if (k < 8 || (watch_until && ((k & 15) || now_ns() < watch_until))) {
@@ -276,7 +280,9 @@ static ccs_result_t wait_done(struct ccs__conn *c, uint32_t seen) {
     if (yielded - start >= c->ring->spin_ns) break;
     sched_yield();
     uint64_t back = now_ns(); /* alone on this CPU: watch a while without system calls */
-    watch_until = back - yielded < CCS__YIELD_ALONE_NS ? back + CCS__WATCH_ALONE_NS : 0;
+    int alone = back - yielded < CCS__YIELD_ALONE_NS;
+    atomic_store_explicit(&c->ring->alone, alone, memory_order_relaxed);
+    watch_until = alone ? back + CCS__WATCH_ALONE_NS : 0;
   }
   for (;;) {
     atomic_fetch_add_explicit(&sh->client_waiting, 1, memory_order_seq_cst);

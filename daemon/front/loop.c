@@ -23,6 +23,7 @@ void ccsd_loop_run(struct daemon *d) {
   uint64_t last_work = 0;
   int busy_rounds = 0;
   int driving = 0; /* the transport, while calls are in flight */
+  int alone = 0;   /* the last yield came back at once: nobody else wants this CPU */
   while (!d->stopping) {
     if (list_empty(&d->rings)) { /* no fast path: libuv's loop as it is */
       if (!uv_run(d->loop, UV_RUN_ONCE)) break;
@@ -37,6 +38,13 @@ void ccsd_loop_run(struct daemon *d) {
         driving = 1;
         got += ccsd_peers_drive(d->coll.peers);
       }
+      /* a job calling back to back sends its next call within
+       * microseconds of its answer: where the CPU is this loop's alone,
+       * that is watched for before libuv's turn and the yield, whose
+       * system calls it would otherwise wait behind */
+      if (!got && alone && !driving && now - last_work < CCS__WATCH_ALONE_NS &&
+          ccsd_rings_watch(d, last_work + CCS__WATCH_ALONE_NS))
+        continue;
       /* libuv's turn costs a system call: while batches keep coming it
        * waits a few rounds */
       if (!got || ++busy_rounds >= 8) uv_run(d->loop, UV_RUN_NOWAIT), busy_rounds = 0;
@@ -48,8 +56,8 @@ void ccsd_loop_run(struct daemon *d) {
         sched_yield();
         /* back at once: nobody else wants this CPU, so the rings are
          * watched a while without system calls (proto/ring.h) */
-        if (!driving && uv_hrtime() - yielded < CCS__YIELD_ALONE_NS)
-          ccsd_rings_watch(d, yielded + CCS__WATCH_ALONE_NS);
+        alone = uv_hrtime() - yielded < CCS__YIELD_ALONE_NS;
+        if (!driving && alone) ccsd_rings_watch(d, yielded + CCS__WATCH_ALONE_NS);
       }
       continue;
     }
