@@ -55,13 +55,27 @@ static void test_eager_loading(void **state) {
   setenv("CUDA_MODULE_LOADING", "EAGER", 1);
 }
 
+/* A GPU domain on a fresh loop. */
+static struct gpu *domain_on(uv_loop_t *loop) {
+  char why[256] = "";
+  uv_loop_init(loop);
+  struct gpu *g = ccsd_gpu_start(loop, why, sizeof(why));
+  assert_non_null(g);
+  return g;
+}
+
+/* Stopped, the loop's close callbacks run, freed, the loop closed. */
+static void domain_end(struct gpu *g, uv_loop_t *loop) {
+  ccsd_gpu_stop(g);
+  uv_run(loop, UV_RUN_DEFAULT);
+  ccsd_gpu_free(g);
+  assert_int_equal(uv_loop_close(loop), 0);
+}
+
 static void test_start_stop_peer_access(void **state) {
   (void)state;
   uv_loop_t loop;
-  char why[256] = "";
-  uv_loop_init(&loop);
-  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
-  assert_non_null(g);
+  struct gpu *g = domain_on(&loop);
   char text[512];
   ccsd_gpu_describe(g, text, sizeof(text));
   assert_non_null(strstr(text, "stand-in GPU 2"));
@@ -70,10 +84,7 @@ static void test_start_stop_peer_access(void **state) {
     assert_int_equal(reach[i], (1u << NDEVICES) - 1);
     for (int j = 0; j < NDEVICES; j++) assert_int_equal(standin.peer[i][j], i != j);
   }
-  ccsd_gpu_stop(g);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  ccsd_gpu_free(g);
-  assert_int_equal(uv_loop_close(&loop), 0);
+  domain_end(g, &loop);
   assert_int_equal(atomic_load(&standin.streams), 0);
 }
 
@@ -82,11 +93,8 @@ static void test_start_stop_peer_access(void **state) {
 static void test_scratch_freed_off_the_loop(void **state) {
   (void)state;
   uv_loop_t loop;
-  char why[256] = "";
-  uv_loop_init(&loop);
   int mallocs = atomic_load(&standin.mallocs), frees = atomic_load(&standin.frees);
-  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
-  assert_non_null(g);
+  struct gpu *g = domain_on(&loop);
   struct engine_pool *pool = ccsd_gpu_pool(g, 1);
   size_t got = 0, kept = 0;
   void *big = engine_pool_get(pool, (size_t)300 << 20, &got); /* beyond what a pool keeps */
@@ -99,10 +107,7 @@ static void test_scratch_freed_off_the_loop(void **state) {
   while (atomic_load(&standin.frees) == frees && seconds() < until) usleep(1000);
   assert_int_equal(atomic_load(&standin.frees) - frees, 1);
   engine_pool_put(pool, small, kept); /* kept for the next op: freed at stop */
-  ccsd_gpu_stop(g);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  ccsd_gpu_free(g);
-  assert_int_equal(uv_loop_close(&loop), 0);
+  domain_end(g, &loop);
   assert_int_equal(atomic_load(&standin.frees) - frees, 2);
   assert_int_equal(atomic_load(&standin.frees_on_loop), 0);
 }
@@ -115,9 +120,7 @@ static void test_flags_let_go_after_stop(void **state) {
   (void)state;
   uv_loop_t loop;
   char why[256] = "";
-  uv_loop_init(&loop);
-  struct gpu *g = ccsd_gpu_start(&loop, why, sizeof(why));
-  assert_non_null(g);
+  struct gpu *g = domain_on(&loop);
   void *map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(map != MAP_FAILED);
   struct gpu_flags *f = ccsd_gpu_flags_new(map, 4096, map, (_Atomic uint32_t *)map + 64);
@@ -297,12 +300,9 @@ static void count_back(struct run_op *x) {
 /* A GPU domain on loop, and back_ops made: op i on GPU i % ngpus, on
  * comm (stream) 1 + i % ncomms, counted back by count_back. */
 static struct gpu *ops_start(uv_loop_t *loop, int ngpus, int ncomms) {
-  char why[256];
-  uv_loop_init(loop);
   back_loop = loop;
   nback = 0;
-  struct gpu *g = ccsd_gpu_start(loop, why, sizeof(why));
-  assert_non_null(g);
+  struct gpu *g = domain_on(loop);
   for (int i = 0; i < NOPS; i++) {
     struct run_op *x = &back_ops[i];
     memset(x, 0, sizeof(*x));
@@ -314,10 +314,7 @@ static struct gpu *ops_start(uv_loop_t *loop, int ngpus, int ncomms) {
 
 static void ops_stop(struct gpu *g, uv_loop_t *loop) {
   for (int i = 0; i < NOPS; i++) engine_plan_free(&back_ops[i].plan);
-  ccsd_gpu_stop(g);
-  uv_run(loop, UV_RUN_DEFAULT);
-  ccsd_gpu_free(g);
-  assert_int_equal(uv_loop_close(loop), 0);
+  domain_end(g, loop);
 }
 
 static void test_ops_come_back(void **state) {
