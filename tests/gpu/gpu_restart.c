@@ -165,13 +165,6 @@ static void stop(void) {
   for (int k = 0; k < ndaemons; k++) test_daemon_stop(&dmn[k]);
 }
 
-static uint64_t ops_in_flight(const struct test_daemon *d) {
-  Ccs__StatsReply *st = raw_stats(d->socket);
-  uint64_t ops = st ? st->ops_in_flight : 0;
-  free(st);
-  return ops;
-}
-
 /* The ranks' rounds while the last daemon goes: where `failpoint` says,
  * else with rank 0 alone in HOLD_ROUND's call at the first (killed, or
  * stopped when `term`); started again each time. retry: every rank
@@ -201,10 +194,9 @@ static void run(int daemons, int n, const char *failpoint, int term, int retry) 
   }
   int restarts = 0, status = -1;
   if (!failpoint) {
-    double until = test_now() + 60;
-    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) == 1 && ops_in_flight(&dmn[0]) >= 1) &&
-           test_now() < until)
-      usleep(2000);
+    for (double until = test_now() + 60; !__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && test_now() < until;)
+      usleep(1000);
+    raw_wait_ops_in_flight(dmn[0].socket, 1, 60);
     if (term) assert_int_equal(test_daemon_term(victim), 0);
     else test_daemon_kill(victim);
     assert_int_equal(start(daemons - 1, 1), 0);

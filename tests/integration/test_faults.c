@@ -54,25 +54,13 @@ static void assert_daemon_serves(int n) {
   test_daemon_assert_clean(&daemon_, &clean);
 }
 
-/* Until the daemon holds `ops` calls (others blocked in theirs), up to
- * 20 s; -1 when it never does. */
-static int wait_ops_in_flight(uint64_t ops) {
-  for (double end = test_now() + 20; test_now() < end; usleep(2000)) {
-    Ccs__StatsReply *st = raw_stats(daemon_.socket);
-    int there = st->ops_in_flight >= ops;
-    free(st);
-    if (there) return 0;
-  }
-  return -1;
-}
-
 /* --- a rank dies while the others wait in a collective --- */
 static int dying_rank(int rank, int n, void *arg) {
   ccs_comm_t *comm;
   if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
   if (rank == n - 1) {
     sh->culprit = getpid();
-    if (wait_ops_in_flight((uint64_t)n - 1)) return 11; /* the others are blocked */
+    if (raw_wait_ops_in_flight(daemon_.socket, (uint64_t)n - 1, 20)) return 11; /* the others are blocked */
     raise(SIGKILL);
   }
   float x[1000] = {0}, y[1000];
@@ -386,7 +374,7 @@ static void test_rank_killed_mid_op(void **state) {
     _exit(st[0] || st[1] || st[2] != 128 + SIGKILL);
   }
   /* all three called: the op is launched, its tasks running */
-  assert_int_equal(wait_ops_in_flight(3), 0);
+  assert_int_equal(raw_wait_ops_in_flight(daemon_.socket, 3, 20), 0);
   assert_true(sh->culprit > 0);
   kill(sh->culprit, SIGKILL);
   int status;
@@ -462,7 +450,7 @@ static void test_daemon_gone_and_back(void **state) {
     setenv("CCS_RECONNECT_TIMEOUT", "0", 1);
     _exit(test_run_ranks(3, orphaned_rank, NULL, 30, NULL));
   }
-  assert_int_equal(wait_ops_in_flight(2), 0); /* both calling ranks are blocked */
+  assert_int_equal(raw_wait_ops_in_flight(daemon_.socket, 2, 20), 0); /* both calling ranks are blocked */
   test_daemon_kill(&daemon_);
   int status;
   assert_int_equal(waitpid(child, &status, 0), child);

@@ -118,13 +118,6 @@ static int checked(int kind, int rank, int n, int round, const int64_t *reg, con
   }
 }
 
-static uint64_t ops_in_flight_at(const struct test_daemon *d) {
-  Ccs__StatsReply *st = raw_stats(d->socket);
-  uint64_t ops = st ? st->ops_in_flight : 0;
-  free(st);
-  return ops;
-}
-
 static int rank_main(int rank, int n, void *arg) {
   int kinds = *(int *)arg; /* how many kinds of call the loop takes turns with */
   ccs_comm_t *a, *b;
@@ -164,6 +157,15 @@ static int rank_main(int rank, int n, void *arg) {
   return bad;
 }
 
+/* Until a call is under way at d (30 s at most). */
+static void wait_for_call(const struct test_daemon *d) { raw_wait_ops_in_flight(d->socket, 1, 30); }
+
+/* Until n ranks counted themselves in sh->at_hold (30 s at most). */
+static void wait_at_hold(int n) {
+  double until = test_now() + 30;
+  while (__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) < n && test_now() < until) usleep(1000);
+}
+
 /* Where the ranks run and which daemon dies: one daemon, or two (rank r
  * on daemon r % 2) of which the second dies and the first holds the
  * ranks' comms for it (below). */
@@ -195,11 +197,9 @@ static void run_at(const struct where *w, void (*stop)(void), int n, int kinds, 
   }
   int restarts = 0, status = -1;
   if (!failpoint) { /* rank 0 blocked in the held round: the daemon goes under it */
-    double until = test_now() + 30;
     /* every rank there: no call but rank 0's is under way when the daemon goes */
-    while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) == n && ops_in_flight_at(w->waiting) >= 1) &&
-           test_now() < until)
-      usleep(2000);
+    wait_at_hold(n);
+    wait_for_call(w->waiting);
     if (term) assert_int_equal(test_daemon_term(w->victim), 0);
     else test_daemon_kill(w->victim);
     usleep(100000); /* the keepers try, and wait for the daemon */
@@ -324,12 +324,6 @@ static ccs_comm_t *init_counted(int rank, int n) {
   return comm;
 }
 
-/* Until n ranks made their comm (30 s at most). */
-static void wait_for_inits(int n) {
-  double until = test_now() + 30;
-  while (__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) < n && test_now() < until) usleep(1000);
-}
-
 static int abandoned_rank(int rank, int n, void *arg) {
   (void)arg;
   ccs_comm_t *comm = init_counted(rank, n);
@@ -357,9 +351,8 @@ static void test_daemon_not_back(void **state) {
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(2, abandoned_rank, NULL, 60, NULL));
   unsetenv("CCS_RECONNECT_TIMEOUT");
-  wait_for_inits(2);
-  double until = test_now() + 30;
-  while (ops_in_flight_at(&dmn) < 1 && test_now() < until) usleep(2000);
+  wait_at_hold(2);
+  wait_for_call(&dmn);
   test_daemon_kill(&dmn);
   __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
   int status;
@@ -442,9 +435,8 @@ static void test_host_stream_lost(void **state) {
   sh->at_hold = 0;
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(2, stream_lost_rank, NULL, 60, NULL));
-  double until = test_now() + 30;
-  while (!(__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) && ops_in_flight_at(&dmn) >= 1) && test_now() < until)
-    usleep(2000);
+  wait_at_hold(1);
+  wait_for_call(&dmn);
   char key[160];
   snprintf(key, sizeof(key), "%s.id-key", dmn.socket);
   test_daemon_kill(&dmn);
@@ -484,11 +476,6 @@ static void start_nodes(const char *failpoint, int root, const char *grace) {
   test_spread_ranks(node, 2);
 }
 
-/* Until a call is under way at d (30 s at most). */
-static void wait_for_call(const struct test_daemon *d) {
-  double until = test_now() + 30;
-  while (ops_in_flight_at(d) < 1 && test_now() < until) usleep(2000);
-}
 
 /* The held ranks go on; every rank must end well. */
 static void stop_nodes(void);
@@ -780,7 +767,7 @@ static void test_nodes_not_back(void **state) {
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(2, deserted_rank, NULL, 60, NULL));
   unsetenv("CCS_RECONNECT_TIMEOUT");
-  wait_for_inits(2);
+  wait_at_hold(2);
   wait_for_call(&node[0]);
   test_daemon_kill(&node[1]);
   usleep(2500000); /* the grace passes */

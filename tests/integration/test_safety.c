@@ -122,24 +122,12 @@ static void test_stopped_rank_times_out(void **state) {
 }
 
 /* --- row: ccs_comm_abort while the other ranks are blocked --- */
-/* Waits until the daemon holds `ops` calls (the other ranks blocked in
- * theirs), up to 20 s. */
-static int wait_ops_in_flight(uint64_t ops) {
-  for (double end = test_now() + 20; test_now() < end; usleep(2000)) {
-    Ccs__StatsReply *st = raw_stats(dmn.socket);
-    int there = st->ops_in_flight >= ops;
-    free(st);
-    if (there) return 0;
-  }
-  return -1;
-}
-
 static int aborting_rank(int rank, int n, void *arg) {
   ccs_comm_t *comm;
   if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
   if (rank == n - 1) {
     sh->culprit = getpid();
-    if (wait_ops_in_flight((uint64_t)n - 1)) return 11;
+    if (raw_wait_ops_in_flight(dmn.socket, (uint64_t)n - 1, 20)) return 11;
     sh->t_event = test_now();
     return ccs_comm_abort(comm) != CCS_OK;
   }

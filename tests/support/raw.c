@@ -250,6 +250,16 @@ Ccs__StatsReply *raw_stats(const char *socket_path) {
   return copy;
 }
 
+int raw_wait_ops_in_flight(const char *socket_path, uint64_t ops, double timeout_s) {
+  for (double end = test_now() + timeout_s; test_now() < end; usleep(2000)) {
+    Ccs__StatsReply *st = raw_stats(socket_path);
+    int there = st->ops_in_flight >= ops;
+    free(st);
+    if (there) return 0;
+  }
+  return -1;
+}
+
 /* The counters over the daemon's kept stats connection (harness.h), made
  * again once if the daemon dropped it. */
 static Ccs__StatsReply *stats_of(const struct test_daemon *d) {
