@@ -10,30 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "call.h"
 
-struct op {
-  ccs_comm_t *comm;
-  uint32_t kind;
-  uint64_t count;
-  ccs_dtype_t dtype;
-  ccs_redop_t redop;
-  int root;
-  const char *send;
-  char *recv;
-  uint64_t send_len, recv_len;
-  /* resolved: buffer id and offset; staged ranges copy through staging */
-  uint64_t send_id, send_off, recv_id, recv_off;
-  const char *stage_lo; /* user range staged at stage_off, or NULL */
-  size_t stage_len, stage_off;
-  int stage_in;   /* copy user -> staging before (send data lies in range) */
-  const char *stage2_lo; /* a second, disjoint staged range (send) */
-  size_t stage2_len, stage2_off;
-  int device;   /* the GPU holding the buffers; -1: host memory */
-  int via_host; /* device buffers staged through host memory (submit_on: a comm spans daemons) */
-  void *stream; /* cudaStream_t (device buffers) */
-  struct ccs__host_stream *host_stream; /* or a host stream (host buffers) */
-};
 
 static __thread struct {
   int depth;
@@ -268,7 +246,7 @@ enum again { DONE, MOVED, RESUBMITTED };
 static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops, uint64_t *numbers,
                               int given, enum again *again);
 
-static ccs_result_t submit(struct op *ops, size_t n) {
+ccs_result_t ccs__submit(struct op *ops, size_t n) {
   uint64_t few[8], *numbers = n <= 8 ? few : malloc(sizeof(*numbers) * n);
   if (!numbers) return fail(ops[0].comm, CCS_ERR_NO_MEMORY, "%s", "out of memory");
   int given = 0;
@@ -369,6 +347,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
     m->dtype = (uint32_t)o->dtype;
     m->redop = (uint32_t)o->redop;
     m->root = o->root;
+    m->whole_count = o->whole_count;
     if (o->send_len) {
       ccs__buf_ref__init(&refs[2 * i]);
       fill_ref(&refs[2 * i], o, o->send, o->send_len, o->send_id, o->send_off, st);
@@ -467,7 +446,7 @@ out:
 static ccs_result_t enqueue(struct op *o, ccs_stream_t stream) {
   ccs_result_t rc = check_op(o, stream);
   if (rc != CCS_OK) return rc;
-  if (group.depth == 0) return submit(o, 1);
+  if (group.depth == 0) return ccs__parts_fit(o) ? ccs__submit_in_parts(o) : ccs__submit(o, 1);
   if (group.n == CCS__SUBMIT_MAX_OPS)
     return fail(o->comm, CCS_ERR_INVALID_USAGE, "%s",
                 "too many ops in one group (4096 at most)");
@@ -493,7 +472,7 @@ CCS__API ccs_result_t ccs_group_end(void) {
     return CCS_ERR_INVALID_USAGE;
   }
   if (--group.depth > 0) return CCS_OK;
-  ccs_result_t rc = group.n ? submit(group.ops, group.n) : CCS_OK;
+  ccs_result_t rc = group.n ? ccs__submit(group.ops, group.n) : CCS_OK;
   free(group.ops);
   group.ops = NULL;
   group.n = group.cap = 0;

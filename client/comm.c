@@ -5,7 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "internal.h"
+#include "call.h"
 #include "launcher.h"
 
 CCS__API ccs_result_t ccs_get_unique_id(ccs_unique_id_t *id) {
@@ -242,6 +242,7 @@ static ccs_result_t comm_leave(ccs_comm_t *comm, int abort) {
       ccs__reply__free_unpacked(reply, NULL);
   }
   ccs__conn_put(comm->conn);
+  ccs__parts_free(comm);
   free(comm->algo);
   free(comm->chans);
   free(comm);

@@ -259,6 +259,7 @@ struct ccs_comm {
   char *algo;
   struct ccs__chan *chans; /* [0]: its collectives */
   size_t nchans;
+  struct ccs__parts *parts; /* its calls cut in parts: slots and streams (parts.c), or NULL */
 };
 
 /* --- restart.c: riding through a daemon restart (docs/restart.md) --- */

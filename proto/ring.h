@@ -57,6 +57,7 @@ struct ccs__ring_op {
   uint32_t flags;
   uint32_t order_slot, order_gen; /* CCS__RING_OP_STREAM: the batch's flag pair and value */
   uint32_t reserved;
+  uint64_t whole_count; /* Op.whole_count (ccs.proto) */
   struct ccs__ring_buf send, recv;
 };
 /* flags: the op runs only after the comm's earlier ops have finished (a

@@ -163,6 +163,7 @@ void ccsd_agree_launched(struct comm *c, const struct post *p, uint64_t seq) {
   }
   struct own *o = &c->agree_recent->own[seq % RECENT];
   *o = (struct own){seq, ccsd_op_sig_of(p), p->member->rank, 0};
+  o->sig.whole_count = 0; /* daemons do not speak of it (coll.h) */
   if (seq > c->agree_recent->newest) c->agree_recent->newest = seq;
   /* a rooted op can finish everywhere with the ranks disagreeing (a root's
    * sends complete, whoever receives them): its word goes at once */

@@ -222,6 +222,7 @@ struct post {
   struct member *member;
   uint32_t kind, dtype, redop;
   uint64_t count;
+  uint64_t whole_count; /* a part of a call cut in parts: the call's count; 0: a call */
   int root; /* or the peer of a send/recv */
   struct coll_buf send, recv;
   uint64_t send_off, send_len, recv_off, recv_len;
@@ -239,11 +240,12 @@ struct op_sig {
   uint32_t kind, dtype, redop;
   uint64_t count;
   int root;
+  uint64_t whole_count; /* compared among a daemon's ranks only (agree.c speaks of the rest) */
 };
 struct op_sig ccsd_op_sig_of(const struct post *p);
 int ccsd_op_sig_same(const struct op_sig *a, const struct op_sig *b); /* redop, root where used */
 int ccsd_op_sig_describe(char *buf, size_t len, const struct op_sig *s); /* "all_reduce(count=8, ...)" */
-uint64_t ccsd_op_sig_key(const struct op_sig *s); /* equal for ops ccsd_op_sig_same calls the same */
+uint64_t ccsd_op_sig_key(const struct op_sig *s); /* equal for ops ccsd_op_sig_same calls the same (whole_count aside) */
 
 /* Op #seq while its local ranks arrive. It costs what its posts cost (each
  * charged one of quota_ops) and a bit per rank, whatever the comm's size:

@@ -81,12 +81,17 @@ int ccsd_op_sig_describe(char *buf, size_t len, const struct op_sig *s) {
   if (ccs__coll_has_redop(s->kind))
     n += snprintf(buf + n, len - (size_t)n, ", op=%s", ccs_redop_name((ccs_redop_t)s->redop));
   if (ccs__coll_has_root(s->kind)) n += snprintf(buf + n, len - (size_t)n, ", root=%d", s->root);
+  if (s->whole_count)
+    n += snprintf(buf + n, len - (size_t)n, ", a part of a call of count=%llu",
+                  (unsigned long long)s->whole_count);
   n += snprintf(buf + n, len - (size_t)n, ")");
   return n;
 }
 
 int ccsd_op_sig_same(const struct op_sig *a, const struct op_sig *b) {
-  if (a->kind != b->kind || a->count != b->count || a->dtype != b->dtype) return 0;
+  if (a->kind != b->kind || a->count != b->count || a->dtype != b->dtype ||
+      a->whole_count != b->whole_count)
+    return 0;
   if (ccs__coll_has_redop(a->kind) && a->redop != b->redop) return 0;
   if (ccs__coll_has_root(a->kind) && a->root != b->root) return 0;
   return 1;
@@ -101,7 +106,7 @@ uint64_t ccsd_op_sig_key(const struct op_sig *s) {
 }
 
 struct op_sig ccsd_op_sig_of(const struct post *p) {
-  return (struct op_sig){p->kind, p->dtype, p->redop, p->count, p->root};
+  return (struct op_sig){p->kind, p->dtype, p->redop, p->count, p->root, p->whole_count};
 }
 
 /* "all_reduce(count=8, dtype=float, op=sum)" */

@@ -404,6 +404,7 @@ struct op_args {
   uint32_t kind, dtype, redop;
   int32_t root;
   uint64_t count;
+  uint64_t whole_count; /* a part of a call cut in parts: the call's count (ccs.proto) */
   struct op_buf send, recv;
   int ordered; /* after the comm's earlier ops (the rings' CCS__RING_OP_ORDERED) */
 };

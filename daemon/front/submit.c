@@ -106,6 +106,7 @@ static struct client_post *make_post(struct session *s, const struct op_args *op
   p->dtype = op->dtype;
   p->redop = ccs__coll_has_redop(op->kind) ? op->redop : 0;
   p->count = op->count;
+  p->whole_count = op->whole_count;
   p->root = ccs__coll_has_root(op->kind) || p2p ? op->root : 0;
   p->send_len = send_len;
   p->recv_len = recv_len;

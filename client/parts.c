@@ -1,0 +1,183 @@
+/* Large calls on unregistered host buffers, cut in parts. A staged call
+ * copies its input into registered memory, runs, and copies the result
+ * out: on a machine bound by memory bandwidth that triples its time
+ * (docs/performance.md, "Staged buffers"). In parts, the daemon runs one
+ * part on the comm's registered slots while the caller's thread copies the
+ * next part in and a finished one out, so the copies overlap the op.
+ *
+ * Only element-wise collectives (all_reduce, reduce, broadcast): a part
+ * of the call is the call on a part of the buffers. Each part goes on a
+ * host stream of its slot (stream.c), in the comm's order. The first part
+ * is waited for before the second goes: every part carries the whole
+ * call's count, so ranks that disagree are refused there, before any part
+ * writes, and the ranks that pass it make the same parts. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "call.h"
+
+#define SLOTS 3 /* one part copied in, one run, one copied out */
+#define PART_BYTES_DEFAULT ((size_t)1 << 20)
+#define REPEATS_MAX 8 /* daemon restarts under one call before it is the caller's to repeat */
+
+struct ccs__parts {
+  size_t part_bytes;
+  void *slot[SLOTS];
+  ccs_stream_t stream[SLOTS];
+};
+
+/* CCS_STAGED_PART_BYTES: a part's bytes (0: no call is cut); every rank
+ * of a comm must use the same, or their calls are refused as mismatched */
+static size_t part_bytes(void) {
+  const char *v = getenv("CCS_STAGED_PART_BYTES");
+  if (!v || !*v) return PART_BYTES_DEFAULT;
+  char *end;
+  unsigned long long b = strtoull(v, &end, 10);
+  return *end ? PART_BYTES_DEFAULT : (size_t)b;
+}
+
+static int staged(struct ccs__conn *c, const void *ptr, uint64_t len) {
+  uint64_t id, off;
+  return len == 0 || ccs__mem_lookup(c, ptr, len, &id, &off) == 1;
+}
+
+int ccs__parts_fit(const struct op *o) {
+  if (o->kind != CCS__ALL_REDUCE && o->kind != CCS__REDUCE && o->kind != CCS__BROADCAST) return 0;
+  if (o->device >= 0 || o->stream || o->comm->spans || o->comm->debug) return 0;
+  size_t es = ccs_dtype_size(o->dtype), pb = part_bytes();
+  if (pb < es || o->count < 2 * (uint64_t)(pb / es)) return 0;
+  /* in place, or apart: a part's input and output then share its slot */
+  int both = o->send_len && o->recv_len;
+  if (both && o->send != o->recv && o->send < o->recv + o->recv_len && o->recv < o->send + o->send_len)
+    return 0;
+  struct ccs__conn *c = ccs__comm_conn(o->comm);
+  int fit = ccs__ring_takes(c, 1) && staged(c, o->send, o->send_len) && staged(c, o->recv, o->recv_len);
+  ccs__conn_put(c);
+  return fit;
+}
+
+void ccs__parts_free(ccs_comm_t *comm) {
+  struct ccs__parts *p = comm->parts;
+  if (!p) return;
+  for (int s = 0; s < SLOTS; s++) {
+    if (p->stream[s]) ccs_stream_destroy(p->stream[s]);
+    if (p->slot[s]) ccs_mem_free(p->slot[s]);
+  }
+  free(p);
+  comm->parts = NULL;
+}
+
+static ccs_result_t parts_of(ccs_comm_t *comm, size_t bytes, struct ccs__parts **ret) {
+  struct ccs__parts *p = comm->parts;
+  if (p && p->part_bytes == bytes) {
+    *ret = p;
+    return CCS_OK;
+  }
+  ccs__parts_free(comm);
+  if (!(p = calloc(1, sizeof(*p)))) {
+    ccs__set_error("out of memory");
+    return CCS_ERR_NO_MEMORY;
+  }
+  comm->parts = p;
+  p->part_bytes = bytes;
+  ccs_result_t rc = CCS_OK;
+  for (int s = 0; s < SLOTS && rc == CCS_OK; s++)
+    if ((rc = ccs_mem_alloc(&p->slot[s], bytes)) == CCS_OK) rc = ccs_stream_create(&p->stream[s]);
+  if (rc != CCS_OK) ccs__parts_free(comm);
+  *ret = comm->parts;
+  return rc;
+}
+
+/* One call in parts of pn elements. */
+struct cut {
+  const struct op *o;
+  struct ccs__parts *p;
+  uint64_t pn, nparts;
+  size_t es;
+};
+
+static uint64_t count_of(const struct cut *k, uint64_t part) {
+  uint64_t first = part * k->pn;
+  return k->o->count - first < k->pn ? k->o->count - first : k->pn;
+}
+
+static void copy_in(const struct cut *k, uint64_t part) {
+  if (k->o->send_len)
+    memcpy(k->p->slot[part % SLOTS], k->o->send + part * k->pn * k->es, count_of(k, part) * k->es);
+}
+
+static ccs_result_t submit_part(const struct cut *k, uint64_t part) {
+  const struct op *o = k->o;
+  void *slot = k->p->slot[part % SLOTS];
+  struct op q = {.comm = o->comm, .kind = o->kind, .count = count_of(k, part), .dtype = o->dtype,
+                 .redop = o->redop, .root = o->root, .device = -1, .whole_count = o->count,
+                 .host_stream = ccs__host_stream_of(k->p->stream[part % SLOTS])};
+  ccs__op_lengths(q.kind, q.count, k->es, o->comm->nranks, o->comm->rank, q.root, &q.send_len,
+                  &q.recv_len);
+  if (q.send_len) q.send = slot;
+  if (q.recv_len) q.recv = slot;
+  return ccs__submit(&q, 1);
+}
+
+/* Waits for a part, and copies its result out. */
+static ccs_result_t finish(const struct cut *k, uint64_t part) {
+  ccs_result_t rc = ccs_stream_synchronize(k->p->stream[part % SLOTS]);
+  if (rc == CCS_OK && k->o->recv_len)
+    memcpy(k->o->recv + part * k->pn * k->es, k->p->slot[part % SLOTS], count_of(k, part) * k->es);
+  return rc;
+}
+
+/* The parts still out after one failed: waited for, their results and
+ * errors dropped (the call's error is the first part's that failed). */
+static void drain(const struct cut *k) {
+  char keep[CCS__ERROR_TEXT_MAX];
+  snprintf(keep, sizeof(keep), "%s", ccs__error());
+  for (int s = 0; s < SLOTS; s++) ccs_stream_synchronize(k->p->stream[s]);
+  ccs__set_error("%s", keep);
+}
+
+/* Parts from..nparts; *failed: the first that failed (its error returned). */
+static ccs_result_t run_from(const struct cut *k, uint64_t from, uint64_t *failed) {
+  uint64_t out = from; /* the next part to finish */
+  ccs_result_t rc = CCS_OK;
+  for (uint64_t part = from; part < k->nparts && rc == CCS_OK; part++) {
+    while (part - out >= SLOTS && (rc = finish(k, out)) == CCS_OK) out++;
+    if (rc != CCS_OK) break;
+    copy_in(k, part);
+    /* the first part checks the whole call at every rank before more go */
+    if (part == 1 && out == 0 && (rc = finish(k, out)) != CCS_OK) break;
+    if (part == 1 && out == 0) out++;
+    if ((rc = submit_part(k, part)) != CCS_OK) out = part;
+  }
+  while (out < k->nparts && rc == CCS_OK && (rc = finish(k, out)) == CCS_OK) out++;
+  if (rc != CCS_OK) {
+    *failed = out;
+    drain(k);
+  }
+  return rc;
+}
+
+ccs_result_t ccs__submit_in_parts(const struct op *o) {
+  /* what a host stream has in flight goes first, as for any staged call */
+  if (o->host_stream) ccs__host_stream_drain(o->host_stream);
+  struct cut k = {.o = o, .es = ccs_dtype_size(o->dtype)};
+  k.pn = part_bytes() / k.es;
+  k.nparts = (o->count + k.pn - 1) / k.pn;
+  ccs_result_t rc = parts_of(o->comm, k.pn * k.es, &k.p);
+  if (rc != CCS_OK) {
+    snprintf(o->comm->last_error, sizeof(o->comm->last_error), "%s", ccs__error());
+    return rc;
+  }
+  uint64_t from = 0, failed = 0;
+  for (int repeats = 0;; repeats++) {
+    rc = run_from(&k, from, &failed);
+    /* the daemon restarted under a part: the parts before it finished at
+     * every rank (the same verdicts reach each), it and the later ones go
+     * again from the caller's buffers, which only finished parts wrote */
+    if (rc != CCS_ERR_RETRY || repeats == REPEATS_MAX) break;
+    from = failed;
+  }
+  if (rc != CCS_OK) snprintf(o->comm->last_error, sizeof(o->comm->last_error), "%s", ccs__error());
+  return rc;
+}
