@@ -134,6 +134,65 @@ static void test_mismatch(void **state) {
   assert_daemon_serves(2);
 }
 
+/* Large calls on unregistered memory go in parts (client/parts.c). Ranks
+ * whose calls disagree are refused at the first part, before anything is
+ * written: counts that differ only in the last part, one rank not cutting
+ * its call, parts of another size; in place and out of place. */
+#define PARTS_COUNT (((size_t)3 << 20) / 4 + 1) /* int32: 4 parts of 1 MiB */
+static int parts_mismatch_rank(int rank, int n, void *arg) {
+  unsetenv("CCS_RING"); /* parts go through the rings (in the socket run too) */
+  ccs_comm_t *comm;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK) return 10;
+  int fails = 0;
+  size_t cnt = PARTS_COUNT + 1;
+  int32_t *in = malloc(cnt * 4), *out = malloc(cnt * 4), *orig = malloc(cnt * 4);
+  for (size_t i = 0; i < cnt; i++) orig[i] = (int32_t)(i * 7 + (size_t)rank);
+  for (int c = 0; c < 6; c++) {
+    int odd = rank == 1, in_place = c & 1;
+    size_t count = PARTS_COUNT;
+    const char *field = "count=786433"; /* rank 1's call, in every case's text */
+    if (c / 2 == 0 && odd) field = "count=786434", count++;
+    if (c / 2 == 1 && odd) setenv("CCS_STAGED_PART_BYTES", "0", 1); /* not cut */
+    if (c / 2 == 2 && odd) setenv("CCS_STAGED_PART_BYTES", "2097152", 1); /* other parts */
+    memcpy(in, orig, cnt * 4);
+    memset(out, 0x5a, cnt * 4);
+    ccs_result_t rc = ccs_all_reduce(in, in_place ? in : out, count, CCS_INT32, CCS_SUM, comm, NULL);
+    unsetenv("CCS_STAGED_PART_BYTES");
+    const char *err = ccs_comm_last_error(comm);
+    if (rc != CCS_ERR_MISMATCH || !strstr(err, "rank 1") || (c / 2 == 0 && !strstr(err, field))) {
+      fprintf(stderr, "rank %d parts case %d: %s: %s\n", rank, c, ccs_result_name(rc), err);
+      fails++;
+    }
+    size_t touched = 0;
+    for (size_t i = 0; i < cnt; i++)
+      touched += in[i] != orig[i] || (!in_place && out[i] != 0x5a5a5a5a);
+    if (touched) {
+      fprintf(stderr, "rank %d parts case %d: %zu elements written by a refused call\n", rank, c, touched);
+      fails++;
+    }
+  }
+  /* still usable, its op numbers in step: the same call, every element */
+  ccs_result_t rc = ccs_all_reduce(orig, out, PARTS_COUNT, CCS_INT32, CCS_SUM, comm, NULL);
+  for (size_t i = 0; rc == CCS_OK && i < PARTS_COUNT; i++)
+    if (out[i] != (int32_t)(i * 7 * (size_t)n + (size_t)(n * (n - 1) / 2))) {
+      fprintf(stderr, "rank %d: after the refusals, element %zu is %d\n", rank, i, out[i]);
+      fails++;
+      break;
+    }
+  if (rc != CCS_OK) fails++;
+  free(in);
+  free(out);
+  free(orig);
+  ccs_comm_destroy(comm);
+  return fails;
+}
+
+static void test_parts_mismatch(void **state) {
+  test_new_id(&sh->id);
+  assert_int_equal(test_run_ranks(3, parts_mismatch_rank, NULL, 120, NULL), 0);
+  assert_daemon_serves(2);
+}
+
 /* --- bad arguments: local, non-fatal, no effect --- */
 static int bad_args_rank(int rank, int n, void *arg) {
   ccs_comm_t *comm;
@@ -395,12 +454,20 @@ static int staging_rank(int rank, int n, void *arg) {
   for (size_t i = 0; i < large; i++) x[i] = (float)(i % 100), y[i] = -1;
   if (ccs_all_reduce(x, y, small, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK || y[99] != 99.0f * n) fails++;
   for (size_t i = 0; i < large; i++) y[i] = -1;
+  setenv("CCS_STAGED_PART_BYTES", "0", 1); /* whole, not in parts (parts.c) */
   ccs_result_t rc = ccs_all_reduce(x, y, large, CCS_FLOAT32, CCS_SUM, comm, NULL);
+  unsetenv("CCS_STAGED_PART_BYTES");
   if (rc != CCS_ERR_NO_MEMORY || !strstr(ccs_comm_last_error(comm), "over the limit of 2097152 (CCS_STAGING_MAX_BYTES)")) {
     fprintf(stderr, "rank %d: %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
     fails++;
   }
   for (size_t i = 0; i < large; i++) fails += y[i] != -1; /* nothing written */
+  /* in parts (through the rings) the same call needs no staging */
+  const char *ring = getenv("CCS_RING");
+  if (!ring || strcmp(ring, "0")) {
+    if (ccs_all_reduce(x, y, large, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK) fails++;
+    for (size_t i = 0; i < large; i++) fails += y[i] != (float)(i % 100) * n;
+  }
   /* the comm is fine, and registered buffers are not staged */
   float *r;
   if (ccs_mem_alloc((void **)&r, large * sizeof(float)) != CCS_OK) return 12;
@@ -470,6 +537,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rank_killed),
       cmocka_unit_test(test_mismatch),
+      cmocka_unit_test(test_parts_mismatch),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_init_timeout),
       cmocka_unit_test(test_garbage_and_oversized_frames),
