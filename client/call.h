@@ -30,8 +30,10 @@ struct op {
 };
 
 /* Submits ops[0..n) and waits for them (on a host stream: until
- * submitted), riding through a daemon restart. */
-ccs_result_t ccs__submit(struct op *ops, size_t n);
+ * submitted), riding through a daemon restart; with only_on, they go on
+ * that connection or not at all: once the comm moved to another (the
+ * daemon restarted), CCS_ERR_RETRY when the keeper is through. */
+ccs_result_t ccs__submit(struct op *ops, size_t n, const struct ccs__conn *only_on);
 
 /* Whether o, one checked call outside a group, goes in parts: a large
  * element-wise call on unregistered host memory of a comm on one daemon. */

@@ -246,15 +246,21 @@ enum again { DONE, MOVED, RESUBMITTED };
 static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops, uint64_t *numbers,
                               int given, enum again *again);
 
-ccs_result_t ccs__submit(struct op *ops, size_t n) {
+ccs_result_t ccs__submit(struct op *ops, size_t n, const struct ccs__conn *only_on) {
   uint64_t few[8], *numbers = n <= 8 ? few : malloc(sizeof(*numbers) * n);
   if (!numbers) return fail(ops[0].comm, CCS_ERR_NO_MEMORY, "%s", "out of memory");
   int given = 0;
   ccs_result_t rc;
   for (;;) {
     struct ccs__conn *c = ccs__comm_conn(ops[0].comm);
-    enum again again;
-    rc = submit_on(c, ops, &n, numbers, given, &again);
+    enum again again = MOVED;
+    if (!only_on || c == only_on) rc = submit_on(c, ops, &n, numbers, given, &again);
+    if (again == MOVED && only_on) { /* not made: once the keeper is through, the caller's to repeat */
+      struct ccs__conn *next = c == only_on ? ccs__conn_successor(c) : NULL;
+      if (next) ccs__conn_put(next);
+      rc = fail(ops[0].comm, CCS_ERR_RETRY, "%s", "ccsd restarted before this call went out: repeat it");
+      again = DONE;
+    }
     ccs__conn_put(c);
     if (again == DONE) break;
     given |= again == RESUBMITTED; /* the resubmitted ops keep theirs */
@@ -446,7 +452,7 @@ out:
 static ccs_result_t enqueue(struct op *o, ccs_stream_t stream) {
   ccs_result_t rc = check_op(o, stream);
   if (rc != CCS_OK) return rc;
-  if (group.depth == 0) return ccs__parts_fit(o) ? ccs__submit_in_parts(o) : ccs__submit(o, 1);
+  if (group.depth == 0) return ccs__parts_fit(o) ? ccs__submit_in_parts(o) : ccs__submit(o, 1, NULL);
   if (group.n == CCS__SUBMIT_MAX_OPS)
     return fail(o->comm, CCS_ERR_INVALID_USAGE, "%s",
                 "too many ops in one group (4096 at most)");
@@ -472,7 +478,7 @@ CCS__API ccs_result_t ccs_group_end(void) {
     return CCS_ERR_INVALID_USAGE;
   }
   if (--group.depth > 0) return CCS_OK;
-  ccs_result_t rc = group.n ? ccs__submit(group.ops, group.n) : CCS_OK;
+  ccs_result_t rc = group.n ? ccs__submit(group.ops, group.n, NULL) : CCS_OK;
   free(group.ops);
   group.ops = NULL;
   group.n = group.cap = 0;

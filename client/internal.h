@@ -107,7 +107,8 @@ ccs_result_t ccs__ring_call(struct ccs__conn *c, Ccs__Op *const *ops, size_t n, 
  * call no verdict settled (its comm was not rejoined) fails, so that its
  * stream's count in flight comes back down. */
 void ccs__ring_settle_streams(struct ccs__conn *c, ccs_comm_t *comm, uint64_t finished);
-/* The numbers of comm's host stream calls still out on c: [first, end);
+/* The numbers of comm's host stream calls still out on c, once the
+ * answers that came are taken: [first, end);
  * returns how many of its CUDA stream calls are out. */
 int ccs__ring_stream_numbers(struct ccs__conn *c, const ccs_comm_t *comm, uint64_t *first, uint64_t *end);
 /* Submits the ops of comm as one call of host stream s and returns: the

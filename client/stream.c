@@ -40,11 +40,13 @@ ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s) {
   ccs_result_t rc = c->ring ? ccs__ring_wait_idle(c, &s->inflight) : CCS_OK;
   if (rc != CCS_OK && ccs__conn_moving(c)) {
     /* the daemon went, and c's keeper settles the stream's calls (each
-     * finished, or to repeat): its verdicts are the answers */
+     * finished, or to repeat) */
     struct ccs__conn *next = ccs__conn_successor(c);
     if (next) ccs__conn_put(next);
-    if (s->conn != c || !s->inflight) rc = s->error;
   }
+  /* settled (also by a keeper through before the wait saw c break): its
+   * verdicts are the answers */
+  if (rc != CCS_OK && (s->conn != c || !s->inflight)) rc = s->error;
   if (rc != CCS_OK && s->error == CCS_OK) {
     s->error = rc;
     snprintf(s->error_text, sizeof(s->error_text), "%s", ccs__error());

@@ -358,6 +358,7 @@ def test_numpy_arrays_zero_copy_under_libccs_alloc(daemon):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     env.pop("LD_PRELOAD")  # and without it the same arrays are staged: refused here
+    env["CCS_STAGED_PART_BYTES"] = "0"  # (staged whole: in parts they need no staging)
     done = subprocess.run([sys.executable, "-c", ALLOC_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode != 0 and "CCS_STAGING_MAX_BYTES" in done.stderr + done.stdout

@@ -231,17 +231,17 @@ static void settle(ccs_stream_t s) {
 #endif
 }
 
-/* The ops the daemons run for one call: libccs cuts a large element-wise
- * call on unregistered host memory of a comm on one daemon into parts of
- * CCS_STAGED_PART_BYTES (default 1 MiB), from two parts on, when the
- * rings are there (parts.c). */
-static uint64_t daemon_ops(enum coll c, ccs_dtype_t t, size_t count, int registered) {
-  const char *ring = getenv("CCS_RING"); /* parts go only through the rings */
-  if (registered || on_device || hops_round || (ring && !strcmp(ring, "0")) ||
-      (c != ALL_REDUCE && c != BROADCAST && c != REDUCE))
-    return 1;
+/* The ops the daemons run for one call: libccs cuts a large call on
+ * unregistered host memory of a comm on one daemon into parts of
+ * CCS_STAGED_PART_BYTES (default 1 MiB; per rank's block where the call
+ * has one per rank), from two parts on, when the rings are there
+ * (parts.c). */
+static uint64_t daemon_ops(enum coll c, ccs_dtype_t t, size_t count, int registered, int n) {
+  const char *ring = getenv("CCS_RING");
+  if (registered || on_device || hops_round || (ring && !strcmp(ring, "0"))) return 1;
   const char *v = getenv("CCS_STAGED_PART_BYTES");
-  size_t pn = (v && *v ? (size_t)strtoull(v, NULL, 10) : (size_t)1 << 20) / ccs_dtype_size(t);
+  size_t blocks = c == ALL_REDUCE || c == BROADCAST || c == REDUCE ? 1 : (size_t)n;
+  size_t pn = (v && *v ? (size_t)strtoull(v, NULL, 10) : (size_t)1 << 20) / ccs_dtype_size(t) / blocks;
   return pn && count >= 2 * pn ? (count + pn - 1) / pn : 1;
 }
 
@@ -290,7 +290,7 @@ static int run_case(ccs_comm_t *comm, int rank, int n, enum coll c, ccs_dtype_t 
   ccs_stream_t st = stream_for(op_id);
 
   ccs_result_t rc;
-  if (rank == 0) sh->calls[c] += daemon_ops(c, t, count, registered);
+  if (rank == 0) sh->calls[c] += daemon_ops(c, t, count, registered, n);
   switch (c) {
   case ALL_REDUCE: rc = ccs_all_reduce(send, recv, count, t, op, comm, st); break;
   case BROADCAST: rc = ccs_broadcast(send, recv, count, t, root, comm, st); break;

@@ -97,6 +97,13 @@ static ccs_result_t call(int kind, int rank, int n, int round, ccs_comm_t *a, cc
     ccs_recv(out, COUNT, CCS_INT64, (rank + n - 1) % n, a, NULL);
     return ccs_group_end();
   }
+  case 5: { /* in place on malloc'ed memory, in 13 parts (client/parts.c) */
+    for (size_t i = 0; i < COUNT; i++) plain[i] = value(rank, round, i);
+    setenv("CCS_STAGED_PART_BYTES", "65536", 1);
+    ccs_result_t rc = ccs_all_reduce(plain, plain, COUNT, CCS_INT64, CCS_SUM, a, NULL);
+    unsetenv("CCS_STAGED_PART_BYTES");
+    return rc;
+  }
   default: { /* a host stream: two calls, then synchronize */
     for (size_t i = 0; i < COUNT; i++) reg[i] = value(rank, round, i);
     ccs_result_t rc = ccs_all_reduce(reg, reg, COUNT, CCS_INT64, CCS_SUM, a, stream);
@@ -107,12 +114,14 @@ static ccs_result_t call(int kind, int rank, int n, int round, ccs_comm_t *a, cc
   }
 }
 
-static int checked(int kind, int rank, int n, int round, const int64_t *reg, const int64_t *out) {
+static int checked(int kind, int rank, int n, int round, const int64_t *reg, const int64_t *plain,
+                   const int64_t *out) {
   switch (kind) {
   case 0: return check("in-place all_reduce", rank, round, reg, COUNT, sum_of, n);
   case 1: return check("all_reduce", rank, round, out, COUNT, sum_of, n);
   case 2: return check("all_gather", rank, round, out, 1000 * (size_t)n, gathered, n);
   case 3: ring_from = (rank + n - 1) % n; return check("ring", rank, round, out, COUNT, from_prev, n);
+  case 5: return check("all_reduce in parts", rank, round, plain, COUNT, sum_of, n);
   default: /* the sum, then element 0's max over ranks: the same sum */
     return check("host stream all_reduce", rank, round, reg, COUNT, sum_of, n);
   }
@@ -147,7 +156,7 @@ static int rank_main(int rank, int n, void *arg) {
       break;
     }
     sh->ok[rank]++;
-    bad |= checked(kind, rank, n, round, reg, out);
+    bad |= checked(kind, rank, n, round, reg, plain, out);
   }
   ccs_stream_destroy(stream);
   ccs_mem_free(reg);
@@ -184,7 +193,8 @@ struct where {
  * stopped with stop() before the verdict.
  *
  * Where the points fall: each round's call is one op, but a ring of sends
- * (kind 3: one op per pair of ranks) and a host stream's (kind 4: two);
+ * (kind 3: one op per pair of ranks), a host stream's (kind 4: two) and
+ * a call in parts (kind 5: 13);
  * the answers count 2 comm inits per rank first, then a call per rank. */
 static void run_at(const struct where *w, void (*stop)(void), int n, int kinds, const char *failpoint,
                    int term, int retry) {
@@ -308,6 +318,17 @@ static void test_answered_to_some(void **state) {
 static void test_host_stream(void **state) {
   (void)state;
   run(3, 5, "started:15", 0, 1); /* round 9: a host stream's calls: repeated */
+}
+
+/* A staged call in parts, in place: the parts from the one the daemon
+ * went under go again from the caller's buffer (only finished parts were
+ * copied out), the caller sees nothing */
+static void test_parts(void **state) {
+  (void)state;
+  run(3, 6, "started:12", 0, 0); /* round 5: its 4th part */
+  run(2, 6, "answer:30", 0, 0);  /* round 5: one of its parts answered to one rank */
+  run(3, 6, NULL, 0, 0);         /* round 5: killed as rank 0 waits for its first part */
+  run(2, 6, NULL, 1, 0);         /* the same, stopped with SIGTERM */
 }
 
 /* No daemon comes back: the calls fail once CCS_RECONNECT_TIMEOUT passed. */
@@ -782,6 +803,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_partly_written, setup, teardown),
       cmocka_unit_test_setup_teardown(test_answered_to_some, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_parts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ids_after_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_stream_lost, setup, teardown),
