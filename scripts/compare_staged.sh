@@ -56,6 +56,6 @@ for np in 2 4; do
     printf '%10s %9s %11s %9s %9s %12s %10s\n' "size(B)" OpenMPI registered parts whole parts/OMPI reg/parts
     join <(med "$mpi") <(med "$reg") | join - <(med "$parts") | join - <(med "$whole") | sort -n |
       awk '{printf "%10d %9.3f %11.3f %9.3f %9.3f %12.2f %10.2f\n", $1, $2, $3, $4, $5,
-            $2 > 0 ? $4 / $2 : 0, $4 > 0 ? $3 / $4 : 0}'
+            ($2 > 0 ? $4 / $2 : 0), ($4 > 0 ? $3 / $4 : 0)}'
   done
 done
