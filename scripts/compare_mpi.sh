@@ -15,26 +15,6 @@ mpi_perf_build
 start_daemon
 dir=$(dirname "$CCS_SOCKET")
 
-mpirun_() {
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$@"
-}
-# ccs-perf's JSON rows -> "size busbw", out of place (in place for broadcast,
-# which is what MPI_Bcast is: one buffer, no copy on the root)
-ccs_rows() {
-  local which=out_of_place
-  [ "$1" = broadcast ] && which=in_place
-  sed -n "s/.*\"size\": \([0-9]*\).*\"$which\": {[^}]*\"busbw\": \([0-9.]*\).*/\1 \2/p" "$dir/rows.json"
-}
-# "size value" rows of several runs -> "size median" per size
-median_rows() {
-  sort -k1,1n -k2,2g | awk '
-    function flush() { if (n) print size, v[int((n + 1) / 2)]; n = 0 }
-    $1 != size { flush(); size = $1 }
-    { v[++n] = $2 }
-    END { flush() }'
-}
-
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
 echo "# Open MPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') (btl vader), float sum, out of place (broadcast: in place), $iters iterations, busbw in GB/s, median of $rounds runs"
 for np in 2 4; do
@@ -46,7 +26,7 @@ for np in 2 4; do
         mpi+=$(mpirun_ "$np" build/mpi-perf "$coll" 16 67108864 4 "$iters" 2 | awk '{print $1, $2}')$'\n'
         build/client/ccs-perf "$coll" --np "$np" --registered "$reg" -b 16 -e 64M -f 4 \
           -n "$iters" -w 2 -c 0 -J "$dir/rows.json" >/dev/null
-        ccs+=$(ccs_rows "$coll")$'\n'
+        ccs+=$(ccs_rows "$coll" "$dir/rows.json")$'\n'
       done
       mpi=$(echo -n "$mpi" | median_rows) ccs=$(echo -n "$ccs" | median_rows)
       label=$([ "$reg" = 1 ] && echo registered || echo staged)

@@ -21,10 +21,6 @@ mpicc -O2 tests/bench/mpi_latency.c -o build/mpi-latency
 start_daemon
 daemon_pid=$(pgrep -n -f "ccsd --socket $CCS_SOCKET")
 
-mpirun_() {
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$@"
-}
 median() { printf '%s\n' "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
 cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {print s}'; } # every thread's, in ns
 

@@ -16,28 +16,11 @@ mpi_perf_build
 start_daemon
 dir=$(dirname "$CCS_SOCKET")
 
-mpirun_() {
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$@"
-}
-# ccs-perf's JSON rows -> "size busbw"
-ccs_rows() {
-  local which=out_of_place
-  [ "$1" = broadcast ] && which=in_place
-  sed -n "s/.*\"size\": \([0-9]*\).*\"$which\": {[^}]*\"busbw\": \([0-9.]*\).*/\1 \2/p" "$dir/rows.json"
-}
-median_rows() {
-  sort -k1,1n -k2,2g | awk '
-    function flush() { if (n) print size, v[int((n + 1) / 2)]; n = 0 }
-    $1 != size { flush(); size = $1 }
-    { v[++n] = $2 }
-    END { flush() }'
-}
 med() { echo -n "$1" | median_rows | sort -k1,1; } # join's order
 ccs_run() { # COLL NP REGISTERED PART_BYTES
   CCS_STAGED_PART_BYTES=$4 build/client/ccs-perf "$1" --np "$2" --registered "$3" -b 1M -e 64M -f 4 \
     -n "$iters" -w 2 -c 0 -J "$dir/rows.json" >/dev/null
-  ccs_rows "$1"
+  ccs_rows "$1" "$dir/rows.json"
 }
 
 echo "# $(date -u +%Y-%m-%d) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"

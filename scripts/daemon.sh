@@ -46,3 +46,25 @@ mpi_perf_build() {
   fi
   mpicc -O2 -Iclient/tools -Iclient/include tests/bench/mpi_perf.c -o build/mpi-perf
 }
+
+# Open MPI on this machine's shared memory (as root too)
+mpirun_() {
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$@"
+}
+# ccs-perf's JSON rows (ccs_rows COLL FILE) -> "size busbw", out of place
+# (in place for broadcast, which is what MPI_Bcast is: one buffer, no copy
+# on the root)
+ccs_rows() {
+  local which=out_of_place
+  [ "$1" = broadcast ] && which=in_place
+  sed -n "s/.*\"size\": \([0-9]*\).*\"$which\": {[^}]*\"busbw\": \([0-9.]*\).*/\1 \2/p" "$2"
+}
+# "size value" rows of several runs -> "size median" per size
+median_rows() {
+  sort -k1,1n -k2,2g | awk '
+    function flush() { if (n) print size, v[int((n + 1) / 2)]; n = 0 }
+    $1 != size { flush(); size = $1 }
+    { v[++n] = $2 }
+    END { flush() }'
+}
