@@ -22,6 +22,7 @@
 
 #define SLOTS 3 /* one part copied in, one run, one copied out */
 #define PART_BYTES_DEFAULT ((size_t)1 << 20)
+#define PART_BYTES_MAX ((size_t)256 << 20)
 #define REPEATS_MAX 8 /* daemon restarts under one call before it is the caller's to repeat */
 
 struct ccs__parts {
@@ -30,14 +31,16 @@ struct ccs__parts {
   ccs_stream_t stream[SLOTS];
 };
 
-/* CCS_STAGED_PART_BYTES: a part's bytes (0: no call is cut); every rank
- * of a comm must use the same, or their calls are refused as mismatched */
+/* CCS_STAGED_PART_BYTES: a part's bytes (0: no call is cut; at most
+ * 256 MiB); every rank of a comm must use the same, or their calls are
+ * refused as mismatched */
 static size_t part_bytes(void) {
   const char *v = getenv("CCS_STAGED_PART_BYTES");
   if (!v || !*v) return PART_BYTES_DEFAULT;
   char *end;
   unsigned long long b = strtoull(v, &end, 10);
-  return *end ? PART_BYTES_DEFAULT : (size_t)b;
+  if (*end || *v == '-') return PART_BYTES_DEFAULT;
+  return b > PART_BYTES_MAX ? PART_BYTES_MAX : (size_t)b;
 }
 
 static int staged(struct ccs__conn *c, const void *ptr, uint64_t len) {
@@ -214,9 +217,9 @@ ccs_result_t ccs__submit_in_parts(const struct op *o) {
   k.send_blocks = o->send_len / (o->count * k.es);
   k.recv_blocks = o->recv_len / (o->count * k.es);
   ccs_result_t rc = parts_of(o->comm, part_bytes(), &k.p);
-  if (rc != CCS_OK) {
-    snprintf(o->comm->last_error, sizeof(o->comm->last_error), "%s", ccs__error());
-    return rc;
+  if (rc != CCS_OK) { /* no slots (a quota, say): the call goes whole, staged as ever */
+    struct op whole = *o;
+    return ccs__submit(&whole, 1, NULL);
   }
   uint64_t from = 0, failed = 0;
   for (int repeats = 0;; repeats++) {
