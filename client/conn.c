@@ -150,6 +150,7 @@ static ccs_result_t conn_open(struct ccs__conn **ret, int resume) {
   /* an older daemon (protocol 4) says so: it keeps no journal */
   c->protocol = reply->body_case == CCS__REPLY__BODY_HELLO && reply->hello->protocol
                     ? reply->hello->protocol : CCS__PROTOCOL_OLDEST;
+  c->parts = reply->body_case == CCS__REPLY__BODY_HELLO && reply->hello->parts;
   ccs__reply__free_unpacked(reply, NULL);
   ccs__ring_open(c);
   ccs__journal_open(c);

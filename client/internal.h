@@ -35,6 +35,7 @@ struct ccs__conn {
   struct ccs__frame_reader rd;
   struct ccs__ring *ring; /* the fast path (ring.c), or NULL */
   uint32_t protocol;      /* the daemon's (its hello's reply) */
+  int parts;              /* it takes calls in parts (parts.c; an older one does not) */
   struct ccs__journal *journal; /* where the daemon marks our calls (restart.c), or NULL */
   /* restart.c: calls not yet answered, oldest first (under mu); the
    * keeper thread that rejoins the comms when the daemon goes; the

@@ -12,7 +12,9 @@
  * of its slot (stream.c), in the comm's order. The first part is waited
  * for before the second goes: every part carries the whole call's count,
  * so ranks that disagree are refused there, before any part writes, and
- * the ranks that pass it make the same parts. */
+ * the ranks that pass it make the same parts. Whether a rank cuts a call
+ * depends on its buffers: where other ranks made the call whole, the
+ * daemon answers the first part so, and the call goes whole. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +85,8 @@ int ccs__parts_fit(const struct op *o) {
   uint64_t pn = part_count(o);
   if (!pn || o->count < 2 * pn || !apart_or_in_place(o)) return 0;
   struct ccs__conn *c = ccs__comm_conn(o->comm);
-  int fit = ccs__ring_takes(c, 1) && staged(c, o->send, o->send_len) && staged(c, o->recv, o->recv_len);
+  int fit = c->parts && ccs__ring_takes(c, 1) && staged(c, o->send, o->send_len) &&
+            staged(c, o->recv, o->recv_len);
   ccs__conn_put(c);
   return fit;
 }
@@ -161,7 +164,6 @@ static ccs_result_t submit_part(const struct cut *k, uint64_t part) {
   return ccs__submit(&q, 1, k->conn);
 }
 
-
 /* Waits for a part, and copies its result out. */
 static ccs_result_t finish(const struct cut *k, uint64_t part) {
   ccs_result_t rc = ccs_stream_synchronize(k->p->stream[part % SLOTS]);
@@ -190,8 +192,10 @@ static ccs_result_t run_from(struct cut *k, uint64_t from, uint64_t *failed) {
     if (rc != CCS_OK) break;
     copy_in(k, part);
     /* the first part checks the whole call at every rank before more go */
-    if (part == 1 && out == 0 && (rc = finish(k, out)) != CCS_OK) break;
-    if (part == 1 && out == 0) out++;
+    if (part == 1 && out == 0) {
+      if ((rc = finish(k, 0)) != CCS_OK) break;
+      out = 1;
+    }
     if ((rc = submit_part(k, part)) != CCS_OK) {
       /* the parts before it still out come first: the first of them that
        * failed is where the call failed */
@@ -224,6 +228,10 @@ ccs_result_t ccs__submit_in_parts(const struct op *o) {
   uint64_t from = 0, failed = 0;
   for (int repeats = 0;; repeats++) {
     rc = run_from(&k, from, &failed);
+    if (rc == CCS__RESULT_WHOLE && failed == 0) { /* other ranks made it whole (their buffers) */
+      struct op whole = *o;
+      return ccs__submit(&whole, 1, NULL);
+    }
     /* the daemon restarted under a part: the parts before it finished at
      * every rank (the same verdicts reach each), it and the later ones go
      * again from the caller's buffers, which only finished parts wrote */

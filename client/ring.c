@@ -302,8 +302,12 @@ static void fill(struct ccs__ring_op *e, const Ccs__Op *op, uint64_t req_id, uin
   *e = (struct ccs__ring_op){.req_id = req_id, .index = index, .nops = nops, .comm = op->comm,
                              .kind = op->kind, .dtype = op->dtype, .redop = op->redop,
                              .root = op->root, .count = op->count, .flags = flags,
-                             .whole_count = op->whole_count,
                              .order_slot = slot, .order_gen = gen};
+  if (op->whole_count) { /* (a part: never in a CUDA stream's order) */
+    e->flags |= CCS__RING_OP_PART;
+    e->order_slot = (uint32_t)op->whole_count;
+    e->order_gen = (uint32_t)(op->whole_count >> 32);
+  }
   if (op->send) e->send = (struct ccs__ring_buf){op->send->buffer, op->send->offset, op->send->length};
   if (op->recv) e->recv = (struct ccs__ring_buf){op->recv->buffer, op->recv->offset, op->recv->length};
 }

@@ -55,9 +55,9 @@ struct ccs__ring_op {
   int32_t root;
   uint64_t count;
   uint32_t flags;
-  uint32_t order_slot, order_gen; /* CCS__RING_OP_STREAM: the batch's flag pair and value */
+  uint32_t order_slot, order_gen; /* CCS__RING_OP_STREAM: the batch's flag pair and value;
+                                     CCS__RING_OP_PART: Op.whole_count, low word and high */
   uint32_t reserved;
-  uint64_t whole_count; /* Op.whole_count (ccs.proto) */
   struct ccs__ring_buf send, recv;
 };
 /* flags: the op runs only after the comm's earlier ops have finished (a
@@ -66,6 +66,8 @@ struct ccs__ring_op {
 #define CCS__RING_OP_ORDERED 1u
 /* device buffers in a CUDA stream's order: the stream flags of order_slot */
 #define CCS__RING_OP_STREAM 2u
+/* a part of a call (ccs.proto's Op.whole_count; never on a CUDA stream) */
+#define CCS__RING_OP_PART 4u
 
 /* A batch is done: its text, when status is not CCS_OK, in text[slot]
  * where slot is the completion's index modulo the ring. */

@@ -32,6 +32,10 @@ static inline int ccs__protocol_served(uint32_t p) {
 #define CCS__UNPACK_BUDGET (16u << 20)
 #define CCS__SUBMIT_MAX_OPS 4096u
 #define CCS__ERROR_TEXT_MAX 1024u
+/* The answer to the first part of a call cut in parts (Op.whole_count)
+ * when other ranks made the same call whole: make it whole too. Only
+ * libccs's parts see it. */
+#define CCS__RESULT_WHOLE ((ccs_result_t)64)
 
 enum ccs__coll_kind {
   CCS__ALL_REDUCE = 0,

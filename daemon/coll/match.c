@@ -141,6 +141,52 @@ static int check_mismatch(struct post **posts, int n, uint64_t seq, char *err, s
   return bad > 0;
 }
 
+/* Some ranks cut a large staged call in parts (client/parts.c: whether
+ * they do depends on their buffers) and the others made it whole: the
+ * first parts are answered CCS__RESULT_WHOLE and leave sl, whose whole
+ * posts wait for their ranks to make the call whole. 1 when sl was such a
+ * mix (on one daemon: across daemons libccs makes no parts). */
+static int parts_made_whole(struct comm *c, struct slot *sl) {
+  struct post *whole = NULL;
+  int parts = 0;
+  for (int i = 0; i < sl->nposted; i++) {
+    struct post *p = sl->posts[i];
+    if (p->whole_count) parts++;
+    else if (!whole) whole = p;
+  }
+  if (c->spans || !whole || !parts) return 0;
+  struct op_sig want = ccsd_op_sig_of(whole);
+  for (int i = 0; i < sl->nposted; i++) {
+    struct op_sig s = ccsd_op_sig_of(sl->posts[i]);
+    if (s.whole_count) s.count = s.whole_count, s.whole_count = 0; /* the call it is a part of */
+    if (!ccsd_op_sig_same(&want, &s)) return 0;
+  }
+  int kept = 0;
+  sl->ordered = 0;
+  for (int i = 0; i < sl->nposted; i++) {
+    struct post *p = sl->posts[i];
+    if (!p->whole_count) {
+      sl->posts[kept++] = p;
+      sl->ordered |= p->ordered;
+      continue;
+    }
+    int r = p->member->rank;
+    sl->posted[r / 64] &= ~((uint64_t)1 << (r % 64));
+    p->member->coll_seq--; /* its whole call takes this op's number */
+    ccsd_post_finish(p, CCS__RESULT_WHOLE, "other ranks make this call whole: so does this one");
+  }
+  sl->nposted = kept;
+  return 1;
+}
+
+/* Back among the slots, in order. */
+static void slot_reinsert(struct comm *c, struct slot *sl) {
+  struct list *it;
+  for (it = c->slots.next; it != &c->slots; it = it->next)
+    if (LIST_ENTRY(it, struct slot, link)->seq > sl->seq) break;
+  list_insert_tail(it, &sl->link); /* (before it) */
+}
+
 /* "0-2,5 (pids 11, 12, 13, 16)" of the ranks whose post in sl is (not) there */
 static void rank_list(char *buf, size_t len, const struct comm *c, const struct slot *sl,
                       int posted, int with_pids) {
@@ -338,7 +384,9 @@ void ccsd_post_submit(struct post *p) {
 
   list_remove(&sl->link);
   char err[CCS__ERROR_TEXT_MAX];
-  if (check_mismatch(sl->posts, sl->nposted, seq, err, sizeof(err))) {
+  if (parts_made_whole(c, sl)) {
+    slot_reinsert(c, sl);
+  } else if (check_mismatch(sl->posts, sl->nposted, seq, err, sizeof(err))) {
     LOG_WARN("comm %llu: %s", (unsigned long long)c->id, err);
     /* Across daemons the others run op #seq without this one's data and
      * would wait for it: the comm fails everywhere, with this text. */

@@ -35,6 +35,7 @@ static void on_hello(struct session *s, uint64_t id, const Ccs__Hello *m) {
            CCS_VERSION_PATCH);
   h.protocol = CCS__PROTOCOL_VERSION;
   h.daemon_version = version;
+  h.parts = 1;
   r.id = id;
   r.body_case = CCS__REPLY__BODY_HELLO;
   r.hello = &h;

@@ -169,8 +169,9 @@ static void violation(struct ring *r, const char *what) {
 
 static void to_args(const struct ccs__ring_op *e, struct op_args *a) {
   *a = (struct op_args){.comm = e->comm, .kind = e->kind, .count = e->count, .dtype = e->dtype,
-                        .redop = e->redop, .root = e->root, .whole_count = e->whole_count,
+                        .redop = e->redop, .root = e->root,
                         .ordered = (e->flags & CCS__RING_OP_ORDERED) != 0};
+  if (e->flags & CCS__RING_OP_PART) a->whole_count = (uint64_t)e->order_gen << 32 | e->order_slot;
   const struct ccs__ring_buf *bufs[2] = {&e->send, &e->recv};
   struct op_buf *args[2] = {&a->send, &a->recv};
   for (int k = 0; k < 2; k++)
@@ -206,8 +207,10 @@ static int take_batch(struct ring *r) {
   atomic_store_explicit(&sh->sub_head, r->sub_head, memory_order_release);
   char err[128] = "";
   for (uint32_t i = 0; i < n && !err[0]; i++)
-    if (e[i].flags & ~(CCS__RING_OP_ORDERED | CCS__RING_OP_STREAM))
+    if (e[i].flags & ~(CCS__RING_OP_ORDERED | CCS__RING_OP_STREAM | CCS__RING_OP_PART))
       snprintf(err, sizeof(err), "op %u of the call has unknown flags 0x%x", i, e[i].flags);
+    else if ((e[i].flags & CCS__RING_OP_STREAM) && (e[i].flags & CCS__RING_OP_PART))
+      snprintf(err, sizeof(err), "op %u of the call is a part in a CUDA stream's order", i);
     else if ((e[i].flags ^ e[0].flags) & CCS__RING_OP_STREAM || e[i].order_slot != e[0].order_slot ||
              e[i].order_gen != e[0].order_gen)
       snprintf(err, sizeof(err), "op %u of the call is not in its stream order as op 0 is", i);

@@ -269,9 +269,12 @@ static void test_ops_through_the_ring(void **state) {
   flagged[0].order_slot = flagged[1].order_slot = CCS__RING_ENTRIES;
   raw_ring_submit(r, 212, flagged, 2);
   expect_done(r, 212, CCS_ERR_INVALID_ARGUMENT, "stream flags 256 of a ring of 256");
-  flagged[0].flags = 4;
+  flagged[0].flags = 8;
   raw_ring_submit(r, 213, flagged, 1);
-  expect_done(r, 213, CCS_ERR_INVALID_ARGUMENT, "unknown flags 0x4");
+  expect_done(r, 213, CCS_ERR_INVALID_ARGUMENT, "unknown flags 0x8");
+  flagged[0].flags = CCS__RING_OP_STREAM | CCS__RING_OP_PART; /* whole_count in the order's words */
+  raw_ring_submit(r, 214, flagged, 1);
+  expect_done(r, 214, CCS_ERR_INVALID_ARGUMENT, "op 0 of the call is a part in a CUDA stream's order");
   for (int i = 0; i < 1024; i++) assert_int_equal(((uint32_t *)out)[i], 0xabababab);
   /* a full batch, every op applied */
   struct ccs__ring_op many[CCS__RING_BATCH_MAX];
