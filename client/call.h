@@ -36,7 +36,8 @@ struct op {
 ccs_result_t ccs__submit(struct op *ops, size_t n, const struct ccs__conn *only_on);
 
 /* Whether o, one checked call outside a group, goes in parts: a large
- * element-wise call on unregistered host memory of a comm on one daemon. */
+ * collective (not a send, receive or barrier) on unregistered host memory
+ * of a comm on one daemon. */
 int ccs__parts_fit(const struct op *o);
 /* Runs o in parts (ccs__parts_fit) and waits for it. */
 ccs_result_t ccs__submit_in_parts(const struct op *o);

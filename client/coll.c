@@ -12,7 +12,6 @@
 
 #include "call.h"
 
-
 static __thread struct {
   int depth;
   struct op *ops;

@@ -24,6 +24,7 @@
 
 #define SLOTS 3 /* one part copied in, one run, one copied out */
 #define PART_BYTES_DEFAULT ((size_t)1 << 20)
+#define PART_BYTES_MIN ((size_t)4 << 10) /* smaller parts cost more per op than they overlap */
 #define PART_BYTES_MAX ((size_t)256 << 20)
 #define REPEATS_MAX 8 /* daemon restarts under one call before it is the caller's to repeat */
 
@@ -33,7 +34,7 @@ struct ccs__parts {
   ccs_stream_t stream[SLOTS];
 };
 
-/* CCS_STAGED_PART_BYTES: a part's bytes (0: no call is cut; at most
+/* CCS_STAGED_PART_BYTES: a part's bytes (0: no call is cut; 4 KiB to
  * 256 MiB); every rank of a comm must use the same, or their calls are
  * refused as mismatched */
 static size_t part_bytes(void) {
@@ -42,7 +43,7 @@ static size_t part_bytes(void) {
   char *end;
   unsigned long long b = strtoull(v, &end, 10);
   if (*end || *v == '-') return PART_BYTES_DEFAULT;
-  return b > PART_BYTES_MAX ? PART_BYTES_MAX : (size_t)b;
+  return b == 0 ? 0 : b < PART_BYTES_MIN ? PART_BYTES_MIN : b > PART_BYTES_MAX ? PART_BYTES_MAX : (size_t)b;
 }
 
 static int staged(struct ccs__conn *c, const void *ptr, uint64_t len) {
@@ -82,6 +83,10 @@ static int apart_or_in_place(const struct op *o) {
 
 int ccs__parts_fit(const struct op *o) {
   if (o->device >= 0 || o->stream || o->comm->spans || o->comm->debug) return 0;
+  /* a call under two of the smallest parts never goes in parts: small
+   * calls, the ones whose cost counts, ask nothing more */
+  uint64_t blocks = blocks_of(o->kind, o->comm->nranks), es = ccs_dtype_size(o->dtype);
+  if (!blocks || o->count < 2 * (PART_BYTES_MIN / es / blocks)) return 0;
   uint64_t pn = part_count(o);
   if (!pn || o->count < 2 * pn || !apart_or_in_place(o)) return 0;
   struct ccs__conn *c = ccs__comm_conn(o->comm);
@@ -213,6 +218,12 @@ static ccs_result_t run_from(struct cut *k, uint64_t from, uint64_t *failed) {
   return rc;
 }
 
+/* The call made whole, staged as any (a copy: submitting resolves it). */
+static ccs_result_t submit_whole(const struct op *o) {
+  struct op whole = *o;
+  return ccs__submit(&whole, 1, NULL);
+}
+
 ccs_result_t ccs__submit_in_parts(const struct op *o) {
   /* what a host stream has in flight goes first, as for any staged call */
   if (o->host_stream) ccs__host_stream_drain(o->host_stream);
@@ -221,17 +232,11 @@ ccs_result_t ccs__submit_in_parts(const struct op *o) {
   k.send_blocks = o->send_len / (o->count * k.es);
   k.recv_blocks = o->recv_len / (o->count * k.es);
   ccs_result_t rc = parts_of(o->comm, part_bytes(), &k.p);
-  if (rc != CCS_OK) { /* no slots (a quota, say): the call goes whole, staged as ever */
-    struct op whole = *o;
-    return ccs__submit(&whole, 1, NULL);
-  }
+  if (rc != CCS_OK) return submit_whole(o); /* no slots (a quota, say) */
   uint64_t from = 0, failed = 0;
   for (int repeats = 0;; repeats++) {
     rc = run_from(&k, from, &failed);
-    if (rc == CCS__RESULT_WHOLE && failed == 0) { /* other ranks made it whole (their buffers) */
-      struct op whole = *o;
-      return ccs__submit(&whole, 1, NULL);
-    }
+    if (rc == CCS__RESULT_WHOLE && failed == 0) return submit_whole(o); /* other ranks did (their buffers) */
     /* the daemon restarted under a part: the parts before it finished at
      * every rank (the same verdicts reach each), it and the later ones go
      * again from the caller's buffers, which only finished parts wrote */
