@@ -80,6 +80,7 @@ struct tconn {
   uint8_t rhdr[HEADER], rmac[CCS_AUTH_TAG];
   size_t rhdr_got, body_len, body_got, rmac_got;
   int in_body;
+  int eof; /* the other end closed it: read returned 0 */
   uint64_t body_tag;
   struct op *body_op;     /* its posted receive, or */
   struct umsg *body_umsg; /* where it is held */
@@ -326,7 +327,11 @@ static int held_for(const struct tconn *c, uint64_t tag) {
 static int read_some(struct tconn *c, void *dst, size_t *got, size_t want) {
   while (*got < want) {
     ssize_t n = read(c->fd, (char *)dst + *got, want - *got);
-    if (n == 0) { fail(c, -ECONNRESET); return -1; }
+    if (n == 0) {
+      c->eof = !c->dead;
+      fail(c, -ECONNRESET);
+      return -1;
+    }
     if (n < 0) {
       if (errno != EAGAIN && errno != EINTR) { fail(c, -errno); return -1; }
       return 0;
@@ -797,6 +802,21 @@ static int tcp_holds(struct tconn *c) {
   return c->unexp || c->body_umsg || (c->rhdr_got && !c->in_body);
 }
 
+static int tcp_take_held(struct tconn *c, void (*each)(void *arg, uint64_t tag, void *data, size_t len),
+                         void *arg) {
+  if (!c->dead) return 0;
+  if (!c->eof) return -1;
+  while (each && c->unexp) {
+    struct umsg *u = c->unexp;
+    c->unexp = u->next;
+    unhold(c, u->len);
+    each(arg, u->tag, u->data, u->len);
+    free(u);
+  }
+  if (!c->unexp) c->unexp_tail = NULL;
+  return 1;
+}
+
 const struct transport_ops ccs_transport_tcp = {
     .name = "tcp",
     .open = tcp_open,
@@ -814,5 +834,6 @@ const struct transport_ops ccs_transport_tcp = {
     .wake = tcp_wake,
     .peer_name = tcp_peer_name,
     .holds = tcp_holds,
+    .take_held = tcp_take_held,
     .describe = tcp_describe,
 };

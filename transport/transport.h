@@ -90,6 +90,14 @@ struct transport_ops {
   /* 1 while a message that no receive has taken yet is held or arriving
    * on c: its sender may count it sent. */
   int (*holds)(struct tconn *c);
+  /* A connection whose other end went: hands each message it holds that
+   * no receive took to each(arg, tag, data, len), data then the caller's
+   * to free, and forgets them. 1 when the other end closed it cleanly
+   * after its last message (every whole message it sent is among them or
+   * was taken), 0 while it is still open, -1 when it failed otherwise;
+   * nothing is handed unless 1. each NULL: only says which. NULL: never. */
+  int (*take_held)(struct tconn *c, void (*each)(void *arg, uint64_t tag, void *data, size_t len),
+                   void *arg);
   /* Why a failed connection failed, where the transport knows more than
    * its status says (verbs: the device, port and event): 2 when this
    * end's device failed (nothing the peer did), 1 for other failures, 0

@@ -96,6 +96,9 @@ struct coll_channel {
   size_t nretry;
   uint64_t finished, retry_from; /* the verdict */
   uint64_t kept; /* sends across daemons: the last finished that its daemon keeps, to send again (0: none) */
+  /* receives across daemons: the messages whose bytes reached the
+   * receiver's daemon, taken or held there (0: none said) */
+  uint64_t arrived;
 };
 struct coll_rejoin {
   int spans; /* the comm spans daemons: the others hold it for this one */

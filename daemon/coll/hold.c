@@ -13,6 +13,10 @@
  * answers with the verdict: the collective kept here runs again, or
  * returns CCS_ERR_RETRY to every rank; kept sends and receives are made
  * again under their numbers; the comm goes on over new data connections.
+ * Messages the ranks there sent to ranks here before it went, which no
+ * receive here had taken, are carried over to the new connections (the
+ * old ones closed cleanly after them: every one whose send finished there
+ * arrived whole) and the receives made after take them.
  * No answer within the grace, the comm fails naming the daemon. On the
  * loop thread. */
 #include <stdatomic.h>
@@ -39,6 +43,8 @@ struct comm_hold {
   uint64_t finished;  /* collectives finished here: final once nothing runs */
   uint64_t retry_seq; /* the op stopped here after writing over its inputs; 0: none */
   struct list p2p;    /* sends and receives across daemons posted meanwhile */
+  int took;           /* arrived is final (its connections were looked at) */
+  struct held_msg *arrived; /* from the ranks there, no receive here took them yet */
   char why[160];
 };
 
@@ -182,7 +188,24 @@ void ccsd_hold_defer(struct comm *c, struct post *p) {
 struct pair {
   int from, to;
   uint32_t count, kept, deferred;
+  uint32_t arrived; /* messages from there held here, numbered count on */
 };
+
+static int arrived_tag(const struct comm_hold *h, uint64_t tag) {
+  for (const struct held_msg *m = h->arrived; m; m = m->next)
+    if (m->tag == tag) return 1;
+  return 0;
+}
+
+/* The messages from rank `from` there to rank `to` here that arrived
+ * whole, numbered n on, in order (a message's first chunk tells: the rest
+ * came before the connections closed). A send or receive's data tag: no
+ * op number, no arguments (net.h). */
+static uint32_t arrived_from(const struct comm_hold *h, int from, int to, uint32_t n) {
+  uint32_t k = 0;
+  while (h->arrived && arrived_tag(h, ccsd_peer_tag(0, 0, from, to, n + k, 0))) k++;
+  return k;
+}
 
 static void post_pair(const struct post *p, int *from, int *to) {
   *from = p->kind == CCS__SEND ? p->member->rank : p->root;
@@ -197,15 +220,17 @@ static struct pair *find_pair(struct pair *pairs, size_t n, int from, int to) {
 
 static struct pair *pairs_of(const struct comm *c, size_t *ret_n) {
   const struct comm_hold *h = c->hold;
-  size_t cap = c->np2p + 1, n = 0;
+  size_t cap = c->np2p + 1, n = 0, there = 0;
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, (struct list *)&h->p2p) cap++;
+  for (int r = 0; h->arrived && r < c->nranks; r++) there += c->node_of_rank[r] == h->node;
+  if (there) cap += there * (size_t)c->nranks;
   struct pair *pairs = calloc(cap, sizeof(*pairs));
   if (!pairs) return NULL;
   for (size_t i = 0; i < c->np2p; i++) {
     const struct p2p_count *pc = &c->p2p_counts[i];
     if (c->node_of_rank[pc->from] == h->node || c->node_of_rank[pc->to] == h->node)
-      pairs[n++] = (struct pair){pc->from, pc->to, pc->n, 0, 0};
+      pairs[n++] = (struct pair){pc->from, pc->to, pc->n, 0, 0, 0};
   }
   LIST_FOREACH_SAFE(it, tmp, (struct list *)&h->p2p) {
     const struct post *p = LIST_ENTRY(it, struct post, link);
@@ -213,10 +238,18 @@ static struct pair *pairs_of(const struct comm *c, size_t *ret_n) {
     post_pair(p, &from, &to);
     if (c->node_of_rank[from] != h->node && c->node_of_rank[to] != h->node) continue; /* between daemons that stay */
     struct pair *pr = find_pair(pairs, n, from, to);
-    if (!pr) pr = &pairs[n++], *pr = (struct pair){from, to, 0, 0, 0};
+    if (!pr) pr = &pairs[n++], *pr = (struct pair){from, to, 0, 0, 0, 0};
     if (p->seq) pr->kept++;
     else pr->deferred++;
   }
+  for (int from = 0; there && from < c->nranks; from++)
+    for (int to = 0; c->node_of_rank[from] == h->node && to < c->nranks; to++) {
+      if (c->members[to]->remote) continue;
+      struct pair *pr = find_pair(pairs, n, from, to);
+      uint32_t k = pr && pr->kept ? 0 : arrived_from(h, from, to, pr ? pr->count : 0);
+      if (k && !pr) pr = &pairs[n++], *pr = (struct pair){from, to, 0, 0, 0, 0};
+      if (k) pr->arrived = k;
+    }
   *ret_n = n;
   return pairs;
 }
@@ -255,7 +288,18 @@ static void ask(struct comm *c) {
   protobuf_c_boolean *flags = calloc(nlocal, sizeof(*flags));
   Ccs__PeerCount *kept = calloc(npairs + 1, sizeof(*kept)); /* the last sends finished, kept (replay.c) */
   Ccs__PeerCount **kept_ptrs = calloc(npairs + 1, sizeof(*kept_ptrs));
-  size_t nkept = 0;
+  Ccs__PeerCount *arrived = calloc(npairs + 1, sizeof(*arrived)); /* messages from there held here */
+  Ccs__PeerCount **arrived_ptrs = calloc(npairs + 1, sizeof(*arrived_ptrs));
+  size_t nkept = 0, narrived = 0;
+  for (size_t i = 0; pairs && arrived && arrived_ptrs && i < npairs; i++) {
+    if (!pairs[i].arrived) continue;
+    ccs__peer_count__init(&arrived[narrived]);
+    arrived[narrived].from = pairs[i].from;
+    arrived[narrived].to = pairs[i].to;
+    arrived[narrived].finished = (uint64_t)pairs[i].count + pairs[i].arrived;
+    arrived_ptrs[narrived] = &arrived[narrived];
+    narrived++;
+  }
   for (size_t i = 0; pairs && kept && kept_ptrs && i < npairs; i++) {
     uint32_t sent = c->node_of_rank[pairs[i].from] == c->mynode ? ccsd_replay_sent(c, pairs[i].from, pairs[i].to) : 0;
     if (!sent) continue;
@@ -266,7 +310,8 @@ static void ask(struct comm *c) {
     kept_ptrs[nkept] = &kept[nkept];
     nkept++;
   }
-  if (pairs && none && addrs && ranks && rank_ptrs && reports && chans && chan_ptrs && flags && kept && kept_ptrs) {
+  if (pairs && none && addrs && ranks && rank_ptrs && reports && chans && chan_ptrs && flags && kept && kept_ptrs &&
+      arrived && arrived_ptrs) {
     size_t k = 0, at = 0;
     for (int r = 0; r < c->nranks; r++) {
       addrs[r] = c->node_addr[c->node_of_rank[r]];
@@ -314,18 +359,38 @@ static void ask(struct comm *c) {
                                       .hold = h->number,
                                       .kept = h->finished && ccsd_replay_kept(c) == h->finished ? h->finished : 0,
                                       .kept_sends = (const Ccs__PeerCount *const *)kept_ptrs,
-                                      .nkept_sends = nkept}};
+                                      .nkept_sends = nkept,
+                                      .arrived = (const Ccs__PeerCount *const *)arrived_ptrs,
+                                      .narrived = narrived}};
     ccsd_peers_send(c->co->peers, h->addr, &msg);
   }
   free(addrs), free(ranks), free(rank_ptrs), free(reports), free(chans), free(chan_ptrs), free(flags);
-  free(pairs), free(none), free(kept), free(kept_ptrs);
+  free(pairs), free(none), free(kept), free(kept_ptrs), free(arrived), free(arrived_ptrs);
+}
+
+/* The messages of the pair numbered first on whose sends finished there
+ * and which arrived here: those carried over to the new connections. */
+static void carry(struct comm_hold *h, struct held_msg **carried, const struct pair *pr, uint32_t first,
+                  uint64_t end) {
+  for (uint64_t msg = first; msg < end; msg++)
+    for (size_t chunk = 0;; chunk++) {
+      uint64_t tag = ccsd_peer_tag(0, 0, pr->from, pr->to, (uint32_t)msg, chunk);
+      struct held_msg **at = &h->arrived;
+      while (*at && (*at)->tag != tag) at = &(*at)->next;
+      if (!*at) break;
+      struct held_msg *moved = *at;
+      *at = moved->next;
+      moved->next = *carried;
+      *carried = moved;
+    }
 }
 
 /* The restarted daemon's count of the messages between its ranks and
- * these; NULL, or why it cannot be. */
+ * these; NULL, or why it cannot be. The messages from there that arrived
+ * here and whose sends finished there go to *carried. */
 static const char *take_counts(struct comm *c, const struct peer_resume *m, struct pair **resend,
-                               size_t *nresend) {
-  const struct comm_hold *h = c->hold;
+                               size_t *nresend, struct held_msg **carried) {
+  struct comm_hold *h = c->hold;
   size_t npairs = 0;
   struct pair *pairs = pairs_of(c, &npairs);
   *resend = calloc(m->ncounts + 1, sizeof(**resend));
@@ -351,9 +416,14 @@ static const char *take_counts(struct comm *c, const struct peer_resume *m, stru
     /* the last send finished here and lost there: sent again (replay.c) */
     int again = pc->finished + 1 == done && c->node_of_rank[from] == c->mynode &&
                 ccsd_replay_sent(c, from, to) == done;
+    /* sends finished there whose messages arrived here whole: the
+     * receives here are numbered on from done and take them */
+    int ahead = pr && pc->finished > done && pc->finished <= (uint64_t)done + pr->arrived;
     if (again) (*resend)[(*nresend)++] = (struct pair){.from = from, .to = to};
-    if ((pc->finished < done && !again) || pc->finished > numbered) bad = "a count of messages this daemon cannot have";
-    else if (set_count(c, from, to, again ? done : (uint32_t)pc->finished)) bad = "out of memory";
+    if (ahead) carry(h, carried, pr, done, pc->finished);
+    if ((pc->finished < done && !again) || (pc->finished > numbered && !ahead))
+      bad = "a count of messages this daemon cannot have";
+    else if (set_count(c, from, to, again || ahead ? done : (uint32_t)pc->finished)) bad = "out of memory";
   }
   free(pairs);
   return bad;
@@ -409,6 +479,23 @@ static void relaunch_p2p(struct comm *c, struct list *p2p) {
   }
 }
 
+/* What the connections from the daemon that went hold, taken before they
+ * close here (closing drops it): 0 while one of them has not seen that
+ * daemon close it (until the ops under way are stopped). Unless every one
+ * closed cleanly, none is kept: a message may have lost its end. */
+static int take_arrived(struct comm *c) {
+  struct comm_hold *h = c->hold;
+  if (h->took || !c->net) return 1;
+  int rc = ccsd_peers_comm_take_held(c->co->peers, c->net, h->node, &h->arrived);
+  if (!rc && ccsd_fresh_ms_of(c->co) < h->stop_ms) return 0;
+  if (rc != 1) {
+    ccsd_held_free(h->arrived);
+    h->arrived = NULL;
+  }
+  h->took = 1;
+  return 1;
+}
+
 static void on_ask(uv_timer_t *t) {
   struct comm *c = t->data;
   struct comm_hold *h = c->hold;
@@ -441,9 +528,10 @@ static void on_ask(uv_timer_t *t) {
       struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
       if (x->run.plan.net_items) atomic_store(&x->run.cancelled, 1);
     }
+    take_arrived(c);
     if (c->net) ccsd_peers_comm_close(c->co->peers, c->net); /* what is posted on it fails now */
   }
-  if (list_empty(&c->running) && !c->replaying) { /* what this daemon says is final now */
+  if (list_empty(&c->running) && !c->replaying && take_arrived(c)) { /* what this daemon says is final now */
     if (c->net) ccsd_peers_comm_free(c->co->peers, c->net); /* before the new one opens */
     c->net = NULL;
     ask(c);
@@ -470,15 +558,21 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
   uint8_t *rerun = NULL;
   struct pair *resend = NULL;
   size_t nresend = 0;
-  const char *bad = take_counts(c, m, &resend, &nresend);
+  struct held_msg *carried = NULL;
+  const char *bad = take_counts(c, m, &resend, &nresend, &carried);
   if (!bad && m->nrerun) bad = rerun_nodes(c, m, &rerun);
   if (bad) {
     free(resend);
+    ccsd_held_free(carried);
     ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back with %s", addr, bad);
     return;
   }
+  ccsd_held_free(h->arrived); /* of sends that did not finish there: they come again */
+  h->arrived = NULL;
+  size_t ncarried = 0;
+  for (const struct held_msg *k = carried; k; k = k->next) ncarried++;
   c->net = ccsd_peers_comm_open(c->co->peers, c->name, c->nnodes, c->mynode,
-                                (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes);
+                                (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes, carried);
   int failed = !c->net || (rerun && ccsd_replay_start(c, rerun));
   for (size_t i = 0; i < nresend && !failed; i++) failed = ccsd_replay_send_again(c, resend[i].from, resend[i].to);
   free(rerun);
@@ -508,9 +602,13 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
   list_init(&p2p);
   list_take_all(&p2p, &h->p2p);
   c->hold = NULL;
-  LOG_WARN("comm %llu goes on: the daemon at %s is back (%llu collectives finished%s)",
+  char carried_text[96] = "";
+  if (ncarried)
+    snprintf(carried_text, sizeof(carried_text), "; %zu chunk(s) of messages sent from there before it "
+             "went carried over", ncarried);
+  LOG_WARN("comm %llu goes on: the daemon at %s is back (%llu collectives finished%s%s)",
            (unsigned long long)c->id, addr, (unsigned long long)h->finished,
-           repeat != UINT64_MAX ? ", the next repeated by its callers" : "");
+           repeat != UINT64_MAX ? ", the next repeated by its callers" : "", carried_text);
   free(h);
   relaunch_p2p(c, &p2p);
   ccsd_comm_launch_queued(c);
@@ -528,5 +626,6 @@ void ccsd_hold_end(struct comm *c) {
     list_remove(&p->link);
     ccsd_post_finish(p, c->error, c->error_text);
   }
+  ccsd_held_free(h->arrived);
   free(h);
 }

@@ -216,6 +216,22 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
     }
     ch->kept = k->finished;
   }
+  for (size_t i = 0; i < m->narrived; i++) { /* messages from ranks here that arrived there whole */
+    const Ccs__PeerCount *k = m->arrived[i];
+    struct coll_channel *ch = NULL;
+    if (k->from >= 0 && k->from < c->nranks && k->to >= 0 && k->to < c->nranks &&
+        !strcmp(g->addrs[k->to], addr) && !strcmp(g->addrs[k->from], c->co->self) && c->members[k->to]->rejoin)
+      for (size_t j = 0; j < c->members[k->to]->rejoin->n; j++)
+        if (c->members[k->to]->rejoin->ch[j].peer == k->from && !c->members[k->to]->rejoin->ch[j].send)
+          ch = &c->members[k->to]->rejoin->ch[j];
+    if (!ch || k->finished <= ch->done || k->finished - ch->done > UINT32_MAX) {
+      ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s sent a bad rejoin: messages of ranks %d to %d "
+                     "that arrived there, %s", addr, k->from, k->to,
+                     ch ? "no more than it received" : "which it does not report");
+      return;
+    }
+    ch->arrived = k->finished;
+  }
   g->heard[node_of(g, addr)] = 1;
   g->hold[node_of(g, addr)] = m->hold;
   g->kept[node_of(g, addr)] = m->kept;

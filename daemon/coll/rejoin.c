@@ -94,11 +94,15 @@ static void first_retry(const struct coll_channel *ch, uint64_t finished, uint64
     }
 }
 
-/* Calls rank r made on a channel, as it reported them (none when it
- * reported no such channel). */
+/* Calls made on a channel, as reported; a receive's messages that
+ * arrived at its daemon count as made: the receives made after take them. */
+static uint64_t made(const struct coll_channel *ch) {
+  return !ch ? 0 : ch->arrived > ch->taken ? ch->arrived : ch->taken;
+}
+
+/* Calls rank r made on a channel (none when it reported no such channel). */
 static uint64_t taken(const struct comm *c, int r, int peer, int send) {
-  const struct coll_channel *ch = find(c->members[r], peer, send);
-  return ch ? ch->taken : 0;
+  return made(find(c->members[r], peer, send));
 }
 
 static ccs_result_t disagree(struct comm *c, int r, uint64_t made, const char *what, uint64_t finished) {
@@ -123,6 +127,14 @@ static int resent(const struct comm *c, int from, int to) {
          c->node_of_rank[from] != c->node_of_rank[to];
 }
 
+/* Whether every send from rank `from` to rank `to` that finished at the
+ * sender's daemon arrived whole at the receiver's, where no receive has
+ * taken it yet (hold.c): the receives made after take it. */
+static int arrived(const struct comm *c, int from, int to) {
+  const struct coll_channel *s = find(c->members[from], to, 1), *r = find(c->members[to], from, 0);
+  return c->node_of_rank && s && r && r->arrived >= s->done && c->node_of_rank[from] != c->node_of_rank[to];
+}
+
 /* Whether the daemons behind can run collective #last again: each of
  * those that finished it keeps the messages it sent (replay.c) and none of
  * the ranks behind wrote over its inputs in it. */
@@ -143,8 +155,9 @@ static int rerunnable(const struct comm *c, const uint64_t *fin, uint64_t last) 
  * another (the one that went, say) is whole only where the daemons that
  * finished it send their messages again (node_finished then says who runs
  * it again). A message whose send finished and whose receive did not was
- * lost with the daemon. (A receive finished while its send was still
- * under way is whole: the send finished.) */
+ * lost with the daemon, unless the sender's daemon sends it again or it
+ * arrived whole at the receiver's. (A receive finished while its send was
+ * still under way is whole: the send finished.) */
 static ccs_result_t across_daemons(struct comm *c) {
   uint64_t *fin = calloc((size_t)c->nnodes, sizeof(*fin)), last = 0;
   if (!fin) {
@@ -177,7 +190,7 @@ static ccs_result_t across_daemons(struct comm *c) {
       uint64_t other = done_of(c, ch->peer, r, !ch->send);
       if (ch->send ? ch->done <= other : other <= ch->done) continue;
       int from = ch->send ? r : ch->peer, to = ch->send ? ch->peer : r;
-      if (resent(c, from, to)) continue;
+      if (resent(c, from, to) || arrived(c, from, to)) continue;
       ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "rank %d's sends to rank %d: %llu finished at the daemon at "
                      "%s, %llu received at the daemon at %s when a daemon went: the communicator "
                      "cannot be rejoined", from, to, (unsigned long long)(ch->send ? ch->done : other),
@@ -243,8 +256,8 @@ ccs_result_t ccsd_rejoin_settle(struct comm *c) {
       if (resent(c, from, to)) finished--; /* the receive is made again, the message sent again */
       first_retry(ch, finished, &retry);
       first_retry(other, finished, &retry);
-      if (ch->taken < finished)
-        return disagree(c, r, ch->taken, ch->send ? "sends to a peer" : "receives from a peer", finished);
+      if (made(ch) < finished)
+        return disagree(c, r, made(ch), ch->send ? "sends to a peer" : "receives from a peer", finished);
       if (c->members[ch->peer] && c->members[ch->peer]->rejoin && taken(c, ch->peer, r, !ch->send) < finished)
         return disagree(c, ch->peer, taken(c, ch->peer, r, !ch->send),
                         ch->send ? "receives from a peer" : "sends to a peer", finished);

@@ -71,7 +71,7 @@ int ccsd_span_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
                             c->node_of_rank};
   if (c->spans && c->mynode >= 0)
     c->net = ccsd_peers_comm_open(c->co->peers, c->name, c->nnodes, c->mynode,
-                                  (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes);
+                                  (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes, NULL);
   return c->spans && c->mynode >= 0 && !c->net ? -1 : 0;
 }
 

@@ -83,6 +83,7 @@ struct net_comm {
   struct pconn **data; /* per node and lane: [node * lanes + lane] */
   uint8_t *gone;       /* per node: its data connection closed (it left the comm) */
   struct list waiting; /* transfers for nodes not connected yet */
+  struct held_msg *carried; /* from its earlier connections: receives take them first */
   struct cmd open, close, free; /* its commands */
 };
 
@@ -538,6 +539,28 @@ static void transfer_start(struct peers *p, struct pconn *c, struct net_task *re
   if (rc && !failed_here(p, c, rec)) transfer_fail_later(p, rec, "its data connection is closed", 0, NULL);
 }
 
+/* A receive whose message was carried over from the comm's earlier
+ * connections takes it there: 1 when it did (the task is over). */
+static int take_carried(struct peers *p, struct net_comm *nc, struct net_task *rec) {
+  struct run_op *x = rec->x;
+  const struct engine_item *nd = engine_task_item(&x->plan, task_of(rec));
+  if (nd->kind == ENGINE_SEND) return 0;
+  size_t chunk, off, want = transfer_bytes(rec, &chunk, &off);
+  uint64_t tag = ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
+  for (struct held_msg **at = &nc->carried, *h; (h = *at); at = &h->next) {
+    if (h->tag != tag) continue;
+    *at = h->next;
+    if (h->len == want) memcpy((char *)nd->out[0] + off, h->data, want);
+    else transfer_fail(p, rec, CCS_ERR_MISMATCH, "a message of another size than the receive's arrived "
+                       "before the restart: the ranks called this op with different counts");
+    if (h->len == want) take_tasks(p, x, task_of(rec), 0);
+    free(h->data);
+    free(h);
+    return 1;
+  }
+  return 0;
+}
+
 /* rec goes on its data connection, or waits for it to come. */
 static void post(struct peers *p, struct net_task *rec) {
   struct run_op *x = rec->x;
@@ -547,6 +570,7 @@ static void post(struct peers *p, struct net_task *rec) {
     transfer_fail(p, rec, CCS_ERR_PEER_LOST, "the communicator's connections are closed");
     return;
   }
+  if (nc->carried && take_carried(p, nc, rec)) return;
   struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
   if (c) transfer_start(p, c, rec);
   else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection", 0, NULL);
@@ -684,10 +708,19 @@ static void comm_free(struct peers *p, struct net_comm *nc) {
     if (c->nc == nc) drop_conn(p, c, NULL);
   }
   list_remove(&nc->link);
+  ccsd_held_free(nc->carried);
   free(nc->addrs);
   free(nc->data);
   free(nc->gone);
   free(nc);
+}
+
+void ccsd_held_free(struct held_msg *list) {
+  for (struct held_msg *h = list, *next; h; h = next) {
+    next = h->next;
+    free(h->data);
+    free(h);
+  }
 }
 
 /* --- what arrives ------------------------------------------------------------ */
@@ -1064,7 +1097,8 @@ void ccsd_peers_send(struct peers *p, const char *addr, const struct peer_msg *m
 }
 
 struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int nnodes,
-                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes) {
+                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes,
+                                      struct held_msg *carried) {
   struct net_comm *nc = calloc(1, sizeof(*nc));
   if (nc) {
     nc->addrs = malloc(sizeof(*nc->addrs) * (size_t)nnodes);
@@ -1074,6 +1108,7 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
   if (!nc || !nc->addrs || !nc->data || !nc->gone) {
     if (nc) free(nc->addrs), free(nc->data), free(nc->gone);
     free(nc);
+    ccsd_held_free(carried);
     return NULL;
   }
   memcpy(nc->name, name, CCS__NAME_BYTES);
@@ -1081,6 +1116,7 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
   nc->nnodes = nnodes;
   nc->mynode = mynode;
   nc->lanes = lanes;
+  nc->carried = carried;
   list_init(&nc->waiting);
   nc->open = (struct cmd){.kind = CMD_COMM_OPEN, .nc = nc};
   nc->close = (struct cmd){.kind = CMD_COMM_CLOSE, .nc = nc};
@@ -1088,9 +1124,45 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
   if (enqueue(p, &nc->open)) {
     free(nc->addrs), free(nc->data), free(nc->gone);
     free(nc);
+    ccsd_held_free(carried);
     return NULL;
   }
   return nc;
+}
+
+struct held_list {
+  struct held_msg *list;
+  int failed;
+};
+
+static void keep_held(void *arg, uint64_t tag, void *data, size_t len) {
+  struct held_list *out = arg;
+  struct held_msg *h = malloc(sizeof(*h));
+  if (!h) {
+    free(data);
+    out->failed = 1;
+    return;
+  }
+  *h = (struct held_msg){out->list, tag, len, data};
+  out->list = h;
+}
+
+int ccsd_peers_comm_take_held(struct peers *p, struct net_comm *nc, int node, struct held_msg **out) {
+  if (!p->ops->take_held || node < 0 || node >= nc->nnodes) return -1;
+  pthread_mutex_lock(&p->drive); /* (short: the network thread holds it for a round) */
+  int rc = nc->closed || nc->gone[node] ? -1 : 1; /* a connection closed here dropped what it held */
+  for (int lane = 0; lane < nc->lanes && rc == 1; lane++) {
+    struct pconn *c = nc->data[node * nc->lanes + lane];
+    if (c && c->tc) rc = p->ops->take_held(c->tc, NULL, NULL);
+  }
+  struct held_list got = {*out, 0};
+  for (int lane = 0; lane < nc->lanes && rc == 1; lane++) {
+    struct pconn *c = nc->data[node * nc->lanes + lane];
+    if (c && c->tc) p->ops->take_held(c->tc, keep_held, &got);
+  }
+  pthread_mutex_unlock(&p->drive);
+  *out = got.list;
+  return got.failed ? -1 : rc;
 }
 
 /* Each at most once per comm. Once stopping they do nothing: every comm's

@@ -89,14 +89,27 @@ void ccsd_peers_free(struct peers *p);
 int ccsd_peers_drive(struct peers *p);
 void ccsd_peers_drive_end(struct peers *p);
 
+/* A message that arrived before its receive was made, kept past its
+ * connection (coll/hold.c): data is malloc'ed, freed with it. */
+struct held_msg {
+  struct held_msg *next;
+  uint64_t tag;
+  size_t len;
+  void *data;
+};
+void ccsd_held_free(struct held_msg *list);
+
 /* Loop thread. A control message to the daemon at addr (connected on
  * first use; a failure comes back as that peer lost). */
 void ccsd_peers_send(struct peers *p, const char *addr, const struct peer_msg *m);
 /* A communicator's data connections to the other nodes (addrs[mynode] is
  * this daemon): `lanes` per pair, chunk c on lane c % lanes, so that large
- * messages use several TCP streams; the lower node of each pair connects. */
+ * messages use several TCP streams; the lower node of each pair connects.
+ * carried (taken over, NULL: none): messages that arrived on the comm's
+ * earlier connections, which its receives take before any connection. */
 struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int nnodes,
-                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes);
+                                      int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes,
+                                      struct held_msg *carried);
 void ccsd_peers_comm_close(struct peers *p, struct net_comm *nc); /* pending posts fail */
 void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its last op */
 /* Loop thread: 1 when a data connection of nc holds a message that no
@@ -104,6 +117,13 @@ void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its l
  * sent to a rank here that has not asked for it), 0 when none does, -1
  * when the network thread was at the transport (ask again). */
 int ccsd_peers_comm_holds(struct peers *p, struct net_comm *nc);
+/* Loop thread, once the daemon at node went: the messages its data
+ * connections of nc hold that no receive took, prepended to *out (see
+ * transport.h take_held). 1: taken, every connection closed cleanly by
+ * that daemon after its last message; 0: one is still open (nothing
+ * taken, ask again); -1: one failed otherwise, or the transport cannot
+ * say (nothing taken). */
+int ccsd_peers_comm_take_held(struct peers *p, struct net_comm *nc, int node, struct held_msg **out);
 
 /* Loop thread, when an op across daemons is launched: the records of
  * the tasks the network thread may take, made with the op so that taking,

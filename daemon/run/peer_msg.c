@@ -63,6 +63,8 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     rj.kept = m->rejoin.kept;
     rj.kept_sends = (Ccs__PeerCount **)m->rejoin.kept_sends;
     rj.n_kept_sends = m->rejoin.nkept_sends;
+    rj.arrived = (Ccs__PeerCount **)m->rejoin.arrived;
+    rj.n_arrived = m->rejoin.narrived;
     w.body_case = CCS__PEER_MSG__BODY_REJOIN, w.rejoin = &rj;
     break;
   case PEER_RESUME:
@@ -117,7 +119,9 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
                                        (const Ccs__PeerRank *const *)w->rejoin->ranks, w->rejoin->n_ranks,
                                        w->rejoin->hold, w->rejoin->kept,
                                        (const Ccs__PeerCount *const *)w->rejoin->kept_sends,
-                                       w->rejoin->n_kept_sends};
+                                       w->rejoin->n_kept_sends,
+                                       (const Ccs__PeerCount *const *)w->rejoin->arrived,
+                                       w->rejoin->n_arrived};
     break;
   case CCS__PEER_MSG__BODY_RESUME:
     ret->kind = PEER_RESUME;

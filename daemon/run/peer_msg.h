@@ -64,6 +64,8 @@ struct peer_rejoin {
   uint64_t kept; /* the collective whose messages it sent it keeps (coll/replay.c); 0: none */
   const Ccs__PeerCount *const *kept_sends; /* per pair, the last send finished it keeps (number + 1) */
   size_t nkept_sends;
+  const Ccs__PeerCount *const *arrived; /* per pair, the messages from there held here (number + 1) */
+  size_t narrived;
 };
 
 /* the restarted daemon's verdict on the collectives: the others go on */

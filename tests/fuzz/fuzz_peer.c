@@ -195,6 +195,19 @@ static size_t fuzz_addrs(struct fuzz_input *in, int choices, char *addrs[8], cha
   return n;
 }
 
+/* Up to max counts of messages between two ranks, in or out of range. */
+static size_t fuzz_counts(struct fuzz_input *in, Ccs__PeerCount *counts, Ccs__PeerCount **ptrs, size_t max) {
+  size_t n = fuzz_u8(in) % (max + 1);
+  for (size_t i = 0; i < n; i++) {
+    ccs__peer_count__init(&counts[i]);
+    counts[i].from = fuzz_u8(in) % 4 ? (int32_t)(fuzz_u8(in) % 5) - 1 : (int32_t)fuzz_u32(in);
+    counts[i].to = fuzz_u8(in) % 4 ? (int32_t)(fuzz_u8(in) % 5) - 1 : (int32_t)fuzz_u32(in);
+    counts[i].finished = fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
+    ptrs[i] = &counts[i];
+  }
+  return n;
+}
+
 static void one_message(struct fuzz_input *in) {
   Ccs__PeerMsg m = CCS__PEER_MSG__INIT;
   Ccs__PeerJoin j = CCS__PEER_JOIN__INIT;
@@ -209,6 +222,7 @@ static void one_message(struct fuzz_input *in) {
   Ccs__Rejoin rep[2];
   Ccs__Channel chan[4], *chp[4];
   protobuf_c_boolean retry[4][2];
+  Ccs__PeerCount counts[6], *countp[6]; /* kept sends, messages arrived, a verdict's counts */
   int sub;
   uint8_t idbytes[256] = {0}, name[48] = {0}; /* room for lengths that are wrong */
   char from[48], algo[40], text[64], addrbuf[8][48];
@@ -292,6 +306,10 @@ static void one_message(struct fuzz_input *in) {
         prp[r] = &pr[r];
       }
       rj.ranks = prp;
+      rj.n_kept_sends = fuzz_counts(in, counts, countp, 3);
+      rj.kept_sends = countp;
+      rj.n_arrived = fuzz_counts(in, counts + 3, countp + 3, 3);
+      rj.arrived = countp + 3;
       m.body_case = CCS__PEER_MSG__BODY_REJOIN, m.rejoin = &rj;
       kind = 6;
       break;
@@ -303,6 +321,8 @@ static void one_message(struct fuzz_input *in) {
       rs.hold = fuzz_u8(in) % 2 ? fuzz_u8(in) % 64 : fuzz_u64(in);
       rs.n_rerun = fuzz_u8(in) % 2 ? 0 : fuzz_addrs(in, 6, addrs, addrbuf); /* daemons to send a collective again */
       rs.rerun = addrs;
+      rs.n_counts = fuzz_counts(in, counts, countp, 6);
+      rs.counts = countp;
       m.body_case = CCS__PEER_MSG__BODY_RESUME, m.resume = &rs;
       kind = 7;
       break;

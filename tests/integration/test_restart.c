@@ -701,6 +701,80 @@ static void test_nodes_stop_owed(void **state) {
   release_and_wait(ranks);
 }
 
+/* Messages that ranks of the second daemon sent before it went, whose
+ * receivers at the first had not asked for them: the first daemon holds
+ * them (they arrived whole, the connections closed after them) and hands
+ * them to the receives made after the restart. Each rank of the second
+ * daemon (odd) sends two to the rank before it, one small and one of
+ * several chunks, then the daemon is stopped (SIGTERM) or killed; the
+ * receivers ask once it is back, then every rank all_reduces and the
+ * messages go the other way. */
+#define AHEAD_BIG (3 * COUNT) /* int64s: 2.4 MB, chunks on every connection of the pair */
+static int sent_ahead_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  int64_t *buf = malloc(sizeof(int64_t) * AHEAD_BIG), one = 1;
+  if (!buf || ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
+  ccs_result_t rc = ccs_all_reduce(&one, &one, 1, CCS_INT64, CCS_SUM, comm, NULL);
+  int bad = rc != CCS_OK || one != n, peer = rank % 2 ? rank - 1 : rank + 1;
+  const char *what = "all_reduce";
+  static const size_t sizes[2] = {7, AHEAD_BIG};
+  if (rank % 2) {
+    for (int m = 0; m < 2 && !bad; m++) {
+      what = "send";
+      for (size_t i = 0; i < sizes[m]; i++) buf[i] = value(rank, m, i);
+      bad = (rc = ccs_send(buf, sizes[m], CCS_INT64, peer, comm, NULL)) != CCS_OK;
+    }
+    __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+  }
+  while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+  if (rank % 2 == 0 && peer < n)
+    for (int m = 0; m < 2 && !bad; m++) {
+      what = "receive";
+      for (size_t i = 0; i < sizes[m]; i++) buf[i] = -1;
+      rc = ccs_recv(buf, sizes[m], CCS_INT64, peer, comm, NULL);
+      ring_from = peer;
+      bad = rc != CCS_OK || check(what, rank, m, buf, sizes[m], from_prev, n);
+    }
+  for (size_t i = 0; i < COUNT && !bad; i++) buf[i] = value(rank, 2, i);
+  if (!bad) {
+    what = "all_reduce after";
+    rc = ccs_all_reduce(buf, buf, COUNT, CCS_INT64, CCS_SUM, comm, NULL);
+    bad = rc != CCS_OK || check(what, rank, 2, buf, COUNT, sum_of, n);
+  }
+  if (!bad && peer < n) { /* the other way */
+    what = rank % 2 ? "receive back" : "send back";
+    for (size_t i = 0; i < COUNT; i++) buf[i] = rank % 2 ? -1 : value(rank, 3, i);
+    rc = rank % 2 ? ccs_recv(buf, COUNT, CCS_INT64, peer, comm, NULL) : ccs_send(buf, COUNT, CCS_INT64, peer, comm, NULL);
+    ring_from = peer;
+    bad = rc != CCS_OK || (rank % 2 && check(what, rank, 3, buf, COUNT, from_prev, n));
+  }
+  if (bad) fprintf(stderr, "rank %d %s: %s: %s\n", rank, what, ccs_result_name(rc), ccs_comm_last_error(comm));
+  free(buf);
+  ccs_comm_destroy(comm);
+  return bad;
+}
+
+static void test_nodes_sent_ahead(void **state) {
+  (void)state;
+  static const int ranks_of_run[] = {2, 5};
+  for (int run = 0; run < 4; run++) {
+    int n = ranks_of_run[run / 2], term = run % 2;
+    fresh_round(0);
+    start_nodes(NULL, run % 2, "30");
+    pid_t ranks = fork();
+    if (ranks == 0) _exit(test_run_ranks(n, sent_ahead_rank, NULL, 60, NULL));
+    double until = test_now() + 30;
+    while (__atomic_load_n(&sh->at_hold, __ATOMIC_SEQ_CST) < n / 2 && test_now() < until) usleep(1000);
+    usleep(50000); /* what they sent is at the first daemon */
+    if (term) assert_int_equal(test_daemon_term(&node[1]), 0);
+    else test_daemon_kill(&node[1]);
+    assert_int_equal(start_node(1, 1, "30"), 0);
+    fprintf(stderr, "# %d ranks, messages sent ahead, the second daemon %s\n", n, term ? "stopped" : "killed");
+    release_and_wait(ranks);
+  }
+}
+
 /* Killed (kill -9) as it matched a call that the first daemon had
  * finished: rank 0's broadcast, the reduce to rank 1 of the first
  * daemon's ranks, or rank 0's send to rank 1, needs nothing back from the
@@ -813,7 +887,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_receive_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_sent_ahead, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
   };
+  if (getenv("CCS_TEST_ONLY")) cmocka_set_test_filter(getenv("CCS_TEST_ONLY")); /* one test, by name */
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

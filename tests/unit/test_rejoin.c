@@ -190,9 +190,11 @@ static void test_disagreeing_reports_fail(void **state) {
  * comm goes on only when daemon 0 keeps what it sent to send it again
  * (replay.c), daemon 1 is exactly one behind, and its ranks can make the
  * call again; then daemon 1's ranks run it again and daemon 0's do not.
+ * Sends the other way, finished at daemon 1 and not received at daemon 0,
+ * go on when daemon 0 says every one of them arrived there (hold.c).
  * Every other such history fails the comm, saying it cannot be rejoined. */
 enum { SAME, REPLAYED, NOT_KEPT, TWO_BEHIND, RESTARTED_AHEAD, UNSAFE_BEHIND, SEND_REPLAYED, SEND_NOT_KEPT,
-       SEND_KEPT_EARLIER, CASES };
+       SEND_KEPT_EARLIER, SEND_ARRIVED, SEND_ARRIVED_SHORT, CASES };
 static void test_across_daemons(void **state) {
   (void)state;
   static const char addrs[2][CCSD_ADDR_MAX] = {"10.0.0.1:7000", "10.0.0.2:7000"};
@@ -216,19 +218,27 @@ static void test_across_daemons(void **state) {
     memset(none, 0, sizeof(none)), memset(send, 0, sizeof(send)), memset(recv, 0, sizeof(recv));
     for (int r = 0; r < n; r++) /* each made the last call; those behind have it out */
       coll[r] = (struct side){.done = fin[r % 2], .taken = last, .unsafe = {rule == UNSAFE_BEHIND && r == 1}};
-    int p2p = rule >= SEND_REPLAYED;
-    uint64_t sends = (uint64_t)(1 + rand() % 20);
+    int p2p = rule >= SEND_REPLAYED && rule < SEND_ARRIVED, ahead = rule >= SEND_ARRIVED;
+    uint64_t sends = (uint64_t)(3 + rand() % 20), lag = rule == SEND_ARRIVED_SHORT ? 2 : 1 + (uint64_t)rand() % 2;
+    struct side ahead_send[RANKS_MAX], ahead_recv[RANKS_MAX];
+    memset(ahead_send, 0, sizeof(ahead_send)), memset(ahead_recv, 0, sizeof(ahead_recv));
+    if (ahead) { /* rank 1's sends to rank 0: the last `lag` finished at daemon 1, not received at daemon 0 */
+      ahead_send[0] = (struct side){.done = sends, .taken = sends};
+      ahead_recv[1] = (struct side){.done = sends - lag, .taken = sends - lag};
+    }
     if (p2p) { /* rank 0's sends to rank 1: the last finished at daemon 0, not received at daemon 1 */
       send[1] = (struct side){.done = sends, .taken = sends};
       recv[0] = (struct side){.done = sends - 1, .taken = sends};
     }
-    report(&w, 0, &coll[0], p2p ? send : none, none);
-    report(&w, 1, &coll[1], none, p2p ? recv : none);
+    report(&w, 0, &coll[0], p2p ? send : none, ahead ? ahead_recv : none);
+    report(&w, 1, &coll[1], ahead ? ahead_send : none, p2p ? recv : none);
+    if (ahead) /* (what daemon 0's word says arrived there) */
+      ((struct coll_channel *)verdict(&w, 0, 1, 0))->arrived = rule == SEND_ARRIVED ? sends : sends - 1;
     for (int r = 2; r < n; r++) report(&w, r, &coll[r], none, none);
     if (p2p && rule != SEND_NOT_KEPT) /* (what daemon 0's word says it keeps) */
       ((struct coll_channel *)verdict(&w, 0, 1, 1))->kept = rule == SEND_KEPT_EARLIER ? sends - 1 : sends;
     ccs_result_t rc = ccsd_rejoin_settle(&w.c);
-    if (rule == SAME || rule == REPLAYED || rule == SEND_REPLAYED) {
+    if (rule == SAME || rule == REPLAYED || rule == SEND_REPLAYED || rule == SEND_ARRIVED) {
       assert_int_equal(rc, CCS_OK);
       for (int r = 0; r < n; r++) {
         assert_int_equal(verdict(&w, r, -1, 0)->finished, fin[r % 2]);
@@ -240,6 +250,13 @@ static void test_across_daemons(void **state) {
         assert_int_equal(verdict(&w, 1, 0, 0)->finished, sends - 1);
         assert_int_equal(w.c.np2p, sends > 1 ? 1 : 0);
         if (sends > 1) assert_int_equal(w.c.p2p_counts[0].n, sends - 1);
+      }
+      if (ahead) { /* finished for both ends: daemon 0's receives take what arrived */
+        assert_int_equal(verdict(&w, 1, 0, 1)->finished, sends);
+        assert_int_equal(verdict(&w, 0, 1, 0)->finished, sends);
+        assert_int_equal(w.c.np2p, 1);
+        assert_int_equal(w.c.p2p_counts[0].from, 1);
+        assert_int_equal(w.c.p2p_counts[0].n, sends);
       }
     } else {
       assert_int_equal(rc, CCS_ERR_PEER_LOST);

@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -163,6 +164,102 @@ static void test_messages_outlive_the_close(void **state) {
   assert_int_equal(done[0].bytes, sizeof(msg));
   assert_memory_equal(in, msg, sizeof(msg));
   assert_true(T->recv(ca, NULL, in, sizeof(in), 43, in) < 0);
+  T->free(a);
+}
+
+struct taken {
+  int n;
+  uint64_t tags[8];
+  size_t lens[8];
+  char *data[8];
+};
+static void take_one(void *arg, uint64_t tag, void *data, size_t len) {
+  struct taken *t = arg;
+  assert_true(t->n < 8);
+  t->tags[t->n] = tag, t->lens[t->n] = len, t->data[t->n] = data;
+  t->n++;
+}
+
+/* Polls a until its connection ca failed (a receive nothing matches). */
+static void until_closed(struct transport *a, struct tconn *ca) {
+  int sentinel = 0;
+  struct tcompletion done[1];
+  assert_int_equal(T->recv(ca, NULL, &sentinel, 0, 7, NULL), 0);
+  assert_int_equal(collect(a, a, done, 1), 1);
+  assert_true(done[0].status < 0);
+}
+
+/* What a connection holds is taken over (hold.c carries it to the next
+ * connections) only once its peer closed it cleanly after its last
+ * message: nothing while it is open; everything, in order, after a clean
+ * close; nothing after a reset, where a message may have lost its end. */
+static void test_held_taken_after_a_clean_close(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  static const size_t sizes[3] = {0, 1000, 300000};
+  char *msg[3];
+  struct tcompletion done[4];
+  for (int i = 0; i < 3; i++) {
+    msg[i] = malloc(sizes[i] + 1);
+    for (size_t k = 0; k < sizes[i]; k++) msg[i][k] = (char)(k * 7 + (size_t)i);
+    assert_int_equal(T->send(cb, NULL, msg[i], sizes[i], 50 + (uint64_t)i, NULL), 0);
+  }
+  assert_int_equal(collect(a, b, done, 3), 3); /* written */
+  for (int spin = 0; spin < 50; spin++) T->poll(a, 2, done, 0); /* and read: held at a */
+  struct taken got = {0};
+  assert_int_equal(T->take_held(ca, take_one, &got), 0); /* open: nothing */
+  assert_int_equal(got.n, 0);
+  T->close(cb); /* a clean close: its FIN after the messages */
+  until_closed(a, ca);
+  assert_int_equal(T->take_held(ca, NULL, NULL), 1);
+  assert_int_equal(T->take_held(ca, take_one, &got), 1);
+  assert_int_equal(got.n, 3);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(got.tags[i], 50 + (uint64_t)i);
+    assert_int_equal(got.lens[i], sizes[i]);
+    assert_memory_equal(got.data[i], msg[i], sizes[i]);
+    free(got.data[i]);
+    free(msg[i]);
+  }
+  assert_false(T->holds(ca));
+  T->free(a);
+  T->free(b);
+
+  /* killed with bytes it never read: the kernel resets the connection */
+  char err[256], bound[128];
+  a = open_t(7);
+  assert_int_equal(T->listen(a, "127.0.0.1:0", bound, sizeof(bound), err, sizeof(err)), 0);
+  int ready[2];
+  assert_int_equal(pipe2(ready, O_NONBLOCK), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct transport *child = open_t(7);
+    struct tconn *cc;
+    char one[100] = {1};
+    struct tcompletion sent;
+    if (T->connect(child, bound, &cc, err, sizeof(err)) || T->send(cc, NULL, one, sizeof(one), 60, NULL)) _exit(1);
+    while (T->poll(child, 10, &sent, 1) == 0) {}
+    if (write(ready[1], "x", 1) != 1) _exit(1);
+    pause(); /* reads nothing more */
+    _exit(0);
+  }
+  assert_int_equal(accept_one(a, &ca, err, sizeof(err)), 1);
+  char x;
+  while (read(ready[0], &x, 1) != 1) T->poll(a, 10, done, 0);
+  for (int spin = 0; spin < 20; spin++) T->poll(a, 2, done, 0);
+  char unread[4096] = {0};
+  assert_int_equal(T->send(ca, NULL, unread, sizeof(unread), 61, NULL), 0);
+  assert_int_equal(collect(a, a, done, 1), 1); /* in the child's socket, never read */
+  usleep(50000);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  until_closed(a, ca);
+  assert_true(T->holds(ca)); /* the message did arrive, */
+  got.n = 0;
+  assert_int_equal(T->take_held(ca, take_one, &got), -1); /* but a reset says nothing of what did not */
+  assert_int_equal(got.n, 0);
+  close(ready[0]), close(ready[1]);
   T->free(a);
 }
 
@@ -505,6 +602,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_messages_both_ways),
       cmocka_unit_test(test_messages_outlive_the_close),
+      cmocka_unit_test(test_held_taken_after_a_clean_close),
       cmocka_unit_test(test_registered_memory),
       cmocka_unit_test(test_bad_addresses),
       cmocka_unit_test(test_wrong_key),
@@ -516,6 +614,7 @@ int main(void) {
       /* everything again with the data encrypted too */
       cmocka_unit_test_setup(test_messages_both_ways, with_encryption),
       cmocka_unit_test_setup(test_messages_outlive_the_close, with_encryption),
+      cmocka_unit_test_setup(test_held_taken_after_a_clean_close, with_encryption),
       cmocka_unit_test_setup(test_registered_memory, with_encryption),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
