@@ -80,7 +80,7 @@ struct tconn {
   uint8_t rhdr[HEADER], rmac[CCS_AUTH_TAG];
   size_t rhdr_got, body_len, body_got, rmac_got;
   int in_body;
-  int eof; /* the other end closed it: read returned 0 */
+  int eof; /* the other end closed it between two messages: read returned 0 */
   uint64_t body_tag;
   struct op *body_op;     /* its posted receive, or */
   struct umsg *body_umsg; /* where it is held */
@@ -129,9 +129,12 @@ static void complete(struct tconn *c, struct op *op, int is_send, int status, si
   t->done_tail = op;
 }
 
+/* A held message costs its header too: empty ones are not free. */
+static uint64_t held_cost(uint64_t len) { return len > UINT64_MAX - HEADER ? UINT64_MAX : len + HEADER; }
+
 static void unhold(struct tconn *c, size_t len) {
-  c->held -= len;
-  c->t->held_total -= len;
+  c->held -= held_cost(len);
+  c->t->held_total -= held_cost(len);
 }
 
 static void free_umsg(struct tconn *c, struct umsg *u) {
@@ -328,7 +331,7 @@ static int read_some(struct tconn *c, void *dst, size_t *got, size_t want) {
   while (*got < want) {
     ssize_t n = read(c->fd, (char *)dst + *got, want - *got);
     if (n == 0) {
-      c->eof = !c->dead;
+      c->eof = !c->dead && !c->in_body && !c->rhdr_got; /* between messages */
       fail(c, -ECONNRESET);
       return -1;
     }
@@ -351,8 +354,9 @@ static int begin_body(struct tconn *c) {
   /* an earlier held message of this tag keeps its place in the order */
   c->body_op = held_for(c, c->body_tag) ? NULL : take_recv(c, c->body_tag);
   if (c->body_op) return c->body_len > c->body_op->len ? -EMSGSIZE : 0;
-  if (c->body_len > pr->unexpected_per_conn - c->held || c->held > pr->unexpected_per_conn ||
-      c->body_len > pr->unexpected_total - c->t->held_total || c->t->held_total > pr->unexpected_total)
+  uint64_t cost = held_cost(c->body_len);
+  if (cost > pr->unexpected_per_conn - c->held || c->held > pr->unexpected_per_conn ||
+      cost > pr->unexpected_total - c->t->held_total || c->t->held_total > pr->unexpected_total)
     return -ENOBUFS; /* its receive is not posted, and it would not fit: closed */
   c->body_umsg = calloc(1, sizeof(*c->body_umsg));
   if (c->body_umsg) c->body_umsg->data = malloc(c->body_len ? c->body_len : 1);
@@ -363,8 +367,8 @@ static int begin_body(struct tconn *c) {
   }
   c->body_umsg->tag = c->body_tag;
   c->body_umsg->len = c->body_len;
-  c->held += c->body_len;
-  c->t->held_total += c->body_len;
+  c->held += cost;
+  c->t->held_total += cost;
   return 0;
 }
 

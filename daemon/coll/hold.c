@@ -191,19 +191,13 @@ struct pair {
   uint32_t arrived; /* messages from there held here, numbered count on */
 };
 
-static int arrived_tag(const struct comm_hold *h, uint64_t tag) {
-  for (const struct held_msg *m = h->arrived; m; m = m->next)
-    if (m->tag == tag) return 1;
-  return 0;
-}
-
 /* The messages from rank `from` there to rank `to` here that arrived
  * whole, numbered n on, in order (a message's first chunk tells: the rest
  * came before the connections closed). A send or receive's data tag: no
  * op number, no arguments (net.h). */
 static uint32_t arrived_from(const struct comm_hold *h, int from, int to, uint32_t n) {
   uint32_t k = 0;
-  while (h->arrived && arrived_tag(h, ccsd_peer_tag(0, 0, from, to, n + k, 0))) k++;
+  while (h->arrived && ccsd_held_find(h->arrived, ccsd_peer_tag(0, 0, from, to, n + k, 0))) k++;
   return k;
 }
 
@@ -374,15 +368,22 @@ static void carry(struct comm_hold *h, struct held_msg **carried, const struct p
                   uint64_t end) {
   for (uint64_t msg = first; msg < end; msg++)
     for (size_t chunk = 0;; chunk++) {
-      uint64_t tag = ccsd_peer_tag(0, 0, pr->from, pr->to, (uint32_t)msg, chunk);
-      struct held_msg **at = &h->arrived;
-      while (*at && (*at)->tag != tag) at = &(*at)->next;
-      if (!*at) break;
-      struct held_msg *moved = *at;
-      *at = moved->next;
-      moved->next = *carried;
-      *carried = moved;
+      struct held_msg *m = ccsd_held_find(h->arrived, ccsd_peer_tag(0, 0, pr->from, pr->to, (uint32_t)msg, chunk));
+      if (!m) break;
+      ccsd_held_move(&h->arrived, carried, m);
     }
+}
+
+/* The messages held from the daemon at node (only_fresh: those just taken
+ * from its connections): dropped. */
+static void drop_arrived(struct comm_hold *h, int node, int only_fresh) {
+  struct held_msg *m, *tmp;
+  HASH_ITER(hh, h->arrived, m, tmp) {
+    if (m->node != node || (only_fresh && !m->fresh)) continue;
+    HASH_DEL(h->arrived, m);
+    free(m->data);
+    free(m);
+  }
 }
 
 /* The restarted daemon's count of the messages between its ranks and
@@ -488,10 +489,7 @@ static int take_arrived(struct comm *c) {
   if (h->took || !c->net) return 1;
   int rc = ccsd_peers_comm_take_held(c->co->peers, c->net, h->node, &h->arrived);
   if (!rc && ccsd_fresh_ms_of(c->co) < h->stop_ms) return 0;
-  if (rc != 1) {
-    ccsd_held_free(h->arrived);
-    h->arrived = NULL;
-  }
+  if (rc != 1) drop_arrived(h, h->node, 1); /* (those carried over before stay: they are whole) */
   h->took = 1;
   return 1;
 }
@@ -563,14 +561,14 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
   if (!bad && m->nrerun) bad = rerun_nodes(c, m, &rerun);
   if (bad) {
     free(resend);
-    ccsd_held_free(carried);
+    ccsd_held_free(&carried);
     ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the daemon at %s came back with %s", addr, bad);
     return;
   }
-  ccsd_held_free(h->arrived); /* of sends that did not finish there: they come again */
-  h->arrived = NULL;
-  size_t ncarried = 0;
-  for (const struct held_msg *k = carried; k; k = k->next) ncarried++;
+  size_t ncarried = HASH_COUNT(carried);
+  drop_arrived(h, h->node, 0); /* of sends that did not finish there: they come again */
+  struct held_msg *other, *next;
+  HASH_ITER(hh, h->arrived, other, next) ccsd_held_move(&h->arrived, &carried, other); /* from other daemons: on */
   c->net = ccsd_peers_comm_open(c->co->peers, c->name, c->nnodes, c->mynode,
                                 (const char(*)[CCSD_ADDR_MAX])c->node_addr, c->lanes, carried);
   int failed = !c->net || (rerun && ccsd_replay_start(c, rerun));
@@ -626,6 +624,6 @@ void ccsd_hold_end(struct comm *c) {
     list_remove(&p->link);
     ccsd_post_finish(p, c->error, c->error_text);
   }
-  ccsd_held_free(h->arrived);
+  ccsd_held_free(&h->arrived);
   free(h);
 }

@@ -547,18 +547,16 @@ static int take_carried(struct peers *p, struct net_comm *nc, struct net_task *r
   if (nd->kind == ENGINE_SEND) return 0;
   size_t chunk, off, want = transfer_bytes(rec, &chunk, &off);
   uint64_t tag = ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
-  for (struct held_msg **at = &nc->carried, *h; (h = *at); at = &h->next) {
-    if (h->tag != tag) continue;
-    *at = h->next;
-    if (h->len == want) memcpy((char *)nd->out[0] + off, h->data, want);
-    else transfer_fail(p, rec, CCS_ERR_MISMATCH, "a message of another size than the receive's arrived "
-                       "before the restart: the ranks called this op with different counts");
-    if (h->len == want) take_tasks(p, x, task_of(rec), 0);
-    free(h->data);
-    free(h);
-    return 1;
-  }
-  return 0;
+  struct held_msg *h = ccsd_held_find(nc->carried, tag);
+  if (!h) return 0;
+  HASH_DEL(nc->carried, h);
+  if (h->len == want) memcpy((char *)nd->out[0] + off, h->data, want);
+  else transfer_fail(p, rec, CCS_ERR_MISMATCH, "a message of another size than the receive's arrived "
+                     "before the restart: the ranks called this op with different counts");
+  if (h->len == want) take_tasks(p, x, task_of(rec), 0);
+  free(h->data);
+  free(h);
+  return 1;
 }
 
 /* rec goes on its data connection, or waits for it to come. */
@@ -708,19 +706,36 @@ static void comm_free(struct peers *p, struct net_comm *nc) {
     if (c->nc == nc) drop_conn(p, c, NULL);
   }
   list_remove(&nc->link);
-  ccsd_held_free(nc->carried);
+  ccsd_held_free(&nc->carried);
   free(nc->addrs);
   free(nc->data);
   free(nc->gone);
   free(nc);
 }
 
-void ccsd_held_free(struct held_msg *list) {
-  for (struct held_msg *h = list, *next; h; h = next) {
-    next = h->next;
+void ccsd_held_free(struct held_msg **table) {
+  struct held_msg *h, *tmp;
+  HASH_ITER(hh, *table, h, tmp) {
+    HASH_DEL(*table, h);
     free(h->data);
     free(h);
   }
+}
+
+struct held_msg *ccsd_held_find(struct held_msg *table, uint64_t tag) {
+  struct held_msg *h = NULL;
+  HASH_FIND(hh, table, &tag, sizeof(tag), h);
+  return h;
+}
+
+void ccsd_held_move(struct held_msg **from, struct held_msg **to, struct held_msg *m) {
+  HASH_DEL(*from, m);
+  if (ccsd_held_find(*to, m->tag)) { /* (a tag twice: only a peer gone wrong sends that) */
+    free(m->data);
+    free(m);
+    return;
+  }
+  HASH_ADD(hh, *to, tag, sizeof(m->tag), m);
 }
 
 /* --- what arrives ------------------------------------------------------------ */
@@ -1108,7 +1123,7 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
   if (!nc || !nc->addrs || !nc->data || !nc->gone) {
     if (nc) free(nc->addrs), free(nc->data), free(nc->gone);
     free(nc);
-    ccsd_held_free(carried);
+    ccsd_held_free(&carried);
     return NULL;
   }
   memcpy(nc->name, name, CCS__NAME_BYTES);
@@ -1124,44 +1139,51 @@ struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int 
   if (enqueue(p, &nc->open)) {
     free(nc->addrs), free(nc->data), free(nc->gone);
     free(nc);
-    ccsd_held_free(carried);
+    ccsd_held_free(&carried);
     return NULL;
   }
   return nc;
 }
 
-struct held_list {
-  struct held_msg *list;
-  int failed;
+struct held_take {
+  struct held_msg **table;
+  int node, failed;
 };
 
 static void keep_held(void *arg, uint64_t tag, void *data, size_t len) {
-  struct held_list *out = arg;
-  struct held_msg *h = malloc(sizeof(*h));
+  struct held_take *out = arg;
+  struct held_msg *h = ccsd_held_find(*out->table, tag) ? NULL : malloc(sizeof(*h)); /* (a tag twice: wrong) */
   if (!h) {
     free(data);
     out->failed = 1;
     return;
   }
-  *h = (struct held_msg){out->list, tag, len, data};
-  out->list = h;
+  *h = (struct held_msg){.tag = tag, .node = out->node, .fresh = 1, .len = len, .data = data};
+  HASH_ADD(hh, *out->table, tag, sizeof(h->tag), h);
 }
 
 int ccsd_peers_comm_take_held(struct peers *p, struct net_comm *nc, int node, struct held_msg **out) {
-  if (!p->ops->take_held || node < 0 || node >= nc->nnodes) return -1;
+  pthread_mutex_lock(&p->mu);
+  int stopping = p->stop;
+  pthread_mutex_unlock(&p->mu);
+  if (stopping) return -1; /* (its comms are freed) */
   pthread_mutex_lock(&p->drive); /* (short: the network thread holds it for a round) */
-  int rc = nc->closed || nc->gone[node] ? -1 : 1; /* a connection closed here dropped what it held */
+  struct held_msg *h, *tmp;
+  HASH_ITER(hh, nc->carried, h, tmp) {
+    h->fresh = 0; /* (whole: carried over once already) */
+    ccsd_held_move(&nc->carried, out, h);
+  }
+  /* every lane closed cleanly; one closed here, or never opened, may have
+   * dropped or missed a message's chunk */
+  int rc = !p->ops->take_held || node < 0 || node >= nc->nnodes || nc->closed || nc->gone[node] ? -1 : 1;
   for (int lane = 0; lane < nc->lanes && rc == 1; lane++) {
     struct pconn *c = nc->data[node * nc->lanes + lane];
-    if (c && c->tc) rc = p->ops->take_held(c->tc, NULL, NULL);
+    rc = c && c->tc ? p->ops->take_held(c->tc, NULL, NULL) : -1;
   }
-  struct held_list got = {*out, 0};
-  for (int lane = 0; lane < nc->lanes && rc == 1; lane++) {
-    struct pconn *c = nc->data[node * nc->lanes + lane];
-    if (c && c->tc) p->ops->take_held(c->tc, keep_held, &got);
-  }
+  struct held_take got = {out, node, 0};
+  for (int lane = 0; lane < nc->lanes && rc == 1; lane++)
+    p->ops->take_held(nc->data[node * nc->lanes + lane]->tc, keep_held, &got);
   pthread_mutex_unlock(&p->drive);
-  *out = got.list;
   return got.failed ? -1 : rc;
 }
 

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <uthash.h>
 #include <uv.h>
 
 #include "plan/tuner.h"
@@ -90,14 +91,20 @@ int ccsd_peers_drive(struct peers *p);
 void ccsd_peers_drive_end(struct peers *p);
 
 /* A message that arrived before its receive was made, kept past its
- * connection (coll/hold.c): data is malloc'ed, freed with it. */
+ * connection (coll/hold.c), in a table by tag: data is malloc'ed, freed
+ * with it. */
 struct held_msg {
-  struct held_msg *next;
   uint64_t tag;
+  int node;  /* the daemon it came from, by its index in the comm */
+  int fresh; /* from a connection just closed, not yet carried over once */
   size_t len;
   void *data;
+  UT_hash_handle hh;
 };
-void ccsd_held_free(struct held_msg *list);
+void ccsd_held_free(struct held_msg **table);
+struct held_msg *ccsd_held_find(struct held_msg *table, uint64_t tag);
+/* Moved from *from into *to (one of its tag there already: dropped). */
+void ccsd_held_move(struct held_msg **from, struct held_msg **to, struct held_msg *m);
 
 /* Loop thread. A control message to the daemon at addr (connected on
  * first use; a failure comes back as that peer lost). */
@@ -105,8 +112,9 @@ void ccsd_peers_send(struct peers *p, const char *addr, const struct peer_msg *m
 /* A communicator's data connections to the other nodes (addrs[mynode] is
  * this daemon): `lanes` per pair, chunk c on lane c % lanes, so that large
  * messages use several TCP streams; the lower node of each pair connects.
- * carried (taken over, NULL: none): messages that arrived on the comm's
- * earlier connections, which its receives take before any connection. */
+ * carried (taken over, freed also on failure; NULL: none): messages that
+ * arrived on the comm's earlier connections, which its receives take
+ * before any connection. */
 struct net_comm *ccsd_peers_comm_open(struct peers *p, const uint8_t *name, int nnodes,
                                       int mynode, const char (*addrs)[CCSD_ADDR_MAX], int lanes,
                                       struct held_msg *carried);
@@ -117,12 +125,13 @@ void ccsd_peers_comm_free(struct peers *p, struct net_comm *nc);  /* after its l
  * sent to a rank here that has not asked for it), 0 when none does, -1
  * when the network thread was at the transport (ask again). */
 int ccsd_peers_comm_holds(struct peers *p, struct net_comm *nc);
-/* Loop thread, once the daemon at node went: the messages its data
- * connections of nc hold that no receive took, prepended to *out (see
- * transport.h take_held). 1: taken, every connection closed cleanly by
- * that daemon after its last message; 0: one is still open (nothing
- * taken, ask again); -1: one failed otherwise, or the transport cannot
- * say (nothing taken). */
+/* Loop thread, once the daemon at node went: the messages nc carried
+ * over from earlier connections, and those its data connections with that
+ * daemon hold that no receive took, added to *out (see transport.h
+ * take_held). 1: the latter taken, every connection closed cleanly by
+ * that daemon after its last message; 0: one is still open (ask again);
+ * -1: one failed otherwise or never opened, or the transport cannot say
+ * (the latter not taken). */
 int ccsd_peers_comm_take_held(struct peers *p, struct net_comm *nc, int node, struct held_msg **out);
 
 /* Loop thread, when an op across daemons is launched: the records of

@@ -521,6 +521,23 @@ static void test_held_bytes_capped(void **state) {
   assert_true(failed);
   T->free(a);
   T->free(b);
+  /* empty messages count their headers: 64 KiB holds fewer than 5000 */
+  pa.unexpected_per_conn = 64 << 10;
+  a = T->open(&pa, err, sizeof(err)), b = T->open(&pb, err, sizeof(err));
+  assert_int_equal(T->listen(a, "127.0.0.1:0", bound, sizeof(bound), err, sizeof(err)), 0);
+  assert_int_equal(T->connect(b, bound, &cb, err, sizeof(err)), 0);
+  assert_int_equal(accept_one(a, &ca, err, sizeof(err)), 1);
+  for (int i = 0; i < 5000; i++) assert_int_equal(T->send(cb, NULL, chunk, 0, 1000 + (uint64_t)i, NULL), 0);
+  assert_int_equal(T->recv(ca, NULL, sink, sizeof(sink), 5, sink), 0);
+  failed = 0;
+  for (double until = test_now() + 10; !failed && test_now() < until;) {
+    int n = T->poll(a, 1, done, 16);
+    for (int i = 0; i < n; i++) failed |= done[i].user == sink && done[i].status == -ENOBUFS;
+    T->poll(b, 1, done, 16);
+  }
+  assert_true(failed);
+  T->free(a);
+  T->free(b);
 }
 
 /* peer_max_connections: the next connection is refused at the door. */
