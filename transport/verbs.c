@@ -1065,6 +1065,48 @@ static int ib_holds(struct tconn *c) {
   return c->unmatched || c->held || (c->tcp && ccs_transport_tcp.holds(c->tcp));
 }
 
+struct held_pass {
+  void (*each)(void *arg, uint64_t tag, void *data, size_t len);
+  void *arg;
+};
+
+/* what the wrapped connection holds: the caller's messages, not ours */
+static void pass_held(void *arg, uint64_t tag, void *data, size_t len) {
+  const struct held_pass *p = arg;
+  if (tag >= TAG_QP && tag <= TAG_CTS) free(data);
+  else p->each(p->arg, tag, data, len);
+}
+
+/* Once the peer closed the wrapped connection cleanly and every header it
+ * sent was taken (the connection failed when they ran out), with no eager
+ * bytes still on their way: the eager messages no receive matched (a send
+ * that finished without an answer went eager), and those without a
+ * registration the wrapped connection holds. A failure of this side's
+ * own closed the wrapped connection: nothing is said of what came. */
+static int ib_take_held(struct tconn *c, void (*each)(void *arg, uint64_t tag, void *data, size_t len),
+                        void *arg) {
+  if (!c->failed) return 0;
+  if (!c->tcp || c->closed) return -1;
+  int rc = ccs_transport_tcp.take_held(c->tcp, NULL, NULL);
+  struct msg *m, *tmp;
+  DL_FOREACH(c->unmatched, m)
+    if (m->receiving && rc == 1) rc = 0;
+  if (rc != 1 || !each) return rc;
+  DL_FOREACH_SAFE(c->unmatched, m, tmp) {
+    if (!m->arrived) continue;
+    DL_DELETE(c->unmatched, m);
+    void *data = m->held;
+    c->held -= m->len;
+    m->held = NULL;
+    uint64_t tag = m->tag;
+    size_t len = m->len;
+    msg_free(c, m);
+    each(arg, tag, data, len);
+  }
+  struct held_pass pass = {each, arg};
+  return ccs_transport_tcp.take_held(c->tcp, pass_held, &pass);
+}
+
 const struct transport_ops ccs_transport_ib = {
     .name = "ib",
     .open = ib_open,
@@ -1082,6 +1124,7 @@ const struct transport_ops ccs_transport_ib = {
     .wake = ib_wake,
     .peer_name = ib_peer_name,
     .holds = ib_holds,
+    .take_held = ib_take_held,
     .failure = ib_failure,
     .describe = ib_describe,
     .link_rate = ib_link_rate,

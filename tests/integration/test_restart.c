@@ -479,8 +479,9 @@ static struct test_daemon node[2];
 static char node_listen[2][32];
 
 static int start_node(int k, int again, const char *grace) {
-  const char *args[] = {"--listen", node_listen[k], "--cluster-key-file", test_cluster_key(),
-                        "--peer-restart-grace", grace, NULL};
+  const char *args[12] = {"--listen", node_listen[k], "--cluster-key-file", test_cluster_key(),
+                          "--peer-restart-grace", grace};
+  test_ib_args(args + 6); /* (over the emulated NIC: test_restart_ib) */
   return again ? test_daemon_restart(&node[k], args) : test_daemon_start(&node[k], args);
 }
 

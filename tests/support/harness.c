@@ -49,7 +49,7 @@ static void unlink_socket(const char *socket) {
   unlink(key);
 }
 
-static char emu_dir[64]; /* CCS_TEST_IB_LIBRARY's (ib_args) */
+static char emu_dir[64]; /* CCS_TEST_IB_LIBRARY's (test_ib_args) */
 
 static void cleanup_at_exit(void) {
   if (getpid() != owner) return; /* forked ranks leave it to the parent */
@@ -238,7 +238,7 @@ const char *test_verbs_emu_dir(void) {
 
 /* CCS_TEST_IB_LIBRARY: the daemons move data by transport ib over the
  * libibverbs it names (the emulated NIC, tests/verbs_emu). */
-static int ib_args(const char **args) {
+int test_ib_args(const char **args) {
   const char *lib = getenv("CCS_TEST_IB_LIBRARY");
   if (!lib || !*lib) return 0;
   test_verbs_emu_dir();
@@ -259,7 +259,7 @@ int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_ar
      * of faults expect (test_restart holds them for a restart) */
     const char *args[40] = {"--listen", listen, "--cluster-key-file", key, "--peer-restart-grace", "0"};
     int k = 6;
-    k += ib_args(args + k);
+    k += test_ib_args(args + k);
     for (int j = 0; extra_args && extra_args[j] && k < 38; j++) args[k++] = extra_args[j];
     args[k] = NULL;
     snprintf(ns, sizeof(ns), "%s%d", netns ? netns : "", i);

@@ -46,6 +46,9 @@ int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_ar
 /* The cluster key file of this test's daemons (made on first use, removed
  * at exit); test_daemons_start passes it to every daemon. */
 const char *test_cluster_key(void);
+/* CCS_TEST_IB_LIBRARY: the daemon arguments (4 at most) that move data by
+ * transport ib over the libibverbs it names; returns how many. */
+int test_ib_args(const char **args);
 /* A directory for the emulated NIC's sockets (tests/verbs_emu), made once,
  * named in CCS_VERBS_EMU_DIR, removed at exit. */
 const char *test_verbs_emu_dir(void);

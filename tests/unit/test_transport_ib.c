@@ -250,6 +250,68 @@ static void test_held_after_close(void **state) {
   T->free(a);
 }
 
+struct taken {
+  int n;
+  uint64_t tags[4];
+  size_t lens[4];
+  char *data[4];
+};
+static void take_one(void *arg, uint64_t tag, void *data, size_t len) {
+  struct taken *t = arg;
+  assert_true(t->n < 4);
+  t->tags[t->n] = tag, t->lens[t->n] = len, t->data[t->n] = data;
+  t->n++;
+}
+
+/* What a connection holds is handed over (hold.c carries it to the next
+ * connections) once its peer closed it cleanly and every header was
+ * taken: nothing while it is open; then the eager messages (small, and a
+ * large one whose send got no answer) and one without a registration. */
+static void test_held_taken_after_close(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  static char small[5000], large[100000], plain[300];
+  char err[256];
+  fill(small, sizeof(small), 5), fill(large, sizeof(large), 6), fill(plain, sizeof(plain), 7);
+  struct tmem *ms = T->mem_register(b, small, sizeof(small), err, sizeof(err));
+  struct tmem *ml = T->mem_register(b, large, sizeof(large), err, sizeof(err));
+  struct tcompletion done[4];
+  assert_int_equal(T->send(cb, ms, small, sizeof(small), 42, NULL), 0);
+  assert_int_equal(T->send(cb, ml, large, sizeof(large), 43, NULL), 0);
+  assert_int_equal(T->send(cb, NULL, plain, sizeof(plain), 44, NULL), 0);
+  assert_int_equal(collect(a, b, done, 3), 3); /* the large one eager after its wait for an answer */
+  for (int i = 0; i < 3; i++) assert_int_equal(done[i].status, 0);
+  for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0);
+  struct taken got = {0};
+  assert_int_equal(T->take_held(ca, take_one, &got), 0); /* open: nothing */
+  assert_int_equal(got.n, 0);
+  T->close(cb);
+  T->mem_deregister(ms);
+  T->mem_deregister(ml);
+  T->free(b);
+  int rc = 0;
+  for (double end = test_now() + 5; rc == 0 && test_now() < end;) {
+    T->poll(a, 1, done, 0);
+    rc = T->take_held(ca, NULL, NULL);
+  }
+  assert_int_equal(rc, 1);
+  assert_int_equal(T->take_held(ca, take_one, &got), 1);
+  assert_int_equal(got.n, 3);
+  const char *want[3] = {small, large, plain};
+  size_t lens[3] = {sizeof(small), sizeof(large), sizeof(plain)};
+  for (int i = 0; i < 3; i++) {
+    int k = 0;
+    while (k < 3 && got.tags[k] != 42 + (uint64_t)i) k++;
+    assert_true(k < 3);
+    assert_int_equal(got.lens[k], lens[i]);
+    assert_memory_equal(got.data[k], want[i], lens[i]);
+    free(got.data[k]);
+  }
+  assert_false(T->holds(ca));
+  T->free(a);
+}
+
 /* Many small messages, some received as they come and the rest only
  * after the sender closed: every one arrives, in its receive. */
 static void test_many_then_close(void **state) {
@@ -393,6 +455,7 @@ int main(void) {
       cmocka_unit_test(test_sizes_both_ways),
       cmocka_unit_test(test_order_and_sizes_that_differ),
       cmocka_unit_test(test_held_after_close),
+      cmocka_unit_test(test_held_taken_after_close),
       cmocka_unit_test(test_many_then_close),
       cmocka_unit_test(test_gid_choice),
       /* last: they drive the emulated NIC itself (its devices, its events) */
