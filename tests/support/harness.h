@@ -49,6 +49,15 @@ const char *test_cluster_key(void);
 /* CCS_TEST_IB_LIBRARY: the daemon arguments (4 at most) that move data by
  * transport ib over the libibverbs it names; returns how many. */
 int test_ib_args(const char **args);
+/* What a transport's take_held hands over (transport tests): up to 8 kept,
+ * n counts them all. */
+struct test_held {
+  int n;
+  uint64_t tags[8];
+  size_t lens[8];
+  char *data[8];
+};
+void test_keep_held(void *arg, uint64_t tag, void *data, size_t len);
 /* A directory for the emulated NIC's sockets (tests/verbs_emu), made once,
  * named in CCS_VERBS_EMU_DIR, removed at exit. */
 const char *test_verbs_emu_dir(void);

@@ -250,19 +250,6 @@ static void test_held_after_close(void **state) {
   T->free(a);
 }
 
-struct taken {
-  int n;
-  uint64_t tags[4];
-  size_t lens[4];
-  char *data[4];
-};
-static void take_one(void *arg, uint64_t tag, void *data, size_t len) {
-  struct taken *t = arg;
-  assert_true(t->n < 4);
-  t->tags[t->n] = tag, t->lens[t->n] = len, t->data[t->n] = data;
-  t->n++;
-}
-
 /* What a connection holds is handed over (hold.c carries it to the next
  * connections) once its peer closed it cleanly and every header was
  * taken: nothing while it is open; then the eager messages (small, and a
@@ -283,8 +270,8 @@ static void test_held_taken_after_close(void **state) {
   assert_int_equal(collect(a, b, done, 3), 3); /* the large one eager after its wait for an answer */
   for (int i = 0; i < 3; i++) assert_int_equal(done[i].status, 0);
   for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0);
-  struct taken got = {0};
-  assert_int_equal(T->take_held(ca, take_one, &got), 0); /* open: nothing */
+  struct test_held got = {0};
+  assert_int_equal(T->take_held(ca, test_keep_held, &got), 0); /* open: nothing */
   assert_int_equal(got.n, 0);
   T->close(cb);
   T->mem_deregister(ms);
@@ -296,7 +283,7 @@ static void test_held_taken_after_close(void **state) {
     rc = T->take_held(ca, NULL, NULL);
   }
   assert_int_equal(rc, 1);
-  assert_int_equal(T->take_held(ca, take_one, &got), 1);
+  assert_int_equal(T->take_held(ca, test_keep_held, &got), 1);
   assert_int_equal(got.n, 3);
   const char *want[3] = {small, large, plain};
   size_t lens[3] = {sizeof(small), sizeof(large), sizeof(plain)};

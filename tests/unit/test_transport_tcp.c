@@ -167,19 +167,6 @@ static void test_messages_outlive_the_close(void **state) {
   T->free(a);
 }
 
-struct taken {
-  int n;
-  uint64_t tags[8];
-  size_t lens[8];
-  char *data[8];
-};
-static void take_one(void *arg, uint64_t tag, void *data, size_t len) {
-  struct taken *t = arg;
-  assert_true(t->n < 8);
-  t->tags[t->n] = tag, t->lens[t->n] = len, t->data[t->n] = data;
-  t->n++;
-}
-
 /* Polls a until its connection ca failed (a receive nothing matches). */
 static void until_closed(struct transport *a, struct tconn *ca) {
   int sentinel = 0;
@@ -207,13 +194,13 @@ static void test_held_taken_after_a_clean_close(void **state) {
   }
   assert_int_equal(collect(a, b, done, 3), 3); /* written */
   for (int spin = 0; spin < 50; spin++) T->poll(a, 2, done, 0); /* and read: held at a */
-  struct taken got = {0};
-  assert_int_equal(T->take_held(ca, take_one, &got), 0); /* open: nothing */
+  struct test_held got = {0};
+  assert_int_equal(T->take_held(ca, test_keep_held, &got), 0); /* open: nothing */
   assert_int_equal(got.n, 0);
   T->close(cb); /* a clean close: its FIN after the messages */
   until_closed(a, ca);
   assert_int_equal(T->take_held(ca, NULL, NULL), 1);
-  assert_int_equal(T->take_held(ca, take_one, &got), 1);
+  assert_int_equal(T->take_held(ca, test_keep_held, &got), 1);
   assert_int_equal(got.n, 3);
   for (int i = 0; i < 3; i++) {
     assert_int_equal(got.tags[i], 50 + (uint64_t)i);
@@ -257,7 +244,7 @@ static void test_held_taken_after_a_clean_close(void **state) {
   until_closed(a, ca);
   assert_true(T->holds(ca)); /* the message did arrive, */
   got.n = 0;
-  assert_int_equal(T->take_held(ca, take_one, &got), -1); /* but a reset says nothing of what did not */
+  assert_int_equal(T->take_held(ca, test_keep_held, &got), -1); /* but a reset says nothing of what did not */
   assert_int_equal(got.n, 0);
   close(ready[0]), close(ready[1]);
   T->free(a);
