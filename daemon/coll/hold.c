@@ -197,7 +197,7 @@ struct pair {
  * op number, no arguments (net.h). */
 static uint32_t arrived_from(const struct comm_hold *h, int from, int to, uint32_t n) {
   uint32_t k = 0;
-  while (h->arrived && ccsd_held_find(h->arrived, ccsd_peer_tag(0, 0, from, to, n + k, 0))) k++;
+  while (ccsd_held_find(h->arrived, ccsd_peer_tag(0, 0, from, to, n + k, 0))) k++;
   return k;
 }
 
@@ -378,12 +378,8 @@ static void carry(struct comm_hold *h, struct held_msg **carried, const struct p
  * from its connections): dropped. */
 static void drop_arrived(struct comm_hold *h, int node, int only_fresh) {
   struct held_msg *m, *tmp;
-  HASH_ITER(hh, h->arrived, m, tmp) {
-    if (m->node != node || (only_fresh && !m->fresh)) continue;
-    HASH_DEL(h->arrived, m);
-    free(m->data);
-    free(m);
-  }
+  HASH_ITER(hh, h->arrived, m, tmp)
+    if (m->node == node && (!only_fresh || m->fresh)) ccsd_held_drop(&h->arrived, m);
 }
 
 /* The restarted daemon's count of the messages between its ranks and

@@ -516,11 +516,20 @@ static size_t transfer_bytes(const struct net_task *rec, size_t *chunk, size_t *
   return (nd->count - begin < pl->chunk_elems ? nd->count - begin : pl->chunk_elems) * pl->elem_size;
 }
 
+/* A transfer task's data tag, with its chunk's offset and bytes. */
+static uint64_t transfer_tag(const struct net_task *rec, size_t *off, size_t *len) {
+  const struct run_op *x = rec->x;
+  const struct engine_item *nd = engine_task_item(&x->plan, task_of(rec));
+  size_t chunk;
+  *len = transfer_bytes(rec, &chunk, off);
+  return ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
+}
+
 static void transfer_start(struct peers *p, struct pconn *c, struct net_task *rec) {
   struct run_op *x = rec->x;
   const struct engine_item *nd = engine_task_item(&x->plan, task_of(rec));
-  size_t chunk, off, len = transfer_bytes(rec, &chunk, &off);
-  uint64_t tag = ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
+  size_t off, len;
+  uint64_t tag = transfer_tag(rec, &off, &len);
   if (!x->net_mem && !(x->net_mem = register_op(p, x))) {
     transfer_fail(p, rec, CCS_ERR_NO_MEMORY, "its buffers cannot be registered with the transport");
     return;
@@ -545,17 +554,15 @@ static int take_carried(struct peers *p, struct net_comm *nc, struct net_task *r
   struct run_op *x = rec->x;
   const struct engine_item *nd = engine_task_item(&x->plan, task_of(rec));
   if (nd->kind == ENGINE_SEND) return 0;
-  size_t chunk, off, want = transfer_bytes(rec, &chunk, &off);
-  uint64_t tag = ccsd_peer_tag(x->seq, x->sig_key, nd->from, nd->to, nd->msg, chunk);
-  struct held_msg *h = ccsd_held_find(nc->carried, tag);
+  size_t off, want;
+  struct held_msg *h = ccsd_held_find(nc->carried, transfer_tag(rec, &off, &want));
   if (!h) return 0;
-  HASH_DEL(nc->carried, h);
-  if (h->len == want) memcpy((char *)nd->out[0] + off, h->data, want);
+  int whole = h->len == want;
+  if (whole) memcpy((char *)nd->out[0] + off, h->data, want);
+  ccsd_held_drop(&nc->carried, h);
+  if (whole) take_tasks(p, x, task_of(rec), 0);
   else transfer_fail(p, rec, CCS_ERR_MISMATCH, "a message of another size than the receive's arrived "
                      "before the restart: the ranks called this op with different counts");
-  if (h->len == want) take_tasks(p, x, task_of(rec), 0);
-  free(h->data);
-  free(h);
   return 1;
 }
 
@@ -713,13 +720,15 @@ static void comm_free(struct peers *p, struct net_comm *nc) {
   free(nc);
 }
 
+void ccsd_held_drop(struct held_msg **table, struct held_msg *m) {
+  HASH_DEL(*table, m);
+  free(m->data);
+  free(m);
+}
+
 void ccsd_held_free(struct held_msg **table) {
   struct held_msg *h, *tmp;
-  HASH_ITER(hh, *table, h, tmp) {
-    HASH_DEL(*table, h);
-    free(h->data);
-    free(h);
-  }
+  HASH_ITER(hh, *table, h, tmp) ccsd_held_drop(table, h);
 }
 
 struct held_msg *ccsd_held_find(struct held_msg *table, uint64_t tag) {
@@ -729,12 +738,11 @@ struct held_msg *ccsd_held_find(struct held_msg *table, uint64_t tag) {
 }
 
 void ccsd_held_move(struct held_msg **from, struct held_msg **to, struct held_msg *m) {
-  HASH_DEL(*from, m);
   if (ccsd_held_find(*to, m->tag)) { /* (a tag twice: only a peer gone wrong sends that) */
-    free(m->data);
-    free(m);
+    ccsd_held_drop(from, m);
     return;
   }
+  HASH_DEL(*from, m);
   HASH_ADD(hh, *to, tag, sizeof(m->tag), m);
 }
 

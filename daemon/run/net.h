@@ -102,6 +102,7 @@ struct held_msg {
   UT_hash_handle hh;
 };
 void ccsd_held_free(struct held_msg **table);
+void ccsd_held_drop(struct held_msg **table, struct held_msg *m); /* out of it, and freed */
 struct held_msg *ccsd_held_find(struct held_msg *table, uint64_t tag);
 /* Moved from *from into *to (one of its tag there already: dropped). */
 void ccsd_held_move(struct held_msg **from, struct held_msg **to, struct held_msg *m);
