@@ -80,7 +80,7 @@ struct wire_cts {
 
 struct tmem {
   struct tmem *tcp; /* the same range in the wrapped transport (eager messages) */
-  struct ibv_mr *mr;
+  struct ibv_mr *mr[CCS_IB_RAILS_MAX]; /* per rail: each has its protection domain */
   struct transport *t;
   char *base;
   size_t len;
@@ -147,6 +147,7 @@ struct tconn {
   struct transport *t;
   struct tconn *tcp;
   struct ibv_comp_channel *ch;
+  int rail; /* the port its queue pair is on */
   struct ibv_cq *cq;
   struct ibv_qp *qp;
   uint32_t psn;
@@ -174,8 +175,14 @@ struct transport {
   struct transport_params params;
   struct transport *tcp;
   struct verbs_lib lib;
-  struct ib_port port;
-  struct ibv_pd *pd;
+  /* the active ports (rails), each with its protection domain; connections
+   * take them in turn, so a daemon's lanes to its peers spread over them */
+  struct rail {
+    struct ib_port port;
+    struct ibv_pd *pd;
+  } rails[CCS_IB_RAILS_MAX];
+  int nrails;
+  unsigned next_rail;
   struct tconn *conns;
   struct done *done, *done_tail;
   struct pollfd *fds;
@@ -346,9 +353,10 @@ static int post_imm_slot(struct tconn *c) {
 
 static int qp_create(struct transport *t, struct tconn *c, char *err, size_t errlen) {
   const struct verbs_lib *lib = &t->lib;
-  if (!(c->ch = lib->create_comp_channel(t->port.ctx)) ||
-      !(c->cq = lib->create_cq(t->port.ctx, SQ_DEPTH + RQ_DEPTH + 16, c, c->ch, 0))) {
-    snprintf(err, errlen, "%s: cannot create a completion queue: %s", t->port.dev, strerror(errno));
+  const struct rail *rl = &t->rails[c->rail];
+  if (!(c->ch = lib->create_comp_channel(rl->port.ctx)) ||
+      !(c->cq = lib->create_cq(rl->port.ctx, SQ_DEPTH + RQ_DEPTH + 16, c, c->ch, 0))) {
+    snprintf(err, errlen, "%s: cannot create a completion queue: %s", rl->port.dev, strerror(errno));
     return -1;
   }
   fcntl(c->ch->fd, F_SETFL, fcntl(c->ch->fd, F_GETFL) | O_NONBLOCK);
@@ -358,26 +366,26 @@ static int qp_create(struct transport *t, struct tconn *c, char *err, size_t err
       .cap = {.max_send_wr = SQ_DEPTH, .max_recv_wr = RQ_DEPTH, .max_send_sge = 1, .max_recv_sge = 1},
       .qp_type = IBV_QPT_RC,
   };
-  if (!(c->qp = lib->create_qp(t->pd, &ia))) {
-    snprintf(err, errlen, "%s: cannot create a queue pair: %s", t->port.dev, strerror(errno));
+  if (!(c->qp = lib->create_qp(rl->pd, &ia))) {
+    snprintf(err, errlen, "%s: cannot create a queue pair: %s", rl->port.dev, strerror(errno));
     return -1;
   }
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                           .pkey_index = 0,
-                          .port_num = (uint8_t)t->port.port,
+                          .port_num = (uint8_t)rl->port.port,
                           .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE};
   int rc = lib->modify_qp(c->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   for (int i = 0; !rc && i < RQ_DEPTH; i++) rc = post_imm_slot(c);
   if (!rc) rc = ibv_req_notify_cq(c->cq, 0);
   if (rc) {
-    snprintf(err, errlen, "%s: cannot ready a queue pair: %s", t->port.dev, strerror(rc));
+    snprintf(err, errlen, "%s: cannot ready a queue pair: %s", rl->port.dev, strerror(rc));
     return -1;
   }
   if (getrandom(&c->psn, sizeof(c->psn), 0) != sizeof(c->psn)) c->psn = (uint32_t)now_s();
   c->psn &= 0xffffff;
   struct wire_qp mine = {.qpn = htole32(c->qp->qp_num), .psn = htole32(c->psn),
-                         .mtu = htole32(t->port.attr.active_mtu), .lid = htole32(t->port.attr.lid)};
-  memcpy(mine.gid, t->port.gid.raw, 16);
+                         .mtu = htole32(rl->port.attr.active_mtu), .lid = htole32(rl->port.attr.lid)};
+  memcpy(mine.gid, rl->port.gid.raw, 16);
   note_recv(c, TAG_QP, sizeof(struct wire_qp));
   note_recv(c, TAG_HEADER, sizeof(struct wire_header));
   note_recv(c, TAG_CTS, sizeof(struct wire_cts));
@@ -390,19 +398,20 @@ static void send_answers(struct tconn *c);
 /* The peer's details: RTR, then RTS. */
 static void qp_connect(struct tconn *c, const struct wire_qp *peer) {
   struct transport *t = c->t;
+  const struct ib_port *port = &t->rails[c->rail].port;
   enum ibv_mtu mtu = (enum ibv_mtu)le32toh(peer->mtu);
-  if (mtu > t->port.attr.active_mtu) mtu = t->port.attr.active_mtu;
+  if (mtu > port->attr.active_mtu) mtu = port->attr.active_mtu;
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                           .path_mtu = mtu,
                           .dest_qp_num = le32toh(peer->qpn) & 0xffffff,
                           .rq_psn = le32toh(peer->psn) & 0xffffff,
                           .max_dest_rd_atomic = 1,
                           .min_rnr_timer = 12};
-  a.ah_attr.port_num = (uint8_t)t->port.port;
-  if (t->port.ethernet || t->port.attr.lid == 0) { /* RoCE: routed by GID */
+  a.ah_attr.port_num = (uint8_t)port->port;
+  if (port->ethernet || port->attr.lid == 0) { /* RoCE: routed by GID */
     a.ah_attr.is_global = 1;
     memcpy(a.ah_attr.grh.dgid.raw, peer->gid, 16);
-    a.ah_attr.grh.sgid_index = (uint8_t)t->port.gid_index;
+    a.ah_attr.grh.sgid_index = (uint8_t)port->gid_index;
     a.ah_attr.grh.hop_limit = 64;
   } else {
     a.ah_attr.dlid = (uint16_t)le32toh(peer->lid);
@@ -456,7 +465,7 @@ static void send_write(struct tconn *c, struct uop *op, const struct wire_cts *c
   size_t writes = op->len ? (op->len + WRITE_MAX - 1) / WRITE_MAX : 1;
   for (size_t i = 0; i < writes; i++) {
     size_t off = i * WRITE_MAX, len = op->len - off < WRITE_MAX ? op->len - off : WRITE_MAX;
-    struct ibv_sge sge = {.addr = (uintptr_t)op->buf + off, .length = (uint32_t)len, .lkey = op->m->mr->lkey};
+    struct ibv_sge sge = {.addr = (uintptr_t)op->buf + off, .length = (uint32_t)len, .lkey = op->m->mr[c->rail]->lkey};
     struct ibv_send_wr wr = {.wr_id = (uintptr_t)op,
                              .sg_list = &sge,
                              .num_sge = len ? 1 : 0,
@@ -503,7 +512,7 @@ static void send_answers(struct tconn *c) {
     DL_DELETE(c->want_cts, m);
     struct uop *r = m->r;
     if (!r || m->eager) continue; /* its bytes come eager after all */
-    struct wire_cts cts = {.sid = htole32(m->sid), .rid = htole32(r->id), .rkey = htole32(r->m->mr->rkey),
+    struct wire_cts cts = {.sid = htole32(m->sid), .rid = htole32(r->id), .rkey = htole32(r->m->mr[c->rail]->rkey),
                            .addr = htole64((uintptr_t)r->buf)};
     m->cts_out = 1;
     c->cts_out++;
@@ -637,7 +646,7 @@ static void on_wc(struct tconn *c, const struct ibv_wc *wc) {
   if (wc->status != IBV_WC_SUCCESS) {
     if (!c->failed && !c->why[0])
       snprintf(c->why, sizeof(c->why), "%s port %d: a work request of queue pair %u: %s (vendor error %#x)",
-               c->t->port.dev, c->t->port.port,
+               c->t->rails[c->rail].port.dev, c->t->rails[c->rail].port.port,
                c->qp ? c->qp->qp_num : 0, c->t->lib.wc_status_str(wc->status), wc->vendor_err);
     conn_fail(c, wc->status == IBV_WC_RETRY_EXC_ERR ? -ECONNRESET : -EIO, 0);
     if (c->quiescing) qp_stop(c, c->failed); /* a write of its own failed: the rest will too */
@@ -733,15 +742,18 @@ static void on_tcp(struct transport *t, const struct tcompletion *tc) {
 
 /* --- the table ------------------------------------------------------------------ */
 
-/* The device's news: a port down or the device lost fails every
- * connection, a queue pair in error its own. */
-static void async_events(struct transport *t) {
+/* A rail's news: its port down or its device lost fails every connection
+ * on it, a queue pair in error its own; the other rails carry on. (Each
+ * rail's context hears of every port of its device: a port's event is
+ * taken by the rail on that port.) */
+static void rail_events(struct transport *t, int rail) {
+  const struct ib_port *port = &t->rails[rail].port;
   struct ibv_async_event ev;
-  while (t->lib.get_async_event(t->port.ctx, &ev) == 0) {
+  while (t->lib.get_async_event(port->ctx, &ev) == 0) {
     int status = 0;
     struct ibv_qp *qp = NULL;
     switch (ev.event_type) {
-    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_PORT_ERR: status = ev.element.port_num == port->port ? -ENETDOWN : 0; break;
     case IBV_EVENT_DEVICE_FATAL: status = -ENETDOWN; break;
     case IBV_EVENT_QP_FATAL:
     case IBV_EVENT_QP_REQ_ERR:
@@ -751,15 +763,15 @@ static void async_events(struct transport *t) {
     }
     char why[160];
     if (qp)
-      snprintf(why, sizeof(why), "%s port %d: queue pair %u: %s", t->port.dev, t->port.port,
+      snprintf(why, sizeof(why), "%s port %d: queue pair %u: %s", port->dev, port->port,
                qp->qp_num, t->lib.event_type_str(ev.event_type));
     else
-      snprintf(why, sizeof(why), "%s port %d: %s", t->port.dev, t->port.port,
+      snprintf(why, sizeof(why), "%s port %d: %s", port->dev, port->port,
                t->lib.event_type_str(ev.event_type));
     t->lib.ack_async_event(&ev);
     if (!status) continue;
     for (struct tconn *c = t->conns; c; c = c->next)
-      if (!c->closed && (!qp || c->qp == qp)) {
+      if (!c->closed && c->rail == rail && (!qp || c->qp == qp)) {
         if (!c->failed) {
           snprintf(c->why, sizeof(c->why), "%s", why);
           c->why_local = 1;
@@ -767,6 +779,19 @@ static void async_events(struct transport *t) {
         conn_fail(c, status, 0);
       }
   }
+}
+
+static void async_events(struct transport *t) {
+  for (int r = 0; r < t->nrails; r++) rail_events(t, r);
+}
+
+/* The rails' devices and the library, once nothing holds them. */
+static void rails_close(struct transport *t) {
+  for (int r = 0; r < t->nrails; r++) {
+    if (t->rails[r].pd) t->lib.dealloc_pd(t->rails[r].pd);
+    t->lib.close_device(t->rails[r].port.ctx);
+  }
+  ccs_verbs_lib_close(&t->lib);
 }
 
 static struct transport *ib_open(const struct transport_params *params, char *err, size_t errlen) {
@@ -789,19 +814,23 @@ static struct transport *ib_open(const struct transport_params *params, char *er
     free(t);
     return NULL;
   }
-  if (ccs_ib_open_port(&t->lib, want, nwant, params->ib_gid_index, &t->port, err, errlen)) {
+  struct ib_port ports[CCS_IB_RAILS_MAX];
+  int n = ccs_ib_open_ports(&t->lib, want, nwant, params->ib_gid_index, ports, CCS_IB_RAILS_MAX, err, errlen);
+  if (n < 0) {
     ccs_verbs_lib_close(&t->lib);
     free(t);
     return NULL;
   }
-  fcntl(t->port.ctx->async_fd, F_SETFL, fcntl(t->port.ctx->async_fd, F_GETFL) | O_NONBLOCK);
-  if (!(t->pd = t->lib.alloc_pd(t->port.ctx)))
-    snprintf(err, errlen, "%s: cannot allocate a protection domain", t->port.dev);
-  else if ((t->tcp = ccs_transport_tcp.open(params, err, errlen)))
-    return t;
-  if (t->pd) t->lib.dealloc_pd(t->pd);
-  t->lib.close_device(t->port.ctx);
-  ccs_verbs_lib_close(&t->lib);
+  int ok = 1;
+  for (t->nrails = 0; t->nrails < n; t->nrails++) t->rails[t->nrails].port = ports[t->nrails];
+  for (int r = 0; r < n && ok; r++) {
+    struct rail *rl = &t->rails[r];
+    fcntl(rl->port.ctx->async_fd, F_SETFL, fcntl(rl->port.ctx->async_fd, F_GETFL) | O_NONBLOCK);
+    if (!(rl->pd = t->lib.alloc_pd(rl->port.ctx)))
+      ok = 0, snprintf(err, errlen, "%s: cannot allocate a protection domain", rl->port.dev);
+  }
+  if (ok && (t->tcp = ccs_transport_tcp.open(params, err, errlen))) return t;
+  rails_close(t);
   free(t);
   return NULL;
 }
@@ -820,6 +849,7 @@ static struct tconn *wrap(struct transport *t, struct tconn *tcp, char *err, siz
   }
   c->t = t;
   c->tcp = tcp;
+  c->rail = (int)(t->next_rail++ % (unsigned)t->nrails);
   DL_APPEND(t->conns, c);
   if (qp_create(t, c, err, errlen)) {
     c->closed = 1;
@@ -856,32 +886,33 @@ static struct tmem *ib_mem_register(struct transport *t, void *base, size_t len,
     free(m);
     return NULL;
   }
-  /* a zero-length range is registered as one byte: verbs knows no empty one */
-  m->mr = t->lib.reg_mr(t->pd, base, len ? len : 1, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  if (!m->mr) {
-    snprintf(err, errlen, "%s: cannot register %zu bytes: %s", t->port.dev, len, strerror(errno));
-    ccs_transport_tcp.mem_deregister(m->tcp);
-    free(m);
-    return NULL;
-  }
+  /* on every rail, as a connection on any may carry its messages; a
+   * zero-length range is registered as one byte: verbs knows no empty one */
+  for (int r = 0; r < t->nrails; r++)
+    if (!(m->mr[r] = t->lib.reg_mr(t->rails[r].pd, base, len ? len : 1,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE))) {
+      snprintf(err, errlen, "%s: cannot register %zu bytes: %s", t->rails[r].port.dev, len, strerror(errno));
+      while (r-- > 0) t->lib.dereg_mr(m->mr[r]);
+      ccs_transport_tcp.mem_deregister(m->tcp);
+      free(m);
+      return NULL;
+    }
   atomic_fetch_add(&t->refs, 1);
   return m;
 }
 
 static void device_unref(struct transport *t) {
   if (atomic_fetch_sub(&t->refs, 1) != 1) return;
-  t->lib.dealloc_pd(t->pd);
-  t->lib.close_device(t->port.ctx);
-  ccs_verbs_lib_close(&t->lib);
+  rails_close(t);
   free(t);
 }
 
 /* A registration may outlive the transport (an op finishing after the
- * network side stopped): the last one closes the device. */
+ * network side stopped): the last one closes the devices. */
 static void ib_mem_deregister(struct tmem *m) {
   if (!m) return;
   struct transport *t = m->t;
-  t->lib.dereg_mr(m->mr);
+  for (int r = 0; r < t->nrails; r++) t->lib.dereg_mr(m->mr[r]);
   ccs_transport_tcp.mem_deregister(m->tcp);
   free(m);
   device_unref(t);
@@ -957,7 +988,8 @@ static void ib_close(struct tconn *c) {
 
 static int ib_wait_fds(struct transport *t, struct pollfd *fds, int max) {
   int n = ccs_transport_tcp.wait_fds(t->tcp, fds, max);
-  if (n++ < max) fds[n - 1] = (struct pollfd){t->port.ctx->async_fd, POLLIN, 0};
+  for (int r = 0; r < t->nrails; r++)
+    if (n++ < max) fds[n - 1] = (struct pollfd){t->rails[r].port.ctx->async_fd, POLLIN, 0};
   for (struct tconn *c = t->conns; c; c = c->next)
     if (!c->closed && (!c->failed || c->quiescing) && c->ch && n++ < max)
       fds[n - 1] = (struct pollfd){c->ch->fd, POLLIN, 0};
@@ -1050,14 +1082,27 @@ static void ib_peer_name(struct tconn *c, char *buf, size_t len) {
 }
 
 static void ib_describe(struct transport *t, char *buf, size_t len) {
-  const struct ib_port *p = &t->port;
-  snprintf(buf, len, "RDMA verbs on %s port %d (%s, GID index %d, MTU %d, %.0f Gb/s); control over TCP",
-           p->dev, p->port, p->ethernet ? "RoCE" : "InfiniBand", p->gid_index, 128 << p->attr.active_mtu,
-           ccs_ib_port_gbps(&p->attr));
+  size_t at = (size_t)snprintf(buf, len, "RDMA verbs on");
+  for (int r = 0; r < t->nrails && at < len; r++) {
+    const struct ib_port *p = &t->rails[r].port;
+    at += (size_t)snprintf(buf + at, len - at, "%s %s port %d (%s, GID index %d, MTU %d, %.0f Gb/s)",
+                           r ? "," : "", p->dev, p->port, p->ethernet ? "RoCE" : "InfiniBand",
+                           p->gid_index, 128 << p->attr.active_mtu, ccs_ib_port_gbps(&p->attr));
+  }
+  if (at < len) snprintf(buf + at, len - at, "%s; control over TCP",
+                         t->nrails > 1 ? ", connections taking the ports in turn" : "");
 }
 
-/* The port's rate, less what headers take (90%). */
-static double ib_link_rate(struct transport *t) { return 0.9 * ccs_ib_port_gbps(&t->port.attr) * 1e9 / 8; }
+/* A connection's rate (it runs on one port: the slowest counts), less
+ * what headers take (90%). */
+static double ib_link_rate(struct transport *t) {
+  double gbps = ccs_ib_port_gbps(&t->rails[0].port.attr);
+  for (int r = 1; r < t->nrails; r++) {
+    double g = ccs_ib_port_gbps(&t->rails[r].port.attr);
+    if (g < gbps) gbps = g;
+  }
+  return 0.9 * gbps * 1e9 / 8;
+}
 
 /* rendezvous headers and eager bytes waiting for their receives, or
  * what the wrapped connection still holds */

@@ -107,8 +107,8 @@ static int pick_port_gid(const struct verbs_lib *lib, struct ib_port *out, int f
   return 0;
 }
 
-int ccs_ib_open_port(const struct verbs_lib *lib, const struct ib_want *want, int nwant,
-                     int gid_index, struct ib_port *out, char *err, size_t errlen) {
+int ccs_ib_open_ports(const struct verbs_lib *lib, const struct ib_want *want, int nwant,
+                      int gid_index, struct ib_port *out, int max, char *err, size_t errlen) {
   int ndev = 0;
   struct ibv_device **list = lib->get_device_list(&ndev);
   if (!list || !ndev) {
@@ -118,31 +118,36 @@ int ccs_ib_open_port(const struct verbs_lib *lib, const struct ib_want *want, in
   }
   size_t said = (size_t)snprintf(err, errlen, "no active port among");
   int found = 0;
-  for (int d = 0; d < ndev && !found; d++) {
+  for (int d = 0; d < ndev && found < max; d++) {
     const char *name = lib->get_device_name(list[d]);
     struct ibv_context *ctx = lib->open_device(list[d]);
     struct ibv_device_attr dattr;
     if (!ctx) continue;
     if (lib->query_device(ctx, &dattr)) dattr.phys_port_cnt = 0;
-    for (int port = 1; port <= dattr.phys_port_cnt && !found; port++) {
+    int taken = 0; /* ctx serves a port found: a second port of the device opens its own */
+    for (int port = 1; port <= dattr.phys_port_cnt && found < max; port++) {
       if (!wanted(want, nwant, name, port)) continue;
-      memset(out, 0, sizeof(*out));
-      out->ctx = ctx;
-      out->port = port;
-      snprintf(out->dev, sizeof(out->dev), "%s", name);
-      int up = !ccs_verbs_query_port(lib, ctx, (uint8_t)port, &out->attr) &&
-               out->attr.state == IBV_PORT_ACTIVE;
-      out->ethernet = out->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
-      const char *why = !up ? "down" : pick_port_gid(lib, out, gid_index) ? "no usable GID" : NULL;
-      if (!why) found = 1;
-      else if (said < errlen)
+      struct ib_port *o = &out[found];
+      memset(o, 0, sizeof(*o));
+      o->ctx = ctx;
+      o->port = port;
+      snprintf(o->dev, sizeof(o->dev), "%s", name);
+      int up = !ccs_verbs_query_port(lib, ctx, (uint8_t)port, &o->attr) && o->attr.state == IBV_PORT_ACTIVE;
+      o->ethernet = o->attr.link_layer == IBV_LINK_LAYER_ETHERNET;
+      const char *why = !up ? "down" : pick_port_gid(lib, o, gid_index) ? "no usable GID" : NULL;
+      if (!why && taken && !(o->ctx = lib->open_device(list[d]))) why = "cannot open the device again";
+      if (!why) {
+        found++;
+        taken = 1;
+      } else if (said < errlen) {
         said += (size_t)snprintf(err + said, errlen - said, " %s:%d (%s)", name, port, why);
+      }
     }
-    if (!found) lib->close_device(ctx);
+    if (!taken) lib->close_device(ctx);
   }
   lib->free_device_list(list);
   if (!found && said < errlen && nwant) snprintf(err + said, errlen - said, " of ib_devices");
-  return found ? 0 : -1;
+  return found ? found : -1;
 }
 
 double ccs_ib_port_gbps(const struct ibv_port_attr *attr) {

@@ -1,6 +1,6 @@
-/* Which RDMA port a daemon uses: the devices and ports ib_devices names
- * (all when empty), the first of them that is active, and on it the GID
- * other daemons address it by. */
+/* Which RDMA ports a daemon uses: the devices and ports ib_devices names
+ * (all when empty), those of them that are active (its rails), and on
+ * each the GID other daemons address it by. */
 #ifndef CCS_VERBS_PORT_H
 #define CCS_VERBS_PORT_H
 
@@ -41,11 +41,14 @@ struct ib_port {
   struct ibv_port_attr attr;
 };
 
-/* Opens the device of the first active port that want allows (want NULL
- * or nwant 0: every port) and picks its GID. 0, or -1 with err saying what
- * was found instead (no devices, which ports are down, no usable GID). */
-int ccs_ib_open_port(const struct verbs_lib *lib, const struct ib_want *want, int nwant,
-                     int gid_index, struct ib_port *out, char *err, size_t errlen);
+#define CCS_IB_RAILS_MAX 8 /* ports a daemon drives at once */
+
+/* Opens every active port that want allows (want NULL or nwant 0: every
+ * port), up to max, each on a device context of its own, and picks its
+ * GID. Returns how many (out[0..n-1]), or -1 with err saying what was
+ * found instead (no devices, which ports are down, no usable GID). */
+int ccs_ib_open_ports(const struct verbs_lib *lib, const struct ib_want *want, int nwant,
+                      int gid_index, struct ib_port *out, int max, char *err, size_t errlen);
 
 /* A link's speed in Gbit/s from the port's width and speed codes (0:
  * unknown): for the tuner's model and the log. */

@@ -75,7 +75,7 @@ static const struct key keys[] = {
     {"peer_unexpected_total", K_BYTES, AT(peer_unexpected_total), 1 << 20, 1.8e19, "the same, over all connections"},
     {"transport", K_TRANSPORT, AT(transport), 0, 0, "how data moves between daemons: tcp, ib (RDMA verbs) or auto (ib where a port is active, else tcp); the same on every daemon"},
     {"ib_library", K_PATH, AT(ib_library), 1, 0, "the libibverbs transport=ib loads; empty: libibverbs.so.1"},
-    {"ib_devices", K_PATH, AT(ib_devices), 1, 0, "RDMA devices and ports to choose from, e.g. mlx5_0:1,mlx5_1; empty: every active port"},
+    {"ib_devices", K_PATH, AT(ib_devices), 1, 0, "RDMA devices and ports to use, e.g. mlx5_0:1,mlx5_1 (the active ones, up to 8; connections take them in turn); empty: every active port"},
     {"ib_gid_index", K_COUNT, AT(ib_gid_index), -1, 255, "the GID table entry RDMA traffic uses; -1: RoCE v2 with an IPv4 address where there is one"},
     {"link_capacity", K_BYTES, AT(link_capacity), 0, 1.8e19, "bytes a second this daemon can send to each other daemon, for tenant_max_share on links; 0: the fastest rate measured"},
     {"tenant_weights", K_WEIGHTS, AT(tenant_weights), 0.01, 1000, "each user's weight in the shares of executor time, links and GPUs: USER:WEIGHT,... (names or uids; everyone else 1); reloadable"},

@@ -1276,7 +1276,7 @@ static struct transport *open_transport(struct peers *p, const struct transport_
     snprintf(err, errlen, "no transport called '%s'", p->opt.transport);
   }
   if (t) {
-    char what[256];
+    char what[512];
     p->ops->describe(t, what, sizeof(what));
     LOG_INFO(CCS_LOG_INIT, "between daemons: %s", what);
   }

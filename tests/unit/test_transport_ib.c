@@ -372,6 +372,81 @@ static void test_port_down(void **state) {
   free(buf);
 }
 
+/* A daemon whose NIC has two active ports drives both (rails): its
+ * connections take them in turn, a registration serves on either (the
+ * emulation refuses a key of another port's protection domain), and a
+ * port going down fails the connections on it alone. */
+static void rails_transfer(struct transport *a, struct transport *b, struct tconn *ca, struct tconn *cb,
+                           int expect_ok) {
+  enum { BIG = 1 << 20 };
+  char *out = malloc(BIG), *in = calloc(1, BIG), err[256];
+  fill(out, BIG, test_seed());
+  struct tmem *mo = T->mem_register(b, out, BIG, err, sizeof(err));
+  struct tmem *mi = T->mem_register(a, in, BIG, err, sizeof(err));
+  assert_non_null(mo);
+  assert_non_null(mi);
+  struct transport_counters before, after;
+  T->counters(b, &before);
+  struct tcompletion done[2];
+  int posted = T->recv(ca, mi, in, BIG, 77, in) == 0;
+  if (posted) /* its answer out before the send: the bytes go by RDMA */
+    for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0), T->poll(b, 1, done, 0);
+  posted += T->send(cb, mo, out, BIG, 77, out) == 0;
+  int got = collect(a, b, done, posted), ok = got == 2;
+  for (int i = 0; i < got; i++) ok &= done[i].status == 0;
+  T->counters(b, &after);
+  if (expect_ok) {
+    assert_true(ok);
+    assert_memory_equal(in, out, BIG);
+    assert_int_equal(after.rdma_messages + after.eager_messages, before.rdma_messages + before.eager_messages + 1);
+  } else {
+    assert_false(ok);
+  }
+  T->mem_deregister(mo);
+  T->mem_deregister(mi);
+  free(out);
+  free(in);
+}
+
+static void test_rails(void **state) {
+  setenv("CCS_VERBS_EMU_DEVICES", "emu8:1:active,emu9:1:active", 1);
+  struct transport *a = open_t(), *b = open_t();
+  unsetenv("CCS_VERBS_EMU_DEVICES");
+  char what[512], err[256], bound[128];
+  T->describe(a, what, sizeof(what));
+  assert_non_null(strstr(what, "emu8 port 1"));
+  assert_non_null(strstr(what, "emu9 port 1"));
+  assert_non_null(strstr(what, "taking the ports in turn"));
+  assert_int_equal(T->listen(a, "127.0.0.1:0", bound, sizeof(bound), err, sizeof(err)), 0);
+  enum { N = 4 };
+  struct tconn *ca[N], *cb[N];
+  for (int i = 0; i < N; i++) { /* one at a time: the i-th on both sides takes port i % 2 */
+    assert_int_equal(T->connect(b, bound, &cb[i], err, sizeof(err)), 0);
+    int rc = 0;
+    struct tcompletion none[1];
+    for (double until = test_now() + 5; rc == 0 && test_now() < until;) {
+      rc = T->accept(a, &ca[i], err, sizeof(err));
+      if (rc == 0) T->poll(a, 1, none, 0), T->poll(b, 1, none, 0);
+    }
+    assert_int_equal(rc, 1);
+  }
+  for (int i = 0; i < N; i++) rails_transfer(a, b, ca[i], cb[i], 1);
+  struct transport_counters k;
+  T->counters(b, &k);
+  assert_true(k.rdma_messages > 0);
+  char path[128];
+  snprintf(path, sizeof(path), "%s/raise-%d", test_verbs_emu_dir(), (int)getpid());
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "port_down emu9 1\n");
+  fclose(f);
+  usleep(200000); /* the event read and taken */
+  for (int i = 1; i < N; i += 2) rails_transfer(a, b, ca[i], cb[i], 0); /* on emu9: failed */
+  for (int i = 0; i < N; i += 2) rails_transfer(a, b, ca[i], cb[i], 1); /* on emu8: carry on */
+  T->free(a);
+  T->free(b);
+}
+
 /* What the daemon is told when verbs will not do. */
 static void test_no_port(void **state) {
   char err[256];
@@ -447,8 +522,9 @@ int main(void) {
       cmocka_unit_test(test_gid_choice),
       /* last: they drive the emulated NIC itself (its devices, its events) */
       cmocka_unit_test(test_port_down),
+      cmocka_unit_test(test_rails),
       cmocka_unit_test(test_no_port),
   };
-  size_t n = sizeof(tests) / sizeof(tests[0]) - (emulated() ? 0 : 2);
+  size_t n = sizeof(tests) / sizeof(tests[0]) - (emulated() ? 0 : 3);
   return _cmocka_run_group_tests("test_transport_ib", tests, n, NULL, NULL);
 }
