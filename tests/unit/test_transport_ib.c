@@ -341,6 +341,16 @@ static void test_many_then_close(void **state) {
   T->free(a);
 }
 
+/* The emulated NIC raises an event in this process (within ~50 ms). */
+static void raise_event(const char *line) {
+  char path[128];
+  snprintf(path, sizeof(path), "%s/raise-%d", test_verbs_emu_dir(), (int)getpid());
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "%s\n", line);
+  fclose(f);
+}
+
 /* The port goes down mid-transfer: what is posted fails (-ENETDOWN), on
  * both sides (the peer hears the connection close). */
 static void test_port_down(void **state) {
@@ -350,12 +360,7 @@ static void test_port_down(void **state) {
   char *buf = malloc(1 << 20), err[256];
   struct tmem *m = T->mem_register(a, buf, 1 << 20, err, sizeof(err));
   assert_int_equal(T->recv(ca, m, buf, 1 << 20, 1, buf), 0);
-  char path[128];
-  snprintf(path, sizeof(path), "%s/raise-%d", test_verbs_emu_dir(), (int)getpid());
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fprintf(f, "port_down emu0 1\n");
-  fclose(f);
+  raise_event("port_down emu0 1");
   struct tcompletion done[2];
   assert_int_equal(collect(a, b, done, 1), 1);
   /* both transports run on emu0 here: whichever hears the port's event
@@ -434,12 +439,7 @@ static void test_rails(void **state) {
   struct transport_counters k;
   T->counters(b, &k);
   assert_true(k.rdma_messages > 0);
-  char path[128];
-  snprintf(path, sizeof(path), "%s/raise-%d", test_verbs_emu_dir(), (int)getpid());
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fprintf(f, "port_down emu9 1\n");
-  fclose(f);
+  raise_event("port_down emu9 1");
   usleep(200000); /* the event read and taken */
   for (int i = 1; i < N; i += 2) rails_transfer(a, b, ca[i], cb[i], 0); /* on emu9: failed */
   for (int i = 0; i < N; i += 2) rails_transfer(a, b, ca[i], cb[i], 1); /* on emu8: carry on */
