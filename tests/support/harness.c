@@ -277,16 +277,33 @@ int test_daemons_start(struct test_daemon *d, int n, const char *const *extra_ar
   return 0;
 }
 
+/* A port below the kernel's ephemeral range, free now: a daemon started
+ * again on it after it died finds it still free, where a port from that
+ * range may meanwhile be the source port of any connection on the
+ * machine (the tests run side by side). */
 int test_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
+  int low = 32768, high = 60999;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    fclose(f);
+  }
+  int first = low > 12000 + 1024 ? low - 12000 : 1024, span = low - first;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t r = test_mix((uint64_t)getpid(), (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+  for (int tries = 0; tries < 200; tries++) {
+    int port = span > 0 ? first + (int)((r = test_mix(r, (uint64_t)tries)) % (uint64_t)span) : 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+             getsockname(fd, (struct sockaddr *)&a, &len) == 0;
+    if (fd >= 0) close(fd);
+    if (ok) return ntohs(a.sin_port);
+  }
+  return -1;
 }
 
 static const struct test_daemon *spread;
