@@ -413,14 +413,16 @@ static void rails_transfer(struct transport *a, struct transport *b, struct tcon
   free(in);
 }
 
-static void test_rails(void **state) {
-  setenv("CCS_VERBS_EMU_DEVICES", "emu8:1:active,emu9:1:active", 1);
+/* devices: the NIC's ports (CCS_VERBS_EMU_DEVICES), the rails first and
+ * second; down: the event that takes the second one down */
+static void rails(const char *devices, const char *first, const char *second, const char *down) {
+  setenv("CCS_VERBS_EMU_DEVICES", devices, 1);
   struct transport *a = open_t(), *b = open_t();
   unsetenv("CCS_VERBS_EMU_DEVICES");
   char what[512], err[256], bound[128];
   T->describe(a, what, sizeof(what));
-  assert_non_null(strstr(what, "emu8 port 1"));
-  assert_non_null(strstr(what, "emu9 port 1"));
+  assert_non_null(strstr(what, first));
+  assert_non_null(strstr(what, second));
   assert_non_null(strstr(what, "taking the ports in turn"));
   assert_int_equal(T->listen(a, "127.0.0.1:0", bound, sizeof(bound), err, sizeof(err)), 0);
   enum { N = 4 };
@@ -439,12 +441,19 @@ static void test_rails(void **state) {
   struct transport_counters k;
   T->counters(b, &k);
   assert_true(k.rdma_messages > 0);
-  raise_event("port_down emu9 1");
+  raise_event(down);
   usleep(200000); /* the event read and taken */
-  for (int i = 1; i < N; i += 2) rails_transfer(a, b, ca[i], cb[i], 0); /* on emu9: failed */
-  for (int i = 0; i < N; i += 2) rails_transfer(a, b, ca[i], cb[i], 1); /* on emu8: carry on */
+  for (int i = 1; i < N; i += 2) rails_transfer(a, b, ca[i], cb[i], 0); /* on the second: failed */
+  for (int i = 0; i < N; i += 2) rails_transfer(a, b, ca[i], cb[i], 1); /* on the first: carry on */
   T->free(a);
   T->free(b);
+}
+
+static void test_rails(void **state) {
+  rails("emu8:1:active,emu9:1:active", "emu8 port 1", "emu9 port 1", "port_down emu9 1");
+  /* two ports of one device: each rail's context hears of both ports'
+   * events, and takes its own port's alone */
+  rails("emu10:2:active", "emu10 port 1", "emu10 port 2", "port_down emu10 2");
 }
 
 /* What the daemon is told when verbs will not do. */
