@@ -179,9 +179,13 @@ static void test_launchers(void **state) {
 /* A first job holds the name (3 ranks; `want` of them join before the
  * second speaks); a second job's ranks of the same name are refused, each
  * saying why; the first job's comm is untouched and works. */
+static void wait_for_a_comm(const struct test_daemon *d);
 static int first_job(int rank, int n, void *arg) {
   if (rank >= sh->want)
     while (!__atomic_load_n(&sh->done, __ATOMIC_SEQ_CST)) usleep(1000);
+  /* rank 0 in at the root first: there a comm made for rank 1's join
+   * from daemon 1 would let the second job's rank 0 take rank 0's place */
+  if (rank == 1 && sh->want == 2) wait_for_a_comm(&dm[0]);
   ccs_comm_t *comm;
   if (ccs_comm_init_named(&comm, arg, n, rank) != CCS_OK) return 2;
   __atomic_add_fetch(&sh->joined, 1, __ATOMIC_SEQ_CST);
