@@ -276,6 +276,10 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   for (size_t i = 0; i < n; i++) {
     struct ccs__conn *ci = ccs__comm_conn(ops[i].comm);
     ccs__conn_put(ci);
+    if (ci != c && c->broken) { /* the daemon went since c was looked up: its keeper moved the comm */
+      *again = MOVED;
+      return fail(ops[i].comm, CCS_ERR_DAEMON_UNAVAILABLE, "%s", "the connection to ccsd closed");
+    }
     if (ci != c)
       return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
                   "a group mixes communicators of different daemon connections");

@@ -168,7 +168,12 @@ struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc
       return NULL;
     }
     call->op[i] = (struct ccs__call_op){ops[i].comm, chan, 0, ops[i].unsafe_to_rerun, CCS__OUT};
-    call->op[i].number = numbers ? numbers[i] : ops[i].comm->chans[chan].next++;
+    struct ccs__chan *ch = &ops[i].comm->chans[chan];
+    call->op[i].number = numbers ? numbers[i] : ch->next++;
+    /* a resubmitted op keeps the number it took before a restart; where the
+     * daemon went again before it went out, it was in no report, and that
+     * verdict left the channel short of it: the daemon counts it now */
+    if (ch->next <= call->op[i].number) ch->next = call->op[i].number + 1;
   }
   call->n = n;
   call->conn = c;

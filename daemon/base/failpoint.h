@@ -7,6 +7,7 @@
  *   started   an op's ranks told it started, before it runs
  *   task      an executor task done (an op partly written)
  *   answer    a call's answer about to go out (its op finished)
+ *   rejoined  a comm's ranks rejoined after a restart, their verdicts sent
  *
  * Unset (always, outside tests), a point costs a load and a branch. */
 #ifndef CCSD_BASE_FAILPOINT_H

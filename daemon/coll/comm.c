@@ -9,6 +9,7 @@
 #include <sodium.h>
 #include <time.h>
 
+#include "base/failpoint.h"
 #include "base/log.h"
 #include "coll/coll.h"
 
@@ -215,6 +216,7 @@ void ccsd_comm_ready(struct comm *c) {
   LOG_INFO(CCS_LOG_INIT, "comm %llu ready: %d ranks, %d here", (unsigned long long)c->id, c->nranks,
            c->nlocal);
   for (int r = 0; r < c->nranks; r++) ccsd_member_answer_init(c->members[r], CCS_OK, NULL);
+  if (c->rejoining) ccsd_failpoint("rejoined");
   if (c->coordinator) { /* the other daemons have it now */
     c->coordinator = 0;
     ccsd_comm_unref(c);

@@ -5,15 +5,21 @@
  * whatever order their answers come in. A host stream's calls are
  * answered in the order the daemon drops them, which is not their
  * order: a staying daemon then numbered one rank's repeated calls one off
- * the others' (CCS_ERR_MISMATCH after a restart). */
+ * the others' (CCS_ERR_MISMATCH after a restart). A call resubmitted after
+ * a restart keeps its number, and the channel goes on past it, even where
+ * the daemon went again before the call went out (a wrong result once: the
+ * next restart found that rank's calls numbered one short, and its call
+ * "finished" without running). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "internal.h"
+#include "journal.h"
 
 static struct ccs__chan chan;
 static ccs_comm_t comm = {.chans = &chan, .nchans = 1, .has_id = 1};
@@ -78,12 +84,55 @@ static void test_retry_after_ran(void **state) {
   assert_int_equal(chan.done, 7);
 }
 
+/* A connection whose calls are listed (a journal, a keeper): only what
+ * ccs__call_new looks at. */
+static struct ccs__conn *listing_conn(void) {
+  static struct ccs__conn c;
+  static struct ccs__journal journal;
+  pthread_mutex_init(&c.mu, NULL);
+  c.journal = &journal;
+  c.keeper_started = 1;
+  c.pid = getpid();
+  return &c;
+}
+
+/* The first restart left call 5 to resubmit (the channel at 6); the daemon
+ * went again before it went out, so the second restart's report left it
+ * out and its verdict set the channel back to 5. Resubmitted under 5, the
+ * call must take the channel on to 6, or the rank's next call would be
+ * numbered 5 too: one short of what its daemon counts. */
+static void test_resubmitted_after_second_restart(void **state) {
+  (void)state;
+  struct ccs__conn *c = listing_conn();
+  const struct ccs__call_desc op = {&comm, CCS__ALL_REDUCE, 0, 0};
+  const uint64_t given = 5;
+  int moving;
+  numbered(5, 5);
+  struct ccs__call *again = ccs__call_new(c, &op, 1, &given, &moving);
+  assert_non_null(again);
+  assert_int_equal(again->op[0].number, 5);
+  assert_int_equal(chan.next, 6);
+  struct ccs__call *after = ccs__call_new(c, &op, 1, NULL, &moving);
+  assert_int_equal(after->op[0].number, 6);
+  assert_int_equal(chan.next, 7);
+  /* resubmitted within what the channel counts: nothing moves */
+  numbered(9, 5);
+  struct ccs__call *within = ccs__call_new(c, &op, 1, &given, &moving);
+  assert_int_equal(within->op[0].number, 5);
+  assert_int_equal(chan.next, 9);
+  ccs__call_free(within);
+  ccs__call_free(after);
+  ccs__call_free(again);
+  assert_null(c->calls);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ran),
       cmocka_unit_test(test_refused),
       cmocka_unit_test(test_retry_any_order),
       cmocka_unit_test(test_retry_after_ran),
+      cmocka_unit_test(test_resubmitted_after_second_restart),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
