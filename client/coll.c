@@ -316,6 +316,14 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   /* the order of a stream, and of a comm whose streams' calls run: what
    * does not follow them through the rings waits for them */
   if (hs && (!async || (hs->inflight && hs->comm != ops[0].comm))) ccs__host_stream_drain(hs);
+  /* after a call of the stream the caller must repeat, none goes out of
+   * its order: each is repeated after it (every rank's alike) */
+  if (hs && atomic_load(&hs->to_repeat)) {
+    atomic_fetch_add(&hs->to_repeat, 1);
+    return fail(ops[0].comm, CCS_ERR_RETRY, "%s", "not made: an earlier call of this host stream must "
+                "be repeated (ccsd restarted under it); ccs_stream_synchronize, then repeat the "
+                "stream's last ccs_stream_repeat_count calls");
+  }
   for (size_t i = 0; i < n && !async && !flagged; i++)
     if (ops[i].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[i].comm->inflight)) != CCS_OK) {
       if (ccs__conn_moving(c)) *again = MOVED;

@@ -157,6 +157,10 @@ struct ccs__host_stream {
   uint32_t inflight;
   ccs_result_t error; /* the first since the last synchronize */
   char error_text[CCS__ERROR_TEXT_MAX];
+  /* calls since the last synchronize the caller must repeat (a restart:
+   * CCS_ERR_RETRY), the last ones it made; as of that synchronize */
+  _Atomic uint32_t to_repeat;
+  uint32_t repeat_count;
 };
 /* The host stream s is, or NULL (a CUDA stream, or nothing). */
 struct ccs__host_stream *ccs__host_stream_of(const void *s);

@@ -537,13 +537,17 @@ static void restart(struct ccs__conn *c) {
     }
     pthread_mutex_lock(&mu);
     apply(c, comm, v);
+    pthread_mutex_unlock(&mu);
+    /* before the comm is on the new connection: a caller back from
+     * synchronize repeats its stream's calls there, numbered from the
+     * verdict, and a call made on the stream meanwhile finds what it must
+     * repeat first (coll.c) */
+    ccs__ring_settle_streams(c, comm, v->n_verdicts ? v->verdicts[0]->finished : 0);
+    pthread_mutex_lock(&mu);
     comm->handle = v->comm;
     ccs__conn_ref(nc);
     comm->conn = nc;
     pthread_mutex_unlock(&mu);
-    /* only now: a caller back from synchronize repeats its stream's calls
-     * on the new connection, numbered from the verdict */
-    ccs__ring_settle_streams(c, comm, v->n_verdicts ? v->verdicts[0]->finished : 0);
     ccs__conn_put(c); /* the comm's reference: the keeper still holds one */
   }
   /* a host stream's calls of a comm that was not rejoined fail (their

@@ -167,6 +167,7 @@ static void stream_call_done(struct ccs__ring *r, uint32_t slot) {
   struct call *call = &r->calls[slot];
   struct ccs__host_stream *s = call->stream;
   const char *text = call->text ? call->text : ccs_strerror(call->status);
+  s->to_repeat += call->status == CCS_ERR_RETRY;
   if (call->status != CCS_OK && s->error == CCS_OK) {
     s->error = call->status;
     snprintf(s->error_text, sizeof(s->error_text), "%s", text);

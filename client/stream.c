@@ -102,7 +102,20 @@ CCS__API ccs_result_t ccs_stream_synchronize(ccs_stream_t stream) {
   ccs_result_t rc = s->error;
   if (rc != CCS_OK) ccs__set_error("%s", s->error_text);
   s->error = CCS_OK; /* reported once */
+  s->repeat_count = atomic_exchange(&s->to_repeat, 0);
+  if (rc != CCS_ERR_RETRY) s->repeat_count = 0;
   return rc;
+}
+
+CCS__API ccs_result_t ccs_stream_repeat_count(ccs_stream_t stream, int *count) {
+  struct ccs__host_stream *s = known(stream, "ccs_stream_repeat_count");
+  if (!s) return CCS_ERR_INVALID_ARGUMENT;
+  if (!count) {
+    ccs__set_error("ccs_stream_repeat_count: count is NULL");
+    return CCS_ERR_INVALID_ARGUMENT;
+  }
+  *count = (int)s->repeat_count;
+  return CCS_OK;
 }
 
 CCS__API ccs_result_t ccs_stream_query(ccs_stream_t stream) {

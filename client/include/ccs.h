@@ -205,9 +205,19 @@ ccs_result_t ccs_barrier(ccs_comm_t *comm);
  * ccs_comm_get_async_error. Calls that cannot be submitted asynchronously
  * (staged buffers: see ccs_mem_alloc; sends and receives; CCS_RING=0)
  * wait for the stream and complete before returning. ccs_comm_destroy
- * waits for its comm's calls; ccs_stream_destroy for the stream's. */
+ * waits for its comm's calls; ccs_stream_destroy for the stream's.
+ * CCS_ERR_RETRY from synchronize: ccsd restarted before some of the calls
+ * finished; every rank gets it alike. The calls made since the previous
+ * synchronize that must be repeated are the last ccs_stream_repeat_count
+ * of them, in their order (their outputs are undefined: restore the
+ * inputs of in-place ones); those before them finished. Once a call must
+ * be repeated, the stream's later calls are not made (they return
+ * CCS_ERR_RETRY, and are counted) until synchronize. */
 ccs_result_t ccs_stream_create(ccs_stream_t *stream);
 ccs_result_t ccs_stream_synchronize(ccs_stream_t stream);
+/* After synchronize returned CCS_ERR_RETRY: how many of the stream's last
+ * calls to repeat (0 after any other result). */
+ccs_result_t ccs_stream_repeat_count(ccs_stream_t stream, int *count);
 ccs_result_t ccs_stream_query(ccs_stream_t stream);
 ccs_result_t ccs_stream_destroy(ccs_stream_t stream);
 

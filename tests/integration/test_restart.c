@@ -105,12 +105,25 @@ static ccs_result_t call(int kind, int rank, int n, int round, ccs_comm_t *a, cc
     unsetenv("CCS_STAGED_PART_BYTES");
     return rc;
   }
-  default: { /* a host stream: two calls, then synchronize */
-    for (size_t i = 0; i < COUNT; i++) reg[i] = value(rank, round, i);
-    ccs_result_t rc = ccs_all_reduce(reg, reg, COUNT, CCS_INT64, CCS_SUM, a, stream);
-    if (rc == CCS_OK) rc = ccs_all_reduce(reg, reg, 1, CCS_INT64, CCS_MAX, a, stream);
-    ccs_result_t s = ccs_stream_synchronize(stream);
-    return rc != CCS_OK ? rc : s;
+  default: { /* a host stream: two calls, then synchronize; after
+              * CCS_ERR_RETRY the last ccs_stream_repeat_count of them
+              * again (the second's max over ranks leaves the sum) */
+    int repeat = 2;
+    ccs_result_t s = CCS_OK;
+    do {
+      ccs_result_t rc = CCS_OK;
+      if (repeat >= 2) {
+        for (size_t i = 0; i < COUNT; i++) reg[i] = value(rank, round, i);
+        rc = ccs_all_reduce(reg, reg, COUNT, CCS_INT64, CCS_SUM, a, stream);
+      }
+      if (rc == CCS_OK) rc = ccs_all_reduce(reg, reg, 1, CCS_INT64, CCS_MAX, a, stream);
+      s = ccs_stream_synchronize(stream);
+      if (s != CCS_ERR_RETRY) return rc != CCS_OK ? rc : s;
+      if (rc != CCS_OK && rc != CCS_ERR_RETRY) return rc;
+      if (ccs_stream_repeat_count(stream, &repeat) != CCS_OK || repeat < 1 || repeat > 2) return CCS_ERR_PROTOCOL;
+      sh->retried[rank]++;
+    } while (sh->retried[rank] <= 3);
+    return s;
   }
   }
 }
@@ -393,6 +406,97 @@ static void test_killed_before_resubmit(void **state) {
   assert_int_equal(WEXITSTATUS(status), 0);
   assert_int_equal(ok, n * ROUNDS);
   assert_int_equal(retried, 0);
+}
+
+/* Two calls of one shape on a host stream (in place on registered memory,
+ * x then y), the last rank making the second only once the daemon is
+ * back: before, the others' first (to repeat) could be matched with its
+ * second, every element wrong and nothing said. With `first_done` the
+ * daemon goes after x finished and while the others' y waits for that
+ * rank: they repeat y alone (ccs_stream_repeat_count 1), the last rank
+ * makes its y as any call. Else it goes as x starts: every rank repeats
+ * both, the last rank's y not made (CCS_ERR_RETRY, counted) since its x
+ * must be repeated first. */
+static int late_second_rank(int rank, int n, void *arg) {
+  int first_done = *(int *)arg, late = rank == n - 1, bad = 0;
+  ccs_comm_t *comm;
+  ccs_stream_t s;
+  int64_t *x, *y;
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK || ccs_stream_create(&s) != CCS_OK ||
+      ccs_mem_alloc((void **)&x, sizeof(int64_t) * COUNT) != CCS_OK ||
+      ccs_mem_alloc((void **)&y, sizeof(int64_t) * COUNT) != CCS_OK)
+    return 10;
+  int repeat = 2;
+  for (int tries = 0; tries < 4; tries++) {
+    if (repeat >= 2) {
+      for (size_t i = 0; i < COUNT; i++) x[i] = value(rank, 0, i);
+      bad |= ccs_all_reduce(x, x, COUNT, CCS_INT64, CCS_SUM, comm, s) != CCS_OK;
+    }
+    if (late && tries == 0) {
+      while (first_done && ccs_stream_query(s) == CCS_IN_PROGRESS) usleep(1000);
+      __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+      while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+    }
+    for (size_t i = 0; i < COUNT; i++) y[i] = value(rank, 1, i);
+    ccs_result_t rc = ccs_all_reduce(y, y, COUNT, CCS_INT64, CCS_SUM, comm, s);
+    ccs_result_t synced = ccs_stream_synchronize(s);
+    if (synced == CCS_OK) {
+      bad |= rc != CCS_OK;
+      break;
+    }
+    if (synced != CCS_ERR_RETRY || ccs_stream_repeat_count(s, &repeat) != CCS_OK) {
+      fprintf(stderr, "rank %d: %s: %s\n", rank, ccs_result_name(synced), ccs_comm_last_error(comm));
+      bad = 1;
+      break;
+    }
+    fprintf(stderr, "# rank %d repeats the last %d call(s)%s\n", rank, repeat,
+            rc == CCS_ERR_RETRY ? " (its second not made)" : "");
+    sh->retried[rank] = repeat;
+  }
+  bad |= check("host stream x", rank, 0, x, COUNT, sum_of, n);
+  bad |= check("host stream y", rank, 1, y, COUNT, sum_of, n);
+  ccs_stream_destroy(s);
+  ccs_mem_free(x), ccs_mem_free(y);
+  bad |= ccs_comm_destroy(comm) != CCS_OK;
+  return bad;
+}
+
+static void late_second(int first_done) {
+  const int n = 3;
+  fresh_round(1);
+  sh->hold = 1;
+  if (!first_done) setenv("CCSD_FAILPOINT", "started:1", 1); /* as x starts */
+  assert_int_equal(test_daemon_start(&dmn, NULL), 0);
+  unsetenv("CCSD_FAILPOINT");
+  test_new_id(&sh->id[0]);
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(n, late_second_rank, &first_done, 120, NULL));
+  wait_at_hold(1);
+  if (first_done) {
+    wait_for_call(&dmn); /* the others' y */
+    test_daemon_kill(&dmn);
+  } else {
+    double until = test_now() + 30;
+    while (test_daemon_alive(&dmn) && test_now() < until) usleep(2000);
+    assert_false(test_daemon_alive(&dmn));
+    test_daemon_kill(&dmn);
+  }
+  usleep(100000);
+  assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
+  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+  int status;
+  assert_int_equal(waitpid(ranks, &status, 0), ranks);
+  dmn_stop();
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  for (int r = 0; r < n; r++) /* who repeated what */
+    assert_int_equal(sh->retried[r], first_done ? (r == n - 1 ? 0 : 1) : 2);
+}
+
+static void test_host_stream_late_second(void **state) {
+  (void)state;
+  late_second(0);
+  late_second(1);
 }
 
 /* No daemon comes back: the calls fail once CCS_RECONNECT_TIMEOUT passed. */
@@ -949,6 +1053,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_host_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_parts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_killed_before_resubmit, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_stream_late_second, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ids_after_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_stream_lost, setup, teardown),
