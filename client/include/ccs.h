@@ -207,7 +207,7 @@ ccs_result_t ccs_barrier(ccs_comm_t *comm);
  * wait for the stream and complete before returning. ccs_comm_destroy
  * waits for its comm's calls; ccs_stream_destroy for the stream's.
  * CCS_ERR_RETRY from synchronize: ccsd restarted before some of the calls
- * finished; every rank gets it alike. The calls made since the previous
+ * finished (every rank that made them gets it). The calls made since the previous
  * synchronize that must be repeated are the last ccs_stream_repeat_count
  * of them, in their order (their outputs are undefined: restore the
  * inputs of in-place ones); those before them finished. Once a call must

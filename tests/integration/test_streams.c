@@ -159,6 +159,9 @@ static int failing_rank(int rank, int n, void *arg) {
     return 12;
   }
   if (ccs_stream_synchronize(s) != CCS_OK) return 13; /* reported once */
+  int repeat = -1; /* a failure other than CCS_ERR_RETRY: nothing to repeat */
+  if (ccs_stream_repeat_count(s, &repeat) != CCS_OK || repeat != 0) return 18;
+  if (ccs_stream_repeat_count(s, NULL) != CCS_ERR_INVALID_ARGUMENT) return 19;
   /* in progress while the other rank has not called */
   buf[0] = rank + 1;
   if (rank == 1) usleep(300 * 1000);
@@ -185,6 +188,8 @@ static void test_failures_reach_synchronize(void **state) {
   assert_int_equal(test_run_ranks(2, failing_rank, NULL, 60, NULL), 0);
   int x;
   assert_int_equal(ccs_stream_synchronize(&x), CCS_ERR_INVALID_ARGUMENT);
+  int repeat;
+  assert_int_equal(ccs_stream_repeat_count(&x, &repeat), CCS_ERR_INVALID_ARGUMENT);
   assert_int_equal(ccs_stream_destroy(NULL), CCS_ERR_INVALID_ARGUMENT);
 }
 
