@@ -192,8 +192,25 @@ void ccs__call_keyed(struct ccs__call *call, uint64_t key) {
   pthread_mutex_unlock(&mu);
 }
 
+/* Under mu: a finished call of one collective against the daemon's count
+ * of them (the journal's). Where they differ, a restart's verdicts would
+ * give this rank's calls the wrong ones: the comm is not rejoined. */
+static void check_number(struct ccs__call *call) {
+  const struct ccs__call_op *op = &call->op[0];
+  if (call->n != 1 || !call->keyed || !call->conn || !call->conn->journal ||
+      op->comm->chans[op->chan].peer >= 0)
+    return;
+  uint32_t seq = ccs__journal_seq(call->conn->journal, call->key);
+  if (!seq || seq == (uint32_t)(op->number + 1) || !op->comm->has_id) return;
+  op->comm->has_id = 0;
+  fprintf(stderr, "ccs WARN rank %d: libccs numbered a collective #%llu, ccsd #%u (low 32 bits): this "
+          "communicator will not be rejoined after a daemon restart\n", op->comm->rank,
+          (unsigned long long)op->number + 1, seq);
+}
+
 void ccs__call_answered(struct ccs__call *call, ccs_result_t status) {
   pthread_mutex_lock(&mu);
+  if (status == CCS_OK) check_number(call);
   int ran = status == CCS_OK || status == CCS_ERR_MISMATCH; /* a mismatch took its number too */
   for (size_t i = call->n; i-- > 0;) { /* (backwards: numbers given back last first) */
     ccs_comm_t *comm = call->op[i].comm;
@@ -459,8 +476,8 @@ static void restart(struct ccs__conn *c) {
   for (size_t i = 0; i < n; i++) {
     if (mine[i]->has_id) continue;
     comm_lost(mine[i], CCS_ERR_DAEMON_UNAVAILABLE, "the connection to ccsd closed; the "
-              "communicator cannot be rejoined (an answer it missed may have been a mismatch): "
-              "create it again");
+              "communicator cannot be rejoined (its calls' numbers are not known for sure: an answer "
+              "it missed may have been a mismatch): create it again");
     pthread_mutex_lock(&mu);
     settle_calls(c, mine[i], CCS_ERR_DAEMON_UNAVAILABLE, mine[i]->last_error);
     pthread_mutex_unlock(&mu);

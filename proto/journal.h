@@ -9,7 +9,10 @@
  * a call through the rings (they number their calls apart from the
  * socket's): the rings' calls take the first half of the entries by
  * their id, the socket's the second; a client keeps fewer calls than a
- * half in flight each way. */
+ * half in flight each way. A finished call of one collective op also
+ * carries the op's number as the daemon counts the comm's collectives
+ * (from 1; its low 32 bits): the client checks it against its own count,
+ * which a restart's verdicts go by. */
 #ifndef CCS_JOURNAL_H
 #define CCS_JOURNAL_H
 
@@ -25,7 +28,7 @@
 struct ccs__journal_entry {
   _Atomic uint64_t req_id; /* the call marked (written before state) */
   _Atomic uint32_t state;  /* CCS__JOURNAL_STARTED | CCS__JOURNAL_FINISHED */
-  uint32_t reserved;
+  _Atomic uint32_t seq;    /* written before FINISHED: the op's number; 0: none said */
 };
 
 struct ccs__journal {
@@ -47,14 +50,25 @@ static inline struct ccs__journal_entry *ccs__journal_entry_of(struct ccs__journ
   return &j->entry[(key & CCS__JOURNAL_RING ? 0 : half) + (key & (half - 1))];
 }
 
-/* The daemon's mark of call `key`: its entry now says `state` for it. */
-static inline void ccs__journal_mark(struct ccs__journal *j, uint64_t key, uint32_t state) {
+/* The daemon's mark of call `key`: its entry now says `state` for it
+ * (and seq, where not 0). */
+static inline void ccs__journal_mark(struct ccs__journal *j, uint64_t key, uint32_t state, uint32_t seq) {
   struct ccs__journal_entry *e = ccs__journal_entry_of(j, key);
   if (atomic_load_explicit(&e->req_id, memory_order_relaxed) != key) {
     atomic_store_explicit(&e->state, 0, memory_order_relaxed);
+    atomic_store_explicit(&e->seq, 0, memory_order_relaxed);
     atomic_store_explicit(&e->req_id, key, memory_order_release);
   }
+  if (seq) atomic_store_explicit(&e->seq, seq, memory_order_relaxed);
   atomic_fetch_or_explicit(&e->state, state, memory_order_release);
+}
+
+/* The op number the daemon gave finished call `key` (0: none said). */
+static inline uint32_t ccs__journal_seq(struct ccs__journal *j, uint64_t key) {
+  struct ccs__journal_entry *e = ccs__journal_entry_of(j, key);
+  uint32_t state = atomic_load_explicit(&e->state, memory_order_acquire);
+  uint32_t seq = atomic_load_explicit(&e->seq, memory_order_relaxed);
+  return atomic_load_explicit(&e->req_id, memory_order_acquire) == key && (state & CCS__JOURNAL_FINISHED) ? seq : 0;
 }
 
 /* What the journal says of call `key` (0: nothing). */

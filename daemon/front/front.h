@@ -244,6 +244,7 @@ struct submission {
   ccs_result_t status;
   char *error;
   uint64_t comm_handle; /* a CommInit's reply carries it (and the comm's identity, a rejoin's verdicts) */
+  uint64_t seq;         /* a call of one collective op: the op's number, for the journal */
   char *info;           /* how its ops ran, for CCS_DEBUG=INFO */
 };
 
@@ -423,7 +424,8 @@ void ccsd_ring_setup(struct session *s, uint64_t req_id);
 void ccsd_journal_setup(struct session *s, uint64_t req_id);
 void ccsd_journal_close(struct session *s); /* the session closes */
 /* marks call req_id of s (no journal, or a client gone: nothing) */
-void ccsd_journal_mark(struct session *s, uint64_t req_id, int via_ring, uint32_t state);
+/* seq: a call of one collective op: its number (from 1); 0: none. */
+void ccsd_journal_mark(struct session *s, uint64_t req_id, int via_ring, uint32_t state, uint64_t seq);
 void ccsd_ring_close(struct session *s); /* the session closes */
 /* Every ring's daemon_beat counted up: the loop runs (housekeeping). */
 void ccsd_rings_beat(struct daemon *d);

@@ -45,6 +45,7 @@ void ccsd_journal_close(struct session *s) {
   s->journal = NULL;
 }
 
-void ccsd_journal_mark(struct session *s, uint64_t req_id, int via_ring, uint32_t state) {
-  if (s && s->journal && !s->closing) ccs__journal_mark(s->journal, ccs__journal_key(req_id, via_ring), state);
+void ccsd_journal_mark(struct session *s, uint64_t req_id, int via_ring, uint32_t state, uint64_t seq) {
+  if (s && s->journal && !s->closing)
+    ccs__journal_mark(s->journal, ccs__journal_key(req_id, via_ring), state, (uint32_t)seq);
 }

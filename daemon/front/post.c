@@ -27,6 +27,7 @@ static void reply(struct post *p, ccs_result_t status, const char *error) {
                       p->send_len > p->recv_len ? p->send_len : p->recv_len,
                       (double)(uv_hrtime() - p->posted_ns) / 1e9);
   ccsd_metrics_record_algo(cp->d, p->kind, p->algo);
+  if (cp->sub->nposts == 1 && p->kind != CCS__SEND && p->kind != CCS__RECV) cp->sub->seq = p->seq;
   ccsd_submission_post_done(cp->sub, status, error);
 }
 
@@ -34,7 +35,7 @@ static void note(struct post *p, const char *info) { ccsd_submission_note(of(p)-
 
 static void started(struct post *p) {
   struct submission *sub = of(p)->sub;
-  ccsd_journal_mark(sub->session, sub->req_id, sub->via_ring, CCS__JOURNAL_STARTED);
+  ccsd_journal_mark(sub->session, sub->req_id, sub->via_ring, CCS__JOURNAL_STARTED, 0);
 }
 
 static void release(struct post *p) { ccsd_client_post_free(of(p)); }

@@ -32,7 +32,7 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
   sub->d->ring_calls_open -= sub->via_ring != 0;
   /* done, whether or not the answer gets there (docs/restart.md) */
   if (sub->status == CCS_OK)
-    ccsd_journal_mark(sub->session, sub->req_id, sub->via_ring, CCS__JOURNAL_FINISHED);
+    ccsd_journal_mark(sub->session, sub->req_id, sub->via_ring, CCS__JOURNAL_FINISHED, sub->seq);
   if (sub->session) ccsd_failpoint("answer");
   if (sub->session && sub->via_ring) {
     list_remove(&sub->link);

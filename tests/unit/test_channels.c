@@ -9,7 +9,8 @@
  * a restart keeps its number, and the channel goes on past it, even where
  * the daemon went again before the call went out (a wrong result once: the
  * next restart found that rank's calls numbered one short, and its call
- * "finished" without running). */
+ * "finished" without running). Each answered call of one collective is
+ * checked against the daemon's number for it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -84,11 +85,12 @@ static void test_retry_after_ran(void **state) {
   assert_int_equal(chan.done, 7);
 }
 
+static struct ccs__journal journal;
+
 /* A connection whose calls are listed (a journal, a keeper): only what
  * ccs__call_new looks at. */
 static struct ccs__conn *listing_conn(void) {
   static struct ccs__conn c;
-  static struct ccs__journal journal;
   pthread_mutex_init(&c.mu, NULL);
   c.journal = &journal;
   c.keeper_started = 1;
@@ -126,6 +128,29 @@ static void test_resubmitted_after_second_restart(void **state) {
   assert_null(c->calls);
 }
 
+/* A finished call of one collective carries the daemon's number for it
+ * (the journal): the same as the rank's own, nothing happens; another,
+ * the comm is not rejoined after a restart (its verdicts would give this
+ * rank's calls the wrong ones). */
+static void test_numbers_checked(void **state) {
+  (void)state;
+  struct ccs__conn *c = listing_conn();
+  const struct ccs__call_desc op = {&comm, CCS__ALL_REDUCE, 0, 0};
+  int moving;
+  for (int off = 0; off < 2; off++) {
+    numbered(41, 41);
+    comm.has_id = 1;
+    struct ccs__call *call = ccs__call_new(c, &op, 1, NULL, &moving);
+    ccs__call_keyed(call, ccs__journal_key(7, 1));
+    ccs__journal_mark(&journal, ccs__journal_key(7, 1), CCS__JOURNAL_FINISHED, 42 + (uint32_t)off);
+    ccs__call_answered(call, CCS_OK);
+    ccs__call_free(call);
+    assert_int_equal(chan.done, 42);
+    assert_int_equal(comm.has_id, !off);
+  }
+  comm.has_id = 1;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ran),
@@ -133,6 +158,7 @@ int main(void) {
       cmocka_unit_test(test_retry_any_order),
       cmocka_unit_test(test_retry_after_ran),
       cmocka_unit_test(test_resubmitted_after_second_restart),
+      cmocka_unit_test(test_numbers_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
