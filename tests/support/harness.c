@@ -387,6 +387,15 @@ void test_become_other_tenant(void) {
   }
 }
 
+/* Where a hung process waits, each thread, where gdb is there to say. */
+static void print_stacks(pid_t pid) {
+  char cmd[200];
+  snprintf(cmd, sizeof(cmd), "command -v gdb >/dev/null && timeout 30 gdb -p %d -batch -ex "
+           "'thread apply all bt 20' 2>/dev/null | grep -E '^(Thread|#)' >&2", (int)pid);
+  fflush(NULL);
+  if (system(cmd) < 0) fprintf(stderr, "(no stacks: %s)\n", strerror(errno));
+}
+
 int test_run_ranks(int nranks, rank_fn fn, void *arg, double timeout_s, int *statuses) {
   pid_t pids[256];
   int failed = 0;
@@ -409,6 +418,7 @@ int test_run_ranks(int nranks, rank_fn fn, void *arg, double timeout_s, int *sta
     if (pids[r] < 0) code = -1;
     else if (wait_deadline(pids[r], left > 0 ? left : 0, &status)) {
       fprintf(stderr, "rank %d did not finish within %.0f s: killed\n", r, timeout_s);
+      print_stacks(pids[r]);
       kill(pids[r], SIGKILL);
       waitpid(pids[r], NULL, 0);
       code = -1;
