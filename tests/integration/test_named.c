@@ -32,6 +32,7 @@ struct shared {
   int done;   /* the second job has spoken */
   int want;   /* the first job's ranks that join before the second speaks */
   int go;     /* test_newcomer_meets_a_complete_map: daemon 1 is stopped */
+  int answered; /* ... and the newcomer's init has returned */
 };
 static struct shared *sh;
 static struct test_daemon dm[2];
@@ -283,8 +284,11 @@ static void test_name_in_use_across_daemons(void **state) {
  * it, so that both come in together when it goes on; in whichever order
  * the daemons then hear of them, the newcomer alone is refused (by the
  * root, by its own daemon from the map, or there once the comm is
- * complete) and the first job's all_reduce is right. Process 3 stops and
- * resumes daemon 1. */
+ * complete) and the first job's all_reduce is right. The first job keeps
+ * its comm until the newcomer is answered: its join may reach the root
+ * after the job's all_reduce (its connection's first calls go before it),
+ * and a name no comm holds any more is free. Process 3 stops and resumes
+ * daemon 1. */
 static int complete_map_rank(int rank, int n, void *arg) {
   (void)n;
   ccs_comm_t *comm;
@@ -304,6 +308,7 @@ static int complete_map_rank(int rank, int n, void *arg) {
   if (rank == 2) { /* the newcomer */
     sh->code[0] = rc;
     snprintf(sh->text[0], sizeof(sh->text[0]), "%s", ccs_comm_last_error(NULL));
+    __atomic_store_n(&sh->answered, 1, __ATOMIC_SEQ_CST);
     if (rc == CCS_OK) ccs_comm_destroy(comm);
     return 0;
   }
@@ -312,6 +317,8 @@ static int complete_map_rank(int rank, int n, void *arg) {
     return 2;
   }
   int bad = check(comm, 6);
+  for (double until = test_now() + 25; !__atomic_load_n(&sh->answered, __ATOMIC_SEQ_CST) && test_now() < until;)
+    usleep(1000);
   return ccs_comm_destroy(comm) != CCS_OK || bad;
 }
 
@@ -320,6 +327,7 @@ static void test_newcomer_meets_a_complete_map(void **state) {
   meet_at_daemon_0();
   for (int round = 0; round < 3; round++) {
     sh->go = 0;
+    sh->answered = 0;
     test_spread_ranks(dm, 1); /* all on daemon 0 but those that move to 1 */
     char name[32];
     snprintf(name, sizeof(name), "complete map %d", round);
