@@ -112,6 +112,8 @@ void ccs__ring_settle_streams(struct ccs__conn *c, ccs_comm_t *comm, uint64_t fi
  * answers that came are taken: [first, end);
  * returns how many of its CUDA stream calls are out. */
 int ccs__ring_stream_numbers(struct ccs__conn *c, const ccs_comm_t *comm, uint64_t *first, uint64_t *end);
+/* c's journal opened: the rings' answers check their op numbers by it. */
+void ccs__ring_journal(struct ccs__conn *c);
 /* Submits the ops of comm as one call of host stream s and returns: the
  * daemon runs them after the comm's earlier ops; their answer goes to s
  * (and to comm when it failed). */
@@ -333,8 +335,10 @@ void ccs__call_free(struct ccs__call *call);
 /* A host stream's ops numbered (under the connection's mu). */
 uint64_t ccs__chan_take(ccs_comm_t *comm, int chan, uint64_t count);
 /* Calls [first, first+count) of a channel answered with status: they ran
- * (CCS_OK, CCS_ERR_MISMATCH) or not (their numbers given back). */
+ * (CCS_OK, CCS_ERR_MISMATCH) or not (their numbers given back). seq: the
+ * daemon's number for a finished call of one collective (the journal's),
+ * checked against first; 0: none. */
 void ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count,
-                       ccs_result_t status);
+                       ccs_result_t status, uint32_t seq);
 
 #endif

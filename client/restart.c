@@ -74,6 +74,7 @@ void ccs__journal_open(struct ccs__conn *c) {
   }
   ccs__reply__free_unpacked(reply, NULL);
   c->journal = j;
+  ccs__ring_journal(c);
 }
 
 void ccs__journal_free(struct ccs__conn *c) {
@@ -106,10 +107,23 @@ static void answered(ccs_comm_t *comm, int chan, uint64_t number) {
   if (comm->chans[chan].done < number + 1) comm->chans[chan].done = number + 1;
 }
 
+/* Under mu: a collective numbered `number` here that the daemon numbered
+ * seq (its journal's; from 1, low 32 bits). Where they differ, a
+ * restart's verdicts would give this rank's calls the wrong ones: the
+ * comm is not rejoined. */
+static void check_number(ccs_comm_t *comm, uint64_t number, uint32_t seq) {
+  if (!seq || seq == (uint32_t)(number + 1) || !comm->has_id) return;
+  comm->has_id = 0;
+  fprintf(stderr, "ccs WARN rank %d: libccs numbered a collective #%llu, ccsd #%u (low 32 bits): this "
+          "communicator will not be rejoined after a daemon restart\n", comm->rank,
+          (unsigned long long)number + 1, seq);
+}
+
 void ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count,
-                       ccs_result_t status) {
+                       ccs_result_t status, uint32_t seq) {
   pthread_mutex_lock(&mu);
   struct ccs__chan *ch = &comm->chans[chan];
+  if (status == CCS_OK && count == 1 && ch->peer < 0) check_number(comm, first, seq);
   if (status == CCS_OK || status == CCS_ERR_MISMATCH) answered(comm, chan, first + count - 1);
   /* to repeat: the daemon dropped it and every later call of the channel,
    * which take their numbers again from it, whatever order their answers
@@ -192,25 +206,12 @@ void ccs__call_keyed(struct ccs__call *call, uint64_t key) {
   pthread_mutex_unlock(&mu);
 }
 
-/* Under mu: a finished call of one collective against the daemon's count
- * of them (the journal's). Where they differ, a restart's verdicts would
- * give this rank's calls the wrong ones: the comm is not rejoined. */
-static void check_number(struct ccs__call *call) {
-  const struct ccs__call_op *op = &call->op[0];
-  if (call->n != 1 || !call->keyed || !call->conn || !call->conn->journal ||
-      op->comm->chans[op->chan].peer >= 0)
-    return;
-  uint32_t seq = ccs__journal_seq(call->conn->journal, call->key);
-  if (!seq || seq == (uint32_t)(op->number + 1) || !op->comm->has_id) return;
-  op->comm->has_id = 0;
-  fprintf(stderr, "ccs WARN rank %d: libccs numbered a collective #%llu, ccsd #%u (low 32 bits): this "
-          "communicator will not be rejoined after a daemon restart\n", op->comm->rank,
-          (unsigned long long)op->number + 1, seq);
-}
-
 void ccs__call_answered(struct ccs__call *call, ccs_result_t status) {
   pthread_mutex_lock(&mu);
-  if (status == CCS_OK) check_number(call);
+  const struct ccs__call_op *op = &call->op[0];
+  if (status == CCS_OK && call->n == 1 && call->keyed && call->conn && call->conn->journal &&
+      op->comm->chans[op->chan].peer < 0) /* one collective: the daemon numbered it too */
+    check_number(op->comm, op->number, ccs__journal_seq(call->conn->journal, call->key));
   int ran = status == CCS_OK || status == CCS_ERR_MISMATCH; /* a mismatch took its number too */
   for (size_t i = call->n; i-- > 0;) { /* (backwards: numbers given back last first) */
     ccs_comm_t *comm = call->op[i].comm;

@@ -71,6 +71,7 @@ struct ccs__ring {
   int guard_stop;  /* an eventfd that ends the guard thread; -1: none runs */
   pid_t guard_pid; /* the process that started it */
   pthread_t guard;
+  struct ccs__journal *journal; /* the connection's (restart.c), or NULL: its op numbers */
 };
 
 static uint64_t now_ns(void) {
@@ -147,6 +148,18 @@ void ccs__ring_open(struct ccs__conn *c) {
   c->ring = r;
 }
 
+void ccs__ring_journal(struct ccs__conn *c) {
+  if (c->ring) c->ring->journal = c->journal;
+}
+
+/* Under r->mu: the daemon's number for slot's finished call of one
+ * collective (the journal's), 0: none. */
+static uint32_t seq_of(const struct ccs__ring *r, uint32_t slot) {
+  const struct call *call = &r->calls[slot];
+  if (!r->journal || call->status != CCS_OK || call->nops != 1) return 0;
+  return ccs__journal_seq(r->journal, ccs__journal_key(call->gen * CCS__RING_ENTRIES + slot, 1));
+}
+
 int ccs__ring_takes(const struct ccs__conn *c, size_t nops) {
   return c->ring && nops <= CCS__RING_BATCH_MAX;
 }
@@ -178,7 +191,7 @@ static void stream_call_done(struct ccs__ring *r, uint32_t slot) {
   }
   if (call->comm) {
     call->comm->inflight--;
-    ccs__chan_settled(call->comm, 0, call->number, call->nops, call->status);
+    ccs__chan_settled(call->comm, 0, call->number, call->nops, call->status, seq_of(r, slot));
     if (call->status != CCS_OK) ccs__comm_failed(call->comm, call->status, text);
   }
   slot_free(r, slot);
@@ -224,7 +237,7 @@ static void device_call_done(struct ccs__ring *r, uint32_t slot) {
   struct call *call = &r->calls[slot];
   if (call->comm) {
     call->comm->inflight--;
-    ccs__chan_settled(call->comm, 0, call->number, call->nops, call->status);
+    ccs__chan_settled(call->comm, 0, call->number, call->nops, call->status, seq_of(r, slot));
     if (call->status != CCS_OK) { /* nobody saw the call fail: every failure is the comm's */
       ccs__comm_failed(call->comm, call->status, call->text ? call->text : ccs_strerror(call->status));
       if (call->comm->async_error == CCS_OK) call->comm->async_error = call->status;
@@ -690,7 +703,7 @@ void ccs__ring_unclaim(struct ccs__conn *c, const struct ccs__ring_claim *k, int
     let_go(r, k->slot);
     if (!queued) atomic_store(&r->sh->flags.passed[k->slot], k->gen); /* no stream write to wait for */
     if (call->comm) call->comm->inflight--;
-    if (call->comm) ccs__chan_settled(call->comm, 0, call->number, call->nops, CCS_ERR_INVALID_USAGE); /* never out */
+    if (call->comm) ccs__chan_settled(call->comm, 0, call->number, call->nops, CCS_ERR_INVALID_USAGE, 0); /* never out */
     device_slot_free(r, k->slot);
   }
   pthread_mutex_unlock(&r->mu);

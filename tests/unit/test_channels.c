@@ -33,10 +33,10 @@ static void test_ran(void **state) {
   (void)state;
   numbered(5, 5);
   assert_int_equal(ccs__chan_take(&comm, 0, 2), 5);
-  ccs__chan_settled(&comm, 0, 5, 2, CCS_OK);
+  ccs__chan_settled(&comm, 0, 5, 2, CCS_OK, 0);
   assert_int_equal(chan.next, 7);
   assert_int_equal(chan.done, 7);
-  ccs__chan_settled(&comm, 0, 7, 1, CCS_ERR_MISMATCH); /* a mismatch took its number */
+  ccs__chan_settled(&comm, 0, 7, 1, CCS_ERR_MISMATCH, 0); /* a mismatch took its number */
   assert_int_equal(chan.done, 8);
   assert_int_equal(comm.has_id, 0);
   comm.has_id = 1;
@@ -47,9 +47,9 @@ static void test_refused(void **state) {
   numbered(5, 5);
   ccs__chan_take(&comm, 0, 1);
   ccs__chan_take(&comm, 0, 1);
-  ccs__chan_settled(&comm, 0, 5, 1, CCS_ERR_INVALID_USAGE); /* not the last: kept */
+  ccs__chan_settled(&comm, 0, 5, 1, CCS_ERR_INVALID_USAGE, 0); /* not the last: kept */
   assert_int_equal(chan.next, 7);
-  ccs__chan_settled(&comm, 0, 6, 1, CCS_ERR_QUOTA); /* the last: given back */
+  ccs__chan_settled(&comm, 0, 6, 1, CCS_ERR_QUOTA, 0); /* the last: given back */
   assert_int_equal(chan.next, 6);
   assert_int_equal(chan.done, 5);
 }
@@ -64,7 +64,7 @@ static void test_retry_any_order(void **state) {
     for (int i = 0; i < 3; i++) ccs__chan_take(&comm, 0, count[i]);
     for (int i = 0; i < 3; i++) {
       int k = orders[o][i];
-      ccs__chan_settled(&comm, 0, first[k], count[k], CCS_ERR_RETRY);
+      ccs__chan_settled(&comm, 0, first[k], count[k], CCS_ERR_RETRY, 0);
     }
     assert_int_equal(chan.next, 5);
     assert_int_equal(chan.done, 5);
@@ -77,10 +77,10 @@ static void test_retry_after_ran(void **state) {
   (void)state;
   numbered(5, 5);
   for (int i = 0; i < 4; i++) ccs__chan_take(&comm, 0, 1);
-  ccs__chan_settled(&comm, 0, 8, 1, CCS_ERR_RETRY);
-  ccs__chan_settled(&comm, 0, 5, 1, CCS_OK);
-  ccs__chan_settled(&comm, 0, 7, 1, CCS_ERR_RETRY);
-  ccs__chan_settled(&comm, 0, 6, 1, CCS_OK);
+  ccs__chan_settled(&comm, 0, 8, 1, CCS_ERR_RETRY, 0);
+  ccs__chan_settled(&comm, 0, 5, 1, CCS_OK, 0);
+  ccs__chan_settled(&comm, 0, 7, 1, CCS_ERR_RETRY, 0);
+  ccs__chan_settled(&comm, 0, 6, 1, CCS_OK, 0);
   assert_int_equal(chan.next, 7);
   assert_int_equal(chan.done, 7);
 }
