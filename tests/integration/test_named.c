@@ -177,10 +177,21 @@ static void test_launchers(void **state) {
   assert_non_null(strstr(ccs_comm_last_error(NULL), "no launcher's rank"));
 }
 
+/* Until d holds a comm (some) or none (!some); 0, or -1 after 60 s. */
+static int wait_for_comms(const struct test_daemon *d, int some) {
+  for (double until = test_now() + 60; test_now() < until; usleep(1000)) {
+    Ccs__StatsReply *st = raw_stats(d->socket);
+    int there = st && st->comms >= 1;
+    if (st) ccs__stats_reply__free_unpacked(st, NULL);
+    if (st && there == some) return 0;
+  }
+  return -1;
+}
+static void wait_for_a_comm(const struct test_daemon *d) { (void)wait_for_comms(d, 1); }
+
 /* A first job holds the name (3 ranks; `want` of them join before the
  * second speaks); a second job's ranks of the same name are refused, each
  * saying why; the first job's comm is untouched and works. */
-static void wait_for_a_comm(const struct test_daemon *d);
 static int first_job(int rank, int n, void *arg) {
   if (rank >= sh->want)
     while (!__atomic_load_n(&sh->done, __ATOMIC_SEQ_CST)) usleep(1000);
@@ -194,18 +205,6 @@ static int first_job(int rank, int n, void *arg) {
   int bad = check(comm, 4);
   return ccs_comm_destroy(comm) != CCS_OK || bad;
 }
-
-/* Until d holds a comm (some) or none (!some); 0, or -1 after 60 s. */
-static int wait_for_comms(const struct test_daemon *d, int some) {
-  for (double until = test_now() + 60; test_now() < until; usleep(1000)) {
-    Ccs__StatsReply *st = raw_stats(d->socket);
-    int there = st && st->comms >= 1;
-    if (st) ccs__stats_reply__free_unpacked(st, NULL);
-    if (st && there == some) return 0;
-  }
-  return -1;
-}
-static void wait_for_a_comm(const struct test_daemon *d) { (void)wait_for_comms(d, 1); }
 
 /* rank 0 asks for the first job's size, rank 1 for another */
 static int second_job(int rank, void *arg) {
@@ -393,6 +392,6 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_other_user_same_name, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rank_never_comes, setup_short, teardown),
   };
-  if (getenv("CCS_TEST_ONLY")) cmocka_set_test_filter(getenv("CCS_TEST_ONLY")); /* one test, by name */
+  TEST_ONLY_FROM_ENV();
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1066,6 +1066,6 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_sent_ahead, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
   };
-  if (getenv("CCS_TEST_ONLY")) cmocka_set_test_filter(getenv("CCS_TEST_ONLY")); /* one test, by name */
+  TEST_ONLY_FROM_ENV();
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -98,4 +98,11 @@ static inline uint64_t test_mix(uint64_t a, uint64_t b) {
 
 double test_now(void);
 
+/* In a cmocka test's main, before running: CCS_TEST_ONLY=NAME (a glob)
+ * runs only the tests of that name. */
+#define TEST_ONLY_FROM_ENV()                                                   \
+  do {                                                                         \
+    if (getenv("CCS_TEST_ONLY")) cmocka_set_test_filter(getenv("CCS_TEST_ONLY")); \
+  } while (0)
+
 #endif
