@@ -276,9 +276,13 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   for (size_t i = 0; i < n; i++) {
     struct ccs__conn *ci = ccs__comm_conn(ops[i].comm);
     ccs__conn_put(ci);
-    if (ci != c && c->broken) { /* the daemon went since c was looked up: its keeper moved the comm */
-      *again = MOVED;
-      return fail(ops[i].comm, CCS_ERR_DAEMON_UNAVAILABLE, "%s", "the connection to ccsd closed");
+    if (ci != c) { /* the daemon went since c was looked up: its keeper moved the comms */
+      struct ccs__conn *now = ccs__comm_conn(ops[0].comm);
+      ccs__conn_put(now);
+      if (now != c) {
+        *again = MOVED;
+        return fail(ops[i].comm, CCS_ERR_DAEMON_UNAVAILABLE, "%s", "the connection to ccsd closed");
+      }
     }
     if (ci != c)
       return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
@@ -316,14 +320,11 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   /* the order of a stream, and of a comm whose streams' calls run: what
    * does not follow them through the rings waits for them */
   if (hs && (!async || (hs->inflight && hs->comm != ops[0].comm))) ccs__host_stream_drain(hs);
-  /* after a call of the stream the caller must repeat, none goes out of
-   * its order: each is repeated after it (every rank's alike) */
-  if (hs && atomic_load(&hs->to_repeat)) {
-    atomic_fetch_add(&hs->to_repeat, 1);
-    return fail(ops[0].comm, CCS_ERR_RETRY, "%s", "not made: an earlier call of this host stream must "
-                "be repeated (ccsd restarted under it); ccs_stream_synchronize, then repeat the "
-                "stream's last ccs_stream_repeat_count calls");
+  if (hs && async && hs->inflight && c->ring) { /* the answers there first: one may be a repeat */
+    uint32_t none = 0;
+    ccs__ring_wait_idle(c, &none);
   }
+  if (hs && (rc = ccs__host_stream_refuse(hs, ops[0].comm)) != CCS_OK) return rc;
   for (size_t i = 0; i < n && !async && !flagged; i++)
     if (ops[i].comm->inflight && (rc = ccs__ring_wait_idle(c, &ops[i].comm->inflight)) != CCS_OK) {
       if (ccs__conn_moving(c)) *again = MOVED;

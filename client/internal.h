@@ -166,6 +166,10 @@ struct ccs__host_stream {
 };
 /* The host stream s is, or NULL (a CUDA stream, or nothing). */
 struct ccs__host_stream *ccs__host_stream_of(const void *s);
+/* After a call of s the caller must repeat, none goes out of its order:
+ * CCS_ERR_RETRY (the call counted among those to repeat, its text in
+ * comm's last error), else CCS_OK. */
+ccs_result_t ccs__host_stream_refuse(struct ccs__host_stream *s, ccs_comm_t *comm);
 /* Until s has no call in flight; CCS_OK, or the connection's failure. */
 ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s);
 /* The connection c is freed: its streams' calls will never be answered. */

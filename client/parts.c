@@ -227,11 +227,13 @@ static ccs_result_t submit_whole(const struct op *o) {
 ccs_result_t ccs__submit_in_parts(const struct op *o) {
   /* what a host stream has in flight goes first, as for any staged call */
   if (o->host_stream) ccs__host_stream_drain(o->host_stream);
+  ccs_result_t rc = o->host_stream ? ccs__host_stream_refuse(o->host_stream, o->comm) : CCS_OK;
+  if (rc != CCS_OK) return rc;
   struct cut k = {.o = o, .es = ccs_dtype_size(o->dtype), .pn = part_count(o)};
   k.nparts = (o->count + k.pn - 1) / k.pn;
   k.send_blocks = o->send_len / (o->count * k.es);
   k.recv_blocks = o->recv_len / (o->count * k.es);
-  ccs_result_t rc = parts_of(o->comm, part_bytes(), &k.p);
+  rc = parts_of(o->comm, part_bytes(), &k.p);
   if (rc != CCS_OK) return submit_whole(o); /* no slots (a quota, say) */
   uint64_t from = 0, failed = 0;
   for (int repeats = 0;; repeats++) {

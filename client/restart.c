@@ -345,6 +345,12 @@ static int build_report(struct ccs__conn *c, ccs_comm_t *comm, struct report *r)
     if (!(state & CCS__JOURNAL_FINISHED)) continue;
     for (size_t i = 0; i < call->n; i++)
       if (call->op[i].comm == comm) answered(comm, call->op[i].chan, call->op[i].number);
+    if (call->n == 1 && call->op[0].comm == comm && comm->chans[call->op[0].chan].peer < 0)
+      check_number(comm, call->op[0].number, ccs__journal_seq(c->journal, call->key));
+  }
+  if (!comm->has_id) { /* (the answers read last may have said so) */
+    pthread_mutex_unlock(&mu);
+    return -3;
   }
   size_t nflags = 0;
   for (size_t k = 0; k < comm->nchans; k++) nflags += comm->chans[k].next - comm->chans[k].done;
@@ -473,17 +479,6 @@ static void restart(struct ccs__conn *c) {
   for (size_t i = 0; mine && i < ncomms; i++)
     if (comms[i]->conn == c && comms[i]->async_error == CCS_OK) mine[n++] = comms[i];
   pthread_mutex_unlock(&mu);
-  /* those whose calls' numbers are not known for sure cannot be rejoined */
-  for (size_t i = 0; i < n; i++) {
-    if (mine[i]->has_id) continue;
-    comm_lost(mine[i], CCS_ERR_DAEMON_UNAVAILABLE, "the connection to ccsd closed; the "
-              "communicator cannot be rejoined (its calls' numbers are not known for sure: an answer "
-              "it missed may have been a mismatch): create it again");
-    pthread_mutex_lock(&mu);
-    settle_calls(c, mine[i], CCS_ERR_DAEMON_UNAVAILABLE, mine[i]->last_error);
-    pthread_mutex_unlock(&mu);
-    mine[i--] = mine[--n];
-  }
   struct report *reports = calloc(n ? n : 1, sizeof(*reports));
   Ccs__Request **reqs = calloc(n ? n : 1, sizeof(*reqs));
   Ccs__Reply **replies = calloc(n ? n : 1, sizeof(*replies));
@@ -492,6 +487,15 @@ static void restart(struct ccs__conn *c) {
   size_t asked = 0;
   for (size_t i = 0; reports && reqs && replies && status && texts && i < n; i++) {
     int bad = build_report(c, mine[i], &reports[asked]);
+    if (bad == -3) { /* its calls' numbers are not known for sure */
+      comm_lost(mine[i], CCS_ERR_DAEMON_UNAVAILABLE, "the connection to ccsd closed; the "
+                "communicator cannot be rejoined (its calls' numbers are not known for sure: an "
+                "answer it missed may have been a mismatch): create it again");
+      pthread_mutex_lock(&mu);
+      settle_calls(c, mine[i], CCS_ERR_DAEMON_UNAVAILABLE, mine[i]->last_error);
+      pthread_mutex_unlock(&mu);
+      continue;
+    }
     if (bad) {
       if (bad == -1) comm_lost(mine[i], CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
       else comm_lost(mine[i], CCS_ERR_DAEMON_UNAVAILABLE, "the connection to ccsd closed with calls "

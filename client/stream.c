@@ -55,6 +55,16 @@ ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s) {
   return rc;
 }
 
+ccs_result_t ccs__host_stream_refuse(struct ccs__host_stream *s, ccs_comm_t *comm) {
+  if (!atomic_load(&s->to_repeat)) return CCS_OK;
+  atomic_fetch_add(&s->to_repeat, 1);
+  ccs__set_error("not made: an earlier call of this host stream must be repeated (ccsd restarted "
+                 "under it); ccs_stream_synchronize, then repeat the stream's last "
+                 "ccs_stream_repeat_count calls");
+  snprintf(comm->last_error, sizeof(comm->last_error), "%s", ccs__error());
+  return CCS_ERR_RETRY;
+}
+
 void ccs__host_streams_conn_gone(struct ccs__conn *c) {
   pthread_mutex_lock(&registry_mu);
   for (struct ccs__host_stream *s = registry; s; s = s->next) {
@@ -103,7 +113,13 @@ CCS__API ccs_result_t ccs_stream_synchronize(ccs_stream_t stream) {
   if (rc != CCS_OK) ccs__set_error("%s", s->error_text);
   s->error = CCS_OK; /* reported once */
   s->repeat_count = atomic_exchange(&s->to_repeat, 0);
-  if (rc != CCS_ERR_RETRY) s->repeat_count = 0;
+  if (s->repeat_count && rc != CCS_ERR_RETRY) { /* an earlier call failed otherwise: the repeat said too */
+    char first[CCS__ERROR_TEXT_MAX];
+    snprintf(first, sizeof(first), "%s", ccs__error());
+    ccs__set_error("ccsd restarted under this stream's calls: repeat its last %u (an earlier call "
+                   "failed too: %s: %.300s)", s->repeat_count, ccs_result_name(rc), first);
+    rc = CCS_ERR_RETRY;
+  }
   return rc;
 }
 

@@ -206,13 +206,14 @@ ccs_result_t ccs_barrier(ccs_comm_t *comm);
  * (staged buffers: see ccs_mem_alloc; sends and receives; CCS_RING=0)
  * wait for the stream and complete before returning. ccs_comm_destroy
  * waits for its comm's calls; ccs_stream_destroy for the stream's.
- * CCS_ERR_RETRY from synchronize: ccsd restarted before some of the calls
- * finished (every rank that made them gets it). The calls made since the previous
- * synchronize that must be repeated are the last ccs_stream_repeat_count
- * of them, in their order (their outputs are undefined: restore the
- * inputs of in-place ones); those before them finished. Once a call must
- * be repeated, the stream's later calls are not made (they return
- * CCS_ERR_RETRY, and are counted) until synchronize. */
+ * CCS_ERR_RETRY from synchronize: a daemon of the comm restarted before
+ * some of the calls finished (every rank that made them gets it). The
+ * calls made since the previous synchronize that must be repeated are the
+ * last ccs_stream_repeat_count of them, in their order (their outputs are
+ * undefined: restore the inputs of in-place ones); those before them
+ * finished, or failed otherwise (the text says how). Once libccs has the
+ * word that a call must be repeated, the stream's later calls are not made
+ * (they return CCS_ERR_RETRY, and are counted) until synchronize. */
 ccs_result_t ccs_stream_create(ccs_stream_t *stream);
 ccs_result_t ccs_stream_synchronize(ccs_stream_t stream);
 /* After synchronize returned CCS_ERR_RETRY: how many of the stream's last

@@ -416,16 +416,23 @@ static void test_killed_before_resubmit(void **state) {
  * rank: they repeat y alone (ccs_stream_repeat_count 1), the last rank
  * makes its y as any call. Else it goes as x starts: every rank repeats
  * both, the last rank's y not made (CCS_ERR_RETRY, counted) since its x
- * must be repeated first. */
+ * must be repeated first. With y staged (malloc'ed, in 13 parts: it waits
+ * for the stream and goes in parts of its own) likewise, but in the first
+ * case it rides the restart inside like any staged call: nobody repeats. */
+struct late_second {
+  int first_done, staged_y;
+};
 static int late_second_rank(int rank, int n, void *arg) {
-  int first_done = *(int *)arg, late = rank == n - 1, bad = 0;
+  const struct late_second *how = arg;
+  int first_done = how->first_done, late = rank == n - 1, bad = 0;
   ccs_comm_t *comm;
   ccs_stream_t s;
-  int64_t *x, *y;
+  int64_t *x, *y = how->staged_y ? malloc(sizeof(int64_t) * COUNT) : NULL;
   if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK || ccs_stream_create(&s) != CCS_OK ||
       ccs_mem_alloc((void **)&x, sizeof(int64_t) * COUNT) != CCS_OK ||
-      ccs_mem_alloc((void **)&y, sizeof(int64_t) * COUNT) != CCS_OK)
+      (!y && ccs_mem_alloc((void **)&y, sizeof(int64_t) * COUNT) != CCS_OK))
     return 10;
+  if (how->staged_y) setenv("CCS_STAGED_PART_BYTES", "65536", 1);
   int repeat = 2;
   for (int tries = 0; tries < 4; tries++) {
     if (repeat >= 2) {
@@ -456,13 +463,16 @@ static int late_second_rank(int rank, int n, void *arg) {
   bad |= check("host stream x", rank, 0, x, COUNT, sum_of, n);
   bad |= check("host stream y", rank, 1, y, COUNT, sum_of, n);
   ccs_stream_destroy(s);
-  ccs_mem_free(x), ccs_mem_free(y);
+  ccs_mem_free(x);
+  if (how->staged_y) free(y);
+  else ccs_mem_free(y);
   bad |= ccs_comm_destroy(comm) != CCS_OK;
   return bad;
 }
 
-static void late_second(int first_done) {
+static void late_second(int first_done, int staged_y) {
   const int n = 3;
+  struct late_second how = {first_done, staged_y};
   fresh_round(1);
   sh->hold = 1;
   if (!first_done) setenv("CCSD_FAILPOINT", "started:1", 1); /* as x starts */
@@ -470,7 +480,7 @@ static void late_second(int first_done) {
   unsetenv("CCSD_FAILPOINT");
   test_new_id(&sh->id[0]);
   pid_t ranks = fork();
-  if (ranks == 0) _exit(test_run_ranks(n, late_second_rank, &first_done, 120, NULL));
+  if (ranks == 0) _exit(test_run_ranks(n, late_second_rank, &how, 120, NULL));
   wait_at_hold(1);
   if (first_done) {
     wait_for_call(&dmn); /* the others' y */
@@ -490,13 +500,15 @@ static void late_second(int first_done) {
   assert_true(WIFEXITED(status));
   assert_int_equal(WEXITSTATUS(status), 0);
   for (int r = 0; r < n; r++) /* who repeated what */
-    assert_int_equal(sh->retried[r], first_done ? (r == n - 1 ? 0 : 1) : 2);
+    assert_int_equal(sh->retried[r], !first_done ? 2 : staged_y || r == n - 1 ? 0 : 1);
 }
 
 static void test_host_stream_late_second(void **state) {
   (void)state;
-  late_second(0);
-  late_second(1);
+  late_second(0, 0);
+  late_second(1, 0);
+  late_second(0, 1);
+  late_second(1, 1);
 }
 
 /* No daemon comes back: the calls fail once CCS_RECONNECT_TIMEOUT passed. */

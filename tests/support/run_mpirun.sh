@@ -15,11 +15,17 @@ export CCS_SOCKET=$dir/ccsd.sock OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT
 run() {
   mpirun --oversubscribe --bind-to none -np "$1" -x CCS_SOCKET "$2" "${@:3}" -c 1 -n 3 -w 1 -J "$dir/$1.json"
 }
-run 4 "$2" all_reduce -b 8 -e 16M -f 16 > "$dir/a.txt" &
+run 4 "$2" all_reduce -b 8 -e 16M -f 16 > "$dir/a.txt" 2>&1 &
 a=$!
-run 3 "$2" all_gather -b 8 -e 1M -f 16 > "$dir/b.txt" # another job meanwhile: another comm
-wait "$a"
+sa=0 sb=0
+run 3 "$2" all_gather -b 8 -e 1M -f 16 > "$dir/b.txt" 2>&1 || sb=$? # another job meanwhile: another comm
+wait "$a" || sa=$?
 cat "$dir/a.txt" "$dir/b.txt"
+if ((sa || sb)); then
+  echo "mpirun exited $sa (4 ranks) and $sb (3 ranks); the daemon's log:"
+  tail -n 20 "$dir/log"
+  exit 1
+fi
 for f in a b; do
   grep -q "# Out of bounds values : 0 OK" "$dir/$f.txt" || { echo "job $f: wrong elements"; exit 1; }
 done
