@@ -7,7 +7,8 @@
 # DAEMONS > 1 the ranks take turns among that many daemons on this machine
 # (rank r on daemon r % DAEMONS, talking over loopback TCP), and each death
 # strikes one of them at random while the others hold the job's comms for
-# it (peer_restart_grace), at least 1.2 s after the one before.
+# it (peer_restart_grace), at least 1.2 s after the one before. With one
+# daemon, a quarter of the deaths come as the ranks rejoin after the last.
 # Reports the calls that ended right, were repeated after CCS_ERR_RETRY or
 # failed, the wrong elements (must be 0) and the hangs (must be 0); exits 1
 # otherwise.
@@ -74,8 +75,11 @@ setsid env CCS_CHAOS_SOCKETS="$sockets" "${root[@]}" "$build/tests/chaos_ranks" 
 job=$!
 kills=0 terms=0
 for _ in $(seq "$rounds"); do
-  # across daemons, one at a time: the last one back and its comms settled first
-  sleep "$(awk -v r=$RANDOM -v n="$ndaemons" 'BEGIN { printf "%.2f", (n > 1 ? 1.2 : 0.3) + r / 32767 * 1.2 }')"
+  # across daemons, one at a time: the last one back and its comms settled
+  # first; one daemon, a quarter of the deaths soon after the last (0.3 s:
+  # the unit's restart), as its ranks rejoin and resubmit
+  sleep "$(awk -v r=$RANDOM -v q=$((RANDOM % 4)) -v n="$ndaemons" 'BEGIN {
+    printf "%.2f", (n > 1 ? 1.2 + r / 32767 * 1.2 : q ? 0.3 + r / 32767 * 1.2 : 0.3 + r / 32767 * 0.2) }')"
   unit=${units[$((RANDOM % ndaemons))]}
   deaths=${CHAOS_DEATHS:-both}
   if [ "$deaths" = kill ] || { [ "$deaths" != term ] && ((RANDOM % 2)); }; then kill -USR1 "$unit"; kills=$((kills + 1)); else kill -USR2 "$unit"; terms=$((terms + 1)); fi
