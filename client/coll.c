@@ -276,17 +276,14 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   for (size_t i = 0; i < n; i++) {
     struct ccs__conn *ci = ccs__comm_conn(ops[i].comm);
     ccs__conn_put(ci);
-    if (ci != c) { /* the daemon went since c was looked up: its keeper moved the comms */
+    if (ci != c) { /* moved by a keeper since c was looked up, or a mixed group */
       struct ccs__conn *now = ccs__comm_conn(ops[0].comm);
       ccs__conn_put(now);
-      if (now != c) {
-        *again = MOVED;
-        return fail(ops[i].comm, CCS_ERR_DAEMON_UNAVAILABLE, "%s", "the connection to ccsd closed");
-      }
+      if (now != c) *again = MOVED;
+      return now != c ? fail(ops[i].comm, CCS_ERR_DAEMON_UNAVAILABLE, "%s", "the connection to ccsd closed")
+                      : fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
+                             "a group mixes communicators of different daemon connections");
     }
-    if (ci != c)
-      return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",
-                  "a group mixes communicators of different daemon connections");
     if (ops[i].device != device || ops[i].stream != ops[0].stream ||
         ops[i].host_stream != ops[0].host_stream)
       return fail(ops[i].comm, CCS_ERR_INVALID_USAGE, "%s",

@@ -206,12 +206,17 @@ void ccs__call_keyed(struct ccs__call *call, uint64_t key) {
   pthread_mutex_unlock(&mu);
 }
 
+/* Under mu: a finished call listed on c, if one collective (the daemon
+ * numbered it too), checked against the journal's number. */
+static void check_call_number(const struct ccs__call *call, const struct ccs__conn *c) {
+  const struct ccs__call_op *op = &call->op[0];
+  if (call->n == 1 && call->keyed && c && c->journal && op->comm->chans[op->chan].peer < 0)
+    check_number(op->comm, op->number, ccs__journal_seq(c->journal, call->key));
+}
+
 void ccs__call_answered(struct ccs__call *call, ccs_result_t status) {
   pthread_mutex_lock(&mu);
-  const struct ccs__call_op *op = &call->op[0];
-  if (status == CCS_OK && call->n == 1 && call->keyed && call->conn && call->conn->journal &&
-      op->comm->chans[op->chan].peer < 0) /* one collective: the daemon numbered it too */
-    check_number(op->comm, op->number, ccs__journal_seq(call->conn->journal, call->key));
+  if (status == CCS_OK) check_call_number(call, call->conn);
   int ran = status == CCS_OK || status == CCS_ERR_MISMATCH; /* a mismatch took its number too */
   for (size_t i = call->n; i-- > 0;) { /* (backwards: numbers given back last first) */
     ccs_comm_t *comm = call->op[i].comm;
@@ -345,8 +350,7 @@ static int build_report(struct ccs__conn *c, ccs_comm_t *comm, struct report *r)
     if (!(state & CCS__JOURNAL_FINISHED)) continue;
     for (size_t i = 0; i < call->n; i++)
       if (call->op[i].comm == comm) answered(comm, call->op[i].chan, call->op[i].number);
-    if (call->n == 1 && call->op[0].comm == comm && comm->chans[call->op[0].chan].peer < 0)
-      check_number(comm, call->op[0].number, ccs__journal_seq(c->journal, call->key));
+    if (call->op[0].comm == comm) check_call_number(call, c);
   }
   if (!comm->has_id) { /* (the answers read last may have said so) */
     pthread_mutex_unlock(&mu);

@@ -274,6 +274,14 @@ static void fresh_round(int failpoint) {
   memset(sh->failed, 0, sizeof(sh->failed));
 }
 
+/* Until dmn killed itself at its failpoint (30 s at most), reaped. */
+static void failpoint_reached(void) {
+  double until = test_now() + 30;
+  while (test_daemon_alive(&dmn) && test_now() < until) usleep(2000);
+  assert_false(test_daemon_alive(&dmn));
+  test_daemon_kill(&dmn);
+}
+
 static int dmn_again(void) { return test_daemon_restart(&dmn, NULL); }
 static void dmn_stop(void) { assert_int_equal(test_daemon_stop(&dmn), 0); }
 
@@ -384,10 +392,7 @@ static void test_killed_before_resubmit(void **state) {
   assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
   unsetenv("CCSD_FAILPOINT");
   __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
-  double until = test_now() + 30;
-  while (test_daemon_alive(&dmn) && test_now() < until) usleep(2000);
-  assert_false(test_daemon_alive(&dmn));
-  test_daemon_kill(&dmn);
+  failpoint_reached();
   assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
   wait_at(&sh->at_hold2, n);
   wait_for_call(&dmn);
@@ -486,10 +491,7 @@ static void late_second(int first_done, int staged_y) {
     wait_for_call(&dmn); /* the others' y */
     test_daemon_kill(&dmn);
   } else {
-    double until = test_now() + 30;
-    while (test_daemon_alive(&dmn) && test_now() < until) usleep(2000);
-    assert_false(test_daemon_alive(&dmn));
-    test_daemon_kill(&dmn);
+    failpoint_reached();
   }
   usleep(100000);
   assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
