@@ -363,6 +363,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
     m->redop = (uint32_t)o->redop;
     m->root = o->root;
     m->whole_count = o->whole_count;
+    if (call && o->kind != CCS__SEND && o->kind != CCS__RECV) m->number = (uint32_t)(numbers[i] + 1);
     if (o->send_len) {
       ccs__buf_ref__init(&refs[2 * i]);
       fill_ref(&refs[2 * i], o, o->send, o->send_len, o->send_id, o->send_off, st);

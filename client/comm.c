@@ -223,6 +223,7 @@ static ccs_result_t comm_leave(ccs_comm_t *comm, int abort) {
   /* its streams' calls first (an abort lets them end as they will) */
   if (!abort && comm->inflight) ccs__ring_wait_idle(comm->conn, &comm->inflight);
   ccs__ring_forget_comm(comm->conn, comm);
+  ccs__host_streams_forget_comm(comm);
   if (!comm->conn->broken) {
     Ccs__Request req = CCS__REQUEST__INIT;
     Ccs__CommDestroy d = CCS__COMM_DESTROY__INIT;

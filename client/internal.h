@@ -163,13 +163,22 @@ struct ccs__host_stream {
    * CCS_ERR_RETRY), the last ones it made; as of that synchronize */
   _Atomic uint32_t to_repeat;
   uint32_t repeat_count;
+  /* the comms of those calls (under the registry's lock): none of their
+   * calls go, on any stream, until this one is synchronized */
+  ccs_comm_t **owes;
+  size_t nowes, owes_cap;
 };
 /* The host stream s is, or NULL (a CUDA stream, or nothing). */
 struct ccs__host_stream *ccs__host_stream_of(const void *s);
-/* After a call of s the caller must repeat, none goes out of its order:
- * CCS_ERR_RETRY (the call counted among those to repeat, its text in
- * comm's last error), else CCS_OK. */
+/* After a call of s the caller must repeat, or one of comm on another
+ * stream, none goes out of its order: CCS_ERR_RETRY (the call counted
+ * among those to repeat, its text in comm's last error), else CCS_OK. */
 ccs_result_t ccs__host_stream_refuse(struct ccs__host_stream *s, ccs_comm_t *comm);
+/* s's call of comm must be repeated (counted in s->to_repeat by the
+ * caller): comm's host-stream calls are refused until s is synchronized. */
+void ccs__host_stream_owes(struct ccs__host_stream *s, ccs_comm_t *comm);
+/* comm is destroyed: no stream owes it any more. */
+void ccs__host_streams_forget_comm(const ccs_comm_t *comm);
 /* Until s has no call in flight; CCS_OK, or the connection's failure. */
 ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s);
 /* The connection c is freed: its streams' calls will never be answered. */
@@ -260,6 +269,7 @@ struct ccs_comm {
   ccs_result_t async_error;
   char last_error[CCS__ERROR_TEXT_MAX];
   uint32_t inflight; /* host streams' calls not yet answered (under the ring's lock) */
+  _Atomic uint32_t owed; /* host streams owing repeats of its calls (stream.c) */
   uint32_t derived;  /* comms split or shrunk from it so far (their names count them) */
   /* what rejoins it after a restart (restart.c): its identity as the
    * daemon gave it, what it was made with, and its channels (under the

@@ -180,7 +180,10 @@ static void stream_call_done(struct ccs__ring *r, uint32_t slot) {
   struct call *call = &r->calls[slot];
   struct ccs__host_stream *s = call->stream;
   const char *text = call->text ? call->text : ccs_strerror(call->status);
-  s->to_repeat += call->status == CCS_ERR_RETRY;
+  if (call->status == CCS_ERR_RETRY) {
+    s->to_repeat++;
+    if (call->comm) ccs__host_stream_owes(s, call->comm);
+  }
   if (call->status != CCS_OK && s->error == CCS_OK) {
     s->error = call->status;
     snprintf(s->error_text, sizeof(s->error_text), "%s", text);
@@ -316,7 +319,7 @@ static void fill(struct ccs__ring_op *e, const Ccs__Op *op, uint64_t req_id, uin
   *e = (struct ccs__ring_op){.req_id = req_id, .index = index, .nops = nops, .comm = op->comm,
                              .kind = op->kind, .dtype = op->dtype, .redop = op->redop,
                              .root = op->root, .count = op->count, .flags = flags,
-                             .order_slot = slot, .order_gen = gen};
+                             .order_slot = slot, .order_gen = gen, .number = op->number};
   if (op->whole_count) { /* (a part: never in a CUDA stream's order) */
     e->flags |= CCS__RING_OP_PART;
     e->order_slot = (uint32_t)op->whole_count;
@@ -384,9 +387,11 @@ static void put(struct ccs__conn *c, uint32_t slot, Ccs__Op *const *ops, size_t 
   struct ccs__ring_shared *sh = r->sh;
   struct call *call = &r->calls[slot];
   uint64_t req_id = call->gen * CCS__RING_ENTRIES + slot;
-  for (size_t i = 0; i < n; i++)
-    fill(&sh->sub[(r->sub_tail + i) % CCS__RING_ENTRIES], ops[i], req_id, (uint32_t)i,
-         (uint32_t)n, flags, slot, (uint32_t)call->gen);
+  for (size_t i = 0; i < n; i++) {
+    struct ccs__ring_op *e = &sh->sub[(r->sub_tail + i) % CCS__RING_ENTRIES];
+    fill(e, ops[i], req_id, (uint32_t)i, (uint32_t)n, flags, slot, (uint32_t)call->gen);
+    if (call->stream || call->device) e->number = (uint32_t)(call->number + i + 1); /* (take_slot) */
+  }
   r->sub_tail += (uint32_t)n;
   atomic_store_explicit(&sh->sub_tail, r->sub_tail, memory_order_seq_cst);
   pthread_mutex_unlock(&r->mu);

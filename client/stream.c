@@ -55,14 +55,61 @@ ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s) {
   return rc;
 }
 
+/* A call of comm on another stream after one to repeat would take the
+ * number the repeat takes at the ranks that did not make it yet, and be
+ * matched with it there: every stream holds back until each stream that
+ * owes comm a repeat is synchronized (and a daemon that dropped the call
+ * refuses one made before its client saw that: front/submit.c). */
 ccs_result_t ccs__host_stream_refuse(struct ccs__host_stream *s, ccs_comm_t *comm) {
-  if (!atomic_load(&s->to_repeat)) return CCS_OK;
+  int mine = atomic_load(&s->to_repeat) != 0;
+  if (!mine && !atomic_load(&comm->owed)) return CCS_OK;
   atomic_fetch_add(&s->to_repeat, 1);
-  ccs__set_error("not made: an earlier call of this host stream must be repeated (ccsd restarted "
-                 "under it); ccs_stream_synchronize, then repeat the stream's last "
-                 "ccs_stream_repeat_count calls");
+  ccs__host_stream_owes(s, comm);
+  if (mine)
+    ccs__set_error("not made: an earlier call of this host stream must be repeated (ccsd restarted "
+                   "under it); ccs_stream_synchronize, then repeat the stream's last "
+                   "ccs_stream_repeat_count calls");
+  else
+    ccs__set_error("not made: an earlier call of this communicator on another host stream must be "
+                   "repeated (ccsd restarted under it); synchronize the streams, then repeat each "
+                   "one's last ccs_stream_repeat_count calls, in their order");
   snprintf(comm->last_error, sizeof(comm->last_error), "%s", ccs__error());
   return CCS_ERR_RETRY;
+}
+
+void ccs__host_stream_owes(struct ccs__host_stream *s, ccs_comm_t *comm) {
+  pthread_mutex_lock(&registry_mu);
+  size_t k = 0;
+  while (k < s->nowes && s->owes[k] != comm) k++;
+  if (k == s->nowes && s->nowes == s->owes_cap) {
+    size_t cap = s->owes_cap ? 2 * s->owes_cap : 2;
+    ccs_comm_t **grown = realloc(s->owes, cap * sizeof(*grown));
+    if (grown) s->owes = grown, s->owes_cap = cap;
+  }
+  int added = k == s->nowes && s->nowes < s->owes_cap;
+  if (added) {
+    s->owes[s->nowes++] = comm;
+    atomic_fetch_add(&comm->owed, 1);
+  }
+  pthread_mutex_unlock(&registry_mu);
+  if (k == s->nowes && !added) { /* its calls could be misnumbered: it ends here */
+    ccs__comm_failed(comm, CCS_ERR_NO_MEMORY, "out of memory noting a host stream's call to repeat");
+    if (comm->async_error == CCS_OK) comm->async_error = CCS_ERR_NO_MEMORY;
+  }
+}
+
+/* Under registry_mu: s owes nothing (synchronized, or destroyed). */
+static void owes_nothing(struct ccs__host_stream *s) {
+  for (size_t k = 0; k < s->nowes; k++) atomic_fetch_sub(&s->owes[k]->owed, 1);
+  s->nowes = 0;
+}
+
+void ccs__host_streams_forget_comm(const ccs_comm_t *comm) {
+  pthread_mutex_lock(&registry_mu);
+  for (struct ccs__host_stream *s = registry; s; s = s->next)
+    for (size_t k = 0; k < s->nowes; k++)
+      if (s->owes[k] == comm) s->owes[k--] = s->owes[--s->nowes];
+  pthread_mutex_unlock(&registry_mu);
 }
 
 void ccs__host_streams_conn_gone(struct ccs__conn *c) {
@@ -112,7 +159,10 @@ CCS__API ccs_result_t ccs_stream_synchronize(ccs_stream_t stream) {
   ccs_result_t rc = s->error;
   if (rc != CCS_OK) ccs__set_error("%s", s->error_text);
   s->error = CCS_OK; /* reported once */
+  pthread_mutex_lock(&registry_mu);
   s->repeat_count = atomic_exchange(&s->to_repeat, 0);
+  owes_nothing(s);
+  pthread_mutex_unlock(&registry_mu);
   if (s->repeat_count && rc != CCS_ERR_RETRY) { /* an earlier call failed otherwise: the repeat said too */
     char first[CCS__ERROR_TEXT_MAX];
     snprintf(first, sizeof(first), "%s", ccs__error());
@@ -155,7 +205,9 @@ CCS__API ccs_result_t ccs_stream_destroy(ccs_stream_t stream) {
   struct ccs__host_stream **at = &registry;
   while (*at != s) at = &(*at)->next;
   *at = s->next;
+  owes_nothing(s);
   pthread_mutex_unlock(&registry_mu);
+  free(s->owes);
   free(s);
   return CCS_OK;
 }

@@ -57,7 +57,7 @@ struct ccs__ring_op {
   uint32_t flags;
   uint32_t order_slot, order_gen; /* CCS__RING_OP_STREAM: the batch's flag pair and value;
                                      CCS__RING_OP_PART: Op.whole_count, low word and high */
-  uint32_t reserved;
+  uint32_t number; /* a collective: ccs.proto's Op.number (0: not given) */
   struct ccs__ring_buf send, recv;
 };
 /* flags: the op runs only after the comm's earlier ops have finished (a

@@ -121,6 +121,11 @@ struct member {
   int remote;                /* served by the daemon at addr */
   char addr[CCSD_ADDR_MAX];
   uint64_t coll_seq;         /* collectives submitted so far */
+  /* after this daemon dropped its collectives for their callers to repeat
+   * (hold.c): the client's number of the first, which its next one must
+   * carry again (one made before the client saw the drop carries a later
+   * one); 0: none */
+  uint32_t repeat_number;
   struct coll_rejoin *rejoin; /* back after a restart: its report, then its verdicts */
 };
 
@@ -234,6 +239,7 @@ struct post {
   uint64_t posted_ns; /* uv_hrtime, for the latency histogram */
   struct gpu_order order; /* its place in the client's CUDA stream (flags NULL: none) */
   int ordered; /* runs after the comm's earlier ops finish (a host stream's op) */
+  uint32_t number; /* a collective: its client's number for it plus one (low 32 bits); 0: none */
   int replied;
   const char *algo; /* the algorithm its op runs with, once launched (sched_algo_name); else NULL */
 };

@@ -587,8 +587,15 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
       struct slot *sl = LIST_ENTRY(it, struct slot, link);
       sl->opened_ms = now; /* its deadline from here */
       if (sl->seq < repeat) continue;
-      for (int i = 0; i < sl->nposted; i++)
-        if (sl->posts[i]->member->coll_seq >= sl->seq) sl->posts[i]->member->coll_seq = sl->seq - 1;
+      for (int i = 0; i < sl->nposted; i++) {
+        struct post *p = sl->posts[i];
+        struct member *pm = p->member;
+        if (pm->coll_seq >= sl->seq) pm->coll_seq = sl->seq - 1;
+        /* its client's next collective must carry this number again, the
+         * lowest dropped (front/submit.c made_before_the_drop) */
+        if (p->number && (!pm->repeat_number || (int32_t)(p->number - pm->repeat_number) < 0))
+          pm->repeat_number = p->number;
+      }
       ccsd_slot_drop(sl, CCS_ERR_RETRY, text);
     }
   LIST_FOREACH_SAFE(it, tmp, &c->p2p) LIST_ENTRY(it, struct post, link)->posted_ms = now;

@@ -200,7 +200,7 @@ static void on_submit(struct session *s, uint64_t id, const Ccs__Submit *m) {
     struct op_buf *bufs[2] = {&ops[i].send, &ops[i].recv};
     ops[i] = (struct op_args){.comm = op->comm, .kind = op->kind, .count = op->count,
                               .dtype = op->dtype, .redop = op->redop, .root = op->root,
-                              .whole_count = op->whole_count};
+                              .whole_count = op->whole_count, .number = op->number};
     for (int k = 0; k < 2; k++)
       if (refs[k]) *bufs[k] = (struct op_buf){refs[k]->buffer, refs[k]->offset, refs[k]->length, 1};
   }

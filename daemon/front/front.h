@@ -408,6 +408,7 @@ struct op_args {
   uint64_t whole_count; /* a part of a call cut in parts: the call's count (ccs.proto) */
   struct op_buf send, recv;
   int ordered; /* after the comm's earlier ops (the rings' CCS__RING_OP_ORDERED) */
+  uint32_t number; /* a collective: the client's number for it (ccs.proto's Op.number) */
 };
 /* Checks the n ops of call `id` and posts them, all or none; the answer
  * goes back the way the call came (via_ring: the completion ring). */

@@ -170,7 +170,7 @@ static void violation(struct ring *r, const char *what) {
 static void to_args(const struct ccs__ring_op *e, struct op_args *a) {
   *a = (struct op_args){.comm = e->comm, .kind = e->kind, .count = e->count, .dtype = e->dtype,
                         .redop = e->redop, .root = e->root,
-                        .ordered = (e->flags & CCS__RING_OP_ORDERED) != 0};
+                        .ordered = (e->flags & CCS__RING_OP_ORDERED) != 0, .number = e->number};
   if (e->flags & CCS__RING_OP_PART) a->whole_count = (uint64_t)e->order_gen << 32 | e->order_slot;
   const struct ccs__ring_buf *bufs[2] = {&e->send, &e->recv};
   struct op_buf *args[2] = {&a->send, &a->recv};

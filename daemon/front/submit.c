@@ -111,6 +111,7 @@ static struct client_post *make_post(struct session *s, const struct op_args *op
   p->send_len = send_len;
   p->recv_len = recv_len;
   p->ordered = op->ordered;
+  p->number = p2p ? 0 : op->number;
   struct membuf *bufs[2] = {cp->sendbuf, cp->recvbuf};
   struct coll_buf *views[2] = {&p->send, &p->recv};
   for (int k = 0; k < 2; k++) {
@@ -131,6 +132,34 @@ static void answer(struct session *s, uint64_t id, int via_ring, ccs_result_t rc
  * stream-ordered call is refused (its stream would order nothing). */
 static int stream_order_fits(const struct client_post *cp) {
   return (!cp->sendbuf || cp->sendbuf->device >= 0) && (!cp->recvbuf || cp->recvbuf->device >= 0);
+}
+
+/* After this daemon dropped a rank's collectives for their callers to
+ * repeat (hold.c), the rank's next one must carry the first's number
+ * again: one its client made before it saw the drop carries a later
+ * number, and taking it would match it with the other ranks' repeat of
+ * the dropped one. Such a call is refused (CCS_ERR_RETRY: its caller
+ * repeats it too); 1 with err. The first collective posted ends the wait,
+ * also one with no number (its client numbers nothing). Only a rank's
+ * first collective in the call is looked at (a group's next ones follow
+ * it). */
+static int made_before_the_drop(struct client_post *const *posts, size_t n, char *err, size_t errlen) {
+  for (size_t i = 0; i < n; i++) {
+    const struct post *p = &posts[i]->post;
+    int coll = p->kind != CCS__SEND && p->kind != CCS__RECV;
+    uint32_t want = p->member->repeat_number;
+    if (!coll || !want || !p->number || p->number == want) continue;
+    int first = 1;
+    for (size_t j = 0; j < i && first; j++)
+      first = posts[j]->post.member != p->member || posts[j]->post.kind == CCS__SEND ||
+              posts[j]->post.kind == CCS__RECV;
+    if (!first) continue;
+    snprintf(err, errlen, "made before this rank saw ccsd drop its collective #%u of this "
+             "communicator for a repeat (a daemon of the communicator restarted): this call is "
+             "#%u; repeat it after that one", want, p->number);
+    return 1;
+  }
+  return 0;
 }
 
 void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size_t n,
@@ -164,12 +193,13 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
       ccsd_gpu_flags_ref(order->flags);
     }
   }
-  struct submission *sub = i == n ? ccsd_submission_new(s, id, (int)n, via_ring) : NULL;
-  if (!sub) { /* op i was refused, or no memory for the submission */
+  int early = i == n && made_before_the_drop(posts, n, err, sizeof(err));
+  struct submission *sub = i == n && !early ? ccsd_submission_new(s, id, (int)n, via_ring) : NULL;
+  if (!sub) { /* op i was refused, the call came early, or no memory for the submission */
     char full[CCS__ERROR_TEXT_MAX + 32];
     if (i < n && n > 1) snprintf(full, sizeof(full), "op %zu of the group: %s", i, err);
-    else snprintf(full, sizeof(full), "%s", i < n ? err : "out of memory");
-    if (i == n) rc = CCS_ERR_NO_MEMORY;
+    else snprintf(full, sizeof(full), "%s", i < n || early ? err : "out of memory");
+    if (i == n) rc = early ? CCS_ERR_RETRY : CCS_ERR_NO_MEMORY;
     while (i-- > 0) ccsd_client_post_free(posts[i]);
     if (posts != stack) free(posts);
     if (order) ccsd_gpu_order_done(order); /* the client's stream goes on: the call had no effect */
@@ -178,6 +208,8 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
   }
   for (i = 0; i < n; i++) {
     posts[i]->sub = sub;
+    if (posts[i]->post.kind != CCS__SEND && posts[i]->post.kind != CCS__RECV)
+      posts[i]->post.member->repeat_number = 0; /* (made_before_the_drop) */
     ccsd_post_submit(&posts[i]->post);
   }
   if (posts != stack) free(posts);

@@ -736,6 +736,95 @@ static void test_nodes_host_stream(void **state) {
   run_nodes(3, 5, "started:6", 0, 1, 0);
 }
 
+/* Two host streams of one comm: x on the first, then, once the second
+ * daemon was killed as x started there, came back, and the first let the
+ * comm go on (dropping x for every rank to repeat), y on the second. y
+ * must not take x's number: at the first daemon, made before its rank read
+ * that x was dropped (the second stream had nothing in flight to look
+ * at), ccsd refuses it; at the second, libccs does (x to repeat). Every
+ * rank then repeats both, in their order. */
+static int two_streams_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  ccs_stream_t s[2];
+  int64_t *xy, one = rank;
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK || ccs_stream_create(&s[0]) != CCS_OK ||
+      ccs_stream_create(&s[1]) != CCS_OK || ccs_mem_alloc((void **)&xy, 2 * COUNT * sizeof(int64_t)) != CCS_OK ||
+      ccs_all_reduce(&one, &one, 1, CCS_INT64, CCS_SUM, comm, NULL) != CCS_OK)
+    return 10;
+  int bad = one != (int64_t)n * (n - 1) / 2;
+  int repeat[2] = {1, 1};
+  ccs_result_t rc[2];
+  for (int tries = 0; tries < 3 && (repeat[0] || repeat[1]); tries++) {
+    for (int k = 0; k < 2; k++) {
+      if (!repeat[k]) continue;
+      for (size_t i = 0; i < COUNT; i++) xy[k * COUNT + i] = value(rank, k, i);
+      if (k == 1 && tries == 0) { /* y: once the first daemon let the comm go on */
+        __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+      }
+      ccs_result_t made = ccs_all_reduce(&xy[k * COUNT], &xy[k * COUNT], COUNT, CCS_INT64, CCS_SUM, comm, s[k]);
+      if (made != CCS_OK && made != CCS_ERR_RETRY) bad = 1;
+    }
+    for (int k = 0; k < 2; k++) {
+      rc[k] = ccs_stream_synchronize(s[k]);
+      repeat[k] = 0;
+      if (rc[k] == CCS_ERR_RETRY && ccs_stream_repeat_count(s[k], &repeat[k]) != CCS_OK) bad = 1;
+      else if (rc[k] != CCS_OK && rc[k] != CCS_ERR_RETRY) bad = 1;
+      if (rc[k] != CCS_OK) fprintf(stderr, "rank %d stream %d: %s: %s\n", rank, k, ccs_result_name(rc[k]), ccs_comm_last_error(comm));
+    }
+    if (bad || repeat[0] != repeat[1] || repeat[0] > 1) {
+      fprintf(stderr, "rank %d: repeat %d and %d\n", rank, repeat[0], repeat[1]);
+      bad = 1;
+      break;
+    }
+    sh->retried[rank] += repeat[0];
+  }
+  bad = bad || check("x", rank, 0, xy, COUNT, sum_of, n) || check("y", rank, 1, xy + COUNT, COUNT, sum_of, n);
+  one = rank;
+  bad |= ccs_all_reduce(&one, &one, 1, CCS_INT64, CCS_SUM, comm, NULL) != CCS_OK || one != (int64_t)n * (n - 1) / 2;
+  ccs_stream_destroy(s[0]);
+  ccs_stream_destroy(s[1]);
+  ccs_mem_free(xy);
+  bad |= ccs_comm_destroy(comm) != CCS_OK;
+  return bad;
+}
+
+/* Until d's comms are (held) or are not (!held) held for a daemon that
+ * went: 30 s at most. */
+static void wait_held(const struct test_daemon *d, int held) {
+  double until = test_now() + 30;
+  for (;;) {
+    char *text = raw_admin(d->socket, "comms");
+    int is = strstr(text, " held") != NULL;
+    free(text);
+    if (is == held) return;
+    assert_true(test_now() < until);
+    usleep(5000);
+  }
+}
+
+static void test_nodes_two_streams(void **state) {
+  (void)state;
+  for (int root = 0; root < 2; root++) {
+    fresh_round(1);
+    sh->hold = 1;
+    start_nodes("started:2", root, "30"); /* the second daemon: the all_reduce before, then x */
+    pid_t ranks = fork();
+    if (ranks == 0) _exit(test_run_ranks(3, two_streams_rank, NULL, 120, NULL));
+    double until = test_now() + 30;
+    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
+    assert_false(test_daemon_alive(&node[1]));
+    test_daemon_kill(&node[1]);
+    wait_held(&node[0], 1);
+    assert_int_equal(second_again(), 0);
+    wait_held(&node[0], 0);
+    wait_at_hold(3);
+    release_and_wait(ranks);
+    for (int r = 0; r < 3; r++) assert_int_equal(sh->retried[r], 1);
+  }
+}
+
 /* The second daemon dies as an op starts there (the first one's part under
  * way): in place on registered memory every rank repeats it; staged, it
  * runs again; a send or a receive across the daemons is made again under
@@ -1074,6 +1163,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_waiting, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_started, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_host_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_two_streams, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_receive_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed, setup, teardown),
