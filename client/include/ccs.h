@@ -212,8 +212,11 @@ ccs_result_t ccs_barrier(ccs_comm_t *comm);
  * last ccs_stream_repeat_count of them, in their order (their outputs are
  * undefined: restore the inputs of in-place ones); those before them
  * finished, or failed otherwise (the text says how). Once libccs has the
- * word that a call must be repeated, the stream's later calls are not made
- * (they return CCS_ERR_RETRY, and are counted) until synchronize. */
+ * word that a call must be repeated, the stream's later calls, and its
+ * comm's calls on any other stream, are not made (they return
+ * CCS_ERR_RETRY, and are counted in their stream) until this stream is
+ * synchronized: synchronize every stream of the comm, then repeat each
+ * one's calls in the order they were first made. */
 ccs_result_t ccs_stream_create(ccs_stream_t *stream);
 ccs_result_t ccs_stream_synchronize(ccs_stream_t stream);
 /* After synchronize returned CCS_ERR_RETRY: how many of the stream's last

@@ -447,6 +447,7 @@ static void draw_op(struct fuzz_input *in, struct client *c, Ccs__Op *op, Ccs__B
   op->root = fuzz_u8(in) % 8 ? (int32_t)(fuzz_u8(in) % 4) : (int32_t)fuzz_u32(in);
   if (fuzz_u8(in) % 4) buf_ref(in, c, op->send = &refs[0]);
   if (fuzz_u8(in) % 4) buf_ref(in, c, op->recv = &refs[1]);
+  op->number = fuzz_u8(in) % 4 ? 0 : fuzz_u32(in);
 }
 
 static void submit(struct fuzz_input *in, struct client *c) {
@@ -516,7 +517,7 @@ static void ring_entry_of(const Ccs__Op *op, uint64_t req_id, uint32_t index, ui
                           struct ccs__ring_op *e) {
   *e = (struct ccs__ring_op){.req_id = req_id, .index = index, .nops = n, .comm = op->comm,
                              .kind = op->kind, .dtype = op->dtype, .redop = op->redop,
-                             .root = op->root, .count = op->count};
+                             .root = op->root, .count = op->count, .number = op->number};
   if (op->send) e->send = (struct ccs__ring_buf){op->send->buffer, op->send->offset, op->send->length};
   if (op->recv) e->recv = (struct ccs__ring_buf){op->recv->buffer, op->recv->offset, op->recv->length};
 }
