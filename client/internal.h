@@ -167,6 +167,7 @@ struct ccs__host_stream {
    * calls go, on any stream, until this one is synchronized */
   ccs_comm_t **owes;
   size_t nowes, owes_cap;
+  int parts; /* a blocking call's parts' own (parts.c, which repeats them itself): owes nothing */
 };
 /* The host stream s is, or NULL (a CUDA stream, or nothing). */
 struct ccs__host_stream *ccs__host_stream_of(const void *s);

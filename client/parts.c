@@ -122,7 +122,8 @@ static ccs_result_t parts_of(ccs_comm_t *comm, size_t bytes, struct ccs__parts *
   p->part_bytes = bytes;
   ccs_result_t rc = CCS_OK;
   for (int s = 0; s < SLOTS && rc == CCS_OK; s++)
-    if ((rc = ccs_mem_alloc(&p->slot[s], 2 * bytes)) == CCS_OK) rc = ccs_stream_create(&p->stream[s]);
+    if ((rc = ccs_mem_alloc(&p->slot[s], 2 * bytes)) == CCS_OK && (rc = ccs_stream_create(&p->stream[s])) == CCS_OK)
+      ((struct ccs__host_stream *)p->stream[s])->parts = 1;
   if (rc != CCS_OK) ccs__parts_free(comm);
   *ret = comm->parts;
   return rc;

@@ -62,7 +62,7 @@ ccs_result_t ccs__host_stream_drain(struct ccs__host_stream *s) {
  * refuses one made before its client saw that: front/submit.c). */
 ccs_result_t ccs__host_stream_refuse(struct ccs__host_stream *s, ccs_comm_t *comm) {
   int mine = atomic_load(&s->to_repeat) != 0;
-  if (!mine && !atomic_load(&comm->owed)) return CCS_OK;
+  if (!mine && (s->parts || !atomic_load(&comm->owed))) return CCS_OK;
   atomic_fetch_add(&s->to_repeat, 1);
   ccs__host_stream_owes(s, comm);
   if (mine)
@@ -78,6 +78,7 @@ ccs_result_t ccs__host_stream_refuse(struct ccs__host_stream *s, ccs_comm_t *com
 }
 
 void ccs__host_stream_owes(struct ccs__host_stream *s, ccs_comm_t *comm) {
+  if (s->parts) return;
   pthread_mutex_lock(&registry_mu);
   size_t k = 0;
   while (k < s->nowes && s->owes[k] != comm) k++;
