@@ -36,22 +36,8 @@ if ((ndaemons > 1)); then
   "$ccsd" --generate-key "$dir/cluster.key" >/dev/null
   # below the kernel's ephemeral range: a daemon that comes back finds its
   # port free, which one of that range may meanwhile be any connection's
-  ports=$(python3 -c "import random, socket
-low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
-first, got = max(1024, low - 12000), []
-while len(got) < $ndaemons:
-    p = random.randrange(first, low)
-    s = socket.socket()
-    try:
-        s.bind(('127.0.0.1', p))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    if p not in got:
-        got.append(p)
-print(*got, sep='\\n')")
-  mapfile -t port <<<"$ports"
+  mapfile -t port < <("$build/tests/test-free-ports" "$ndaemons")
+  ((${#port[@]} == ndaemons)) || { echo "chaos: no $ndaemons free ports" >&2; exit 1; }
 fi
 sockets=
 for k in $(seq 0 $((ndaemons - 1))); do

@@ -45,7 +45,7 @@ matrix_above_only='^test_collectives_(7|[0-9]+_socket|2daemons_3_socket)$'
 # and fault tests again (the matrix at 1-3 ranks), against a TSan-built
 # ccsd that exits on any race.
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCCS_TSAN=ON -DCCS_TESTS=ON >/dev/null
-cmake --build build-tsan -j "$jobs" --target ccsd test_streams test_restart chaos_ranks \
+cmake --build build-tsan -j "$jobs" --target ccsd test_streams test_restart chaos_ranks test-free-ports \
   $(cmake --build build-tsan --target help | grep -o 'test_gpu_standin$' | head -1)
 (cd build && CCSD_PATH="$PWD/../build-tsan/daemon/ccsd" TSAN_OPTIONS="halt_on_error=1 exitcode=66" \
    ctest --output-on-failure -j "$jobs" -L "integration|fault|ops|nodes" -LE netns \
