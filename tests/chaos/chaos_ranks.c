@@ -4,7 +4,8 @@
  * reduce, all_gather, reduce_scatter, all_to_all, gather, scatter, a ring
  * of sends and receives, barrier, two calls on a host stream: after
  * CCS_ERR_RETRY at synchronize, the last ccs_stream_repeat_count of them
- * repeated), sizes
+ * repeated; a call on each of two host streams, the calls to repeat of
+ * each repeated in their order), sizes
  * drawn per round, every element
  * checked against values recomputed here, until the file STOP exists
  * (every rank stops at the same round: they agree on it). A call that
@@ -44,12 +45,15 @@ static int64_t value(int rank, uint64_t round, size_t i) {
 }
 
 struct bufs {
-  int64_t *reg, *in, *out;
+  int64_t *reg, *reg2, *in, *out;
 };
+
+/* The second stream's call of kind 12: its own inputs. */
+static uint64_t second(uint64_t round) { return round | 1ull << 40; }
 
 /* Round `round`'s call of kind k on comm; inputs filled afresh. */
 static ccs_result_t call(int k, ccs_comm_t *comm, int rank, int n, uint64_t round, size_t c,
-                         struct bufs *b, ccs_stream_t stream, uint64_t *retried) {
+                         struct bufs *b, ccs_stream_t *stream, uint64_t *retried) {
   int root = (int)(round % (uint64_t)n);
   size_t all = (size_t)n * c;
   for (size_t i = 0; i < all; i++) b->in[i] = value(rank, round, i);
@@ -71,23 +75,50 @@ static ccs_result_t call(int k, ccs_comm_t *comm, int rank, int n, uint64_t roun
     ccs_recv(b->out, c, CCS_INT64, (rank + n - 1) % n, comm, NULL);
     return ccs_group_end();
   case 10: return ccs_barrier(comm);
+  case 12: /* one call on each of two streams; after CCS_ERR_RETRY, each one's to repeat */
+    for (int again[2] = {1, 1};;) {
+      int64_t *buf[2] = {b->reg, b->reg2};
+      uint64_t of[2] = {round, second(round)};
+      ccs_result_t rc = CCS_OK, s[2];
+      for (int j = 0; j < 2; j++) {
+        if (!again[j]) continue;
+        for (size_t i = 0; i < c; i++) buf[j][i] = value(rank, of[j], i);
+        ccs_result_t made = ccs_all_reduce(buf[j], buf[j], c, CCS_INT64, CCS_SUM, comm, stream[j]);
+        if (made != CCS_OK && made != CCS_ERR_RETRY && rc == CCS_OK) rc = made;
+      }
+      for (int j = 0; j < 2; j++) {
+        s[j] = ccs_stream_synchronize(stream[j]);
+        again[j] = 0;
+        if (s[j] == CCS_ERR_RETRY && ccs_stream_repeat_count(stream[j], &again[j]) != CCS_OK) again[j] = -1;
+      }
+      if (rc != CCS_OK) return rc;
+      if (s[0] != CCS_ERR_RETRY && s[1] != CCS_ERR_RETRY) return s[0] != CCS_OK ? s[0] : s[1];
+      for (int j = 0; j < 2; j++)
+        if ((s[j] != CCS_OK && s[j] != CCS_ERR_RETRY) || again[j] < 0 || again[j] > 1) return s[j] != CCS_ERR_RETRY ? s[j] : CCS_ERR_PROTOCOL;
+      if (again[0] > again[1]) { /* the first to repeat and not the second, after it: out of order */
+        fprintf(stderr, "rank %d round %llu: the first stream's call to repeat, not the second's\n", rank,
+                (unsigned long long)round);
+        return CCS_ERR_PROTOCOL;
+      }
+      (*retried)++;
+    }
   default: /* both out at once; the second's max over ranks leaves the sum */
     for (int from = 0;;) { /* after CCS_ERR_RETRY, the calls to repeat: the last of them */
       if (from == 0)
         for (size_t i = 0; i < c; i++) b->reg[i] = value(rank, round, i);
-      ccs_result_t rc = from == 0 ? ccs_all_reduce(b->reg, b->reg, c, CCS_INT64, CCS_SUM, comm, stream) : CCS_OK;
-      if (rc == CCS_OK) rc = ccs_all_reduce(b->reg, b->reg, 1, CCS_INT64, CCS_MAX, comm, stream);
-      ccs_result_t s = ccs_stream_synchronize(stream);
+      ccs_result_t rc = from == 0 ? ccs_all_reduce(b->reg, b->reg, c, CCS_INT64, CCS_SUM, comm, stream[0]) : CCS_OK;
+      if (rc == CCS_OK) rc = ccs_all_reduce(b->reg, b->reg, 1, CCS_INT64, CCS_MAX, comm, stream[0]);
+      ccs_result_t s = ccs_stream_synchronize(stream[0]);
       int repeat = 0;
       if (s != CCS_ERR_RETRY || (rc != CCS_OK && rc != CCS_ERR_RETRY) ||
-          ccs_stream_repeat_count(stream, &repeat) != CCS_OK || repeat < 1)
+          ccs_stream_repeat_count(stream[0], &repeat) != CCS_OK || repeat < 1)
         return rc != CCS_OK ? rc : s;
       from = repeat >= 2 ? 0 : 1;
       (*retried)++;
     }
   }
 }
-#define KINDS 12
+#define KINDS 13
 
 static int64_t sum(int n, uint64_t round, size_t i) {
   int64_t s = 0;
@@ -104,6 +135,10 @@ static uint64_t wrong_in(int k, int rank, int n, uint64_t round, size_t c, const
       int64_t got = 0, want = 0;
       switch (k) {
       case 0: case 11: if (j) continue; got = b->reg[i], want = sum(n, round, i); break;
+      case 12:
+        if (j > 1) continue;
+        got = j ? b->reg2[i] : b->reg[i], want = sum(n, j ? second(round) : round, i);
+        break;
       case 1: if (j) continue; got = b->out[i], want = sum(n, round, i); break;
       case 2: if (j) continue; got = b->out[i], want = value(root, round, i); break;
       case 3:
@@ -146,9 +181,10 @@ static int rank_main(int rank, int n, const char *stop_file) {
   struct bufs b;
   b.in = malloc(sizeof(int64_t) * MAXC * MAXR);
   b.out = malloc(sizeof(int64_t) * MAXC * MAXR);
-  ccs_stream_t stream;
+  ccs_stream_t stream[2];
   if (!b.in || !b.out || ccs_mem_alloc((void **)&b.reg, sizeof(int64_t) * MAXC) != CCS_OK ||
-      ccs_stream_create(&stream) != CCS_OK)
+      ccs_mem_alloc((void **)&b.reg2, sizeof(int64_t) * MAXC) != CCS_OK ||
+      ccs_stream_create(&stream[0]) != CCS_OK || ccs_stream_create(&stream[1]) != CCS_OK)
     return 2;
   ccs_comm_t *comm = NULL;
   uint64_t epoch = 0;
@@ -189,8 +225,10 @@ static int rank_main(int rank, int n, const char *stop_file) {
     round = at;
   }
   ccs_comm_destroy(comm);
-  ccs_stream_destroy(stream);
+  ccs_stream_destroy(stream[0]);
+  ccs_stream_destroy(stream[1]);
   ccs_mem_free(b.reg);
+  ccs_mem_free(b.reg2);
   free(b.in), free(b.out);
   return 0;
 }
