@@ -350,10 +350,14 @@ void ccs__call_free(struct ccs__call *call);
 /* A host stream's ops numbered (under the connection's mu). */
 uint64_t ccs__chan_take(ccs_comm_t *comm, int chan, uint64_t count);
 /* Calls [first, first+count) of a channel answered with status: they ran
- * (CCS_OK, CCS_ERR_MISMATCH) or not (their numbers given back). seq: the
- * daemon's number for a finished call of one collective (the journal's),
- * checked against first; 0: none. */
-void ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count,
-                       ccs_result_t status, uint32_t seq);
+ * (CCS_OK, CCS_ERR_MISMATCH) or not (their numbers given back: from them
+ * on when they are to be repeated, CCS_ERR_RETRY or CCS_ERR_QUOTA). seq:
+ * the daemon's number for a finished call of one collective (the
+ * journal's), checked against first; 0: none. 1 when they were refused
+ * otherwise (bad arguments, memory) while later calls were out: the rank's
+ * calls no longer line up with the other ranks' (the comm cannot go on),
+ * else 0. */
+int ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count,
+                      ccs_result_t status, uint32_t seq);
 
 #endif

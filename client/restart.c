@@ -119,19 +119,25 @@ static void check_number(ccs_comm_t *comm, uint64_t number, uint32_t seq) {
           (unsigned long long)number + 1, seq);
 }
 
-void ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count,
-                       ccs_result_t status, uint32_t seq) {
+int ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count,
+                      ccs_result_t status, uint32_t seq) {
   pthread_mutex_lock(&mu);
   struct ccs__chan *ch = &comm->chans[chan];
+  int astray = 0;
   if (status == CCS_OK && count == 1 && ch->peer < 0) check_number(comm, first, seq);
   if (status == CCS_OK || status == CCS_ERR_MISMATCH) answered(comm, chan, first + count - 1);
   /* to repeat: the daemon dropped it and every later call of the channel,
    * which take their numbers again from it, whatever order their answers
-   * come in */
-  else if (status == CCS_ERR_RETRY && ch->next > first) ch->next = first;
-  else if (ch->next == first + count) ch->next = first; /* refused as a whole */
-  if (status == CCS_ERR_MISMATCH) comm->has_id = 0;
+   * come in; refused for a quota (ops in flight), the daemon refuses the
+   * later ones until it comes again (front/submit.c) */
+  else if (status == CCS_ERR_RETRY || status == CCS_ERR_QUOTA) {
+    if (ch->next > first) ch->next = first;
+  } else if (ch->next == first + count) ch->next = first; /* refused as a whole */
+  else astray = status == CCS_ERR_INVALID_ARGUMENT || status == CCS_ERR_PERMISSION ||
+                status == CCS_ERR_NO_MEMORY || status == CCS_ERR_INVALID_USAGE; /* (refusals only) */
+  if (status == CCS_ERR_MISMATCH || astray) comm->has_id = 0;
   pthread_mutex_unlock(&mu);
+  return astray;
 }
 
 /* Under mu: a keeper of this process will still move c's comms (a

@@ -180,7 +180,8 @@ static void stream_call_done(struct ccs__ring *r, uint32_t slot) {
   struct call *call = &r->calls[slot];
   struct ccs__host_stream *s = call->stream;
   const char *text = call->text ? call->text : ccs_strerror(call->status);
-  if (call->status == CCS_ERR_RETRY) {
+  /* (refused for a quota: as one to repeat, the calls after it too) */
+  if (call->status == CCS_ERR_RETRY || call->status == CCS_ERR_QUOTA) {
     s->to_repeat++;
     if (call->comm) ccs__host_stream_owes(s, call->comm);
   }
@@ -194,8 +195,15 @@ static void stream_call_done(struct ccs__ring *r, uint32_t slot) {
   }
   if (call->comm) {
     call->comm->inflight--;
-    ccs__chan_settled(call->comm, 0, call->number, call->nops, call->status, seq_of(r, slot));
-    if (call->status != CCS_OK) ccs__comm_failed(call->comm, call->status, text);
+    if (ccs__chan_settled(call->comm, 0, call->number, call->nops, call->status, seq_of(r, slot))) {
+      char why[CCS__ERROR_TEXT_MAX];
+      snprintf(why, sizeof(why), "a host stream's call was refused while later calls were out, which "
+               "the other ranks' calls no longer line up with: the communicator cannot go on (%.300s)", text);
+      ccs__comm_failed(call->comm, CCS_ERR_INVALID_USAGE, why);
+      if (call->comm->async_error == CCS_OK) call->comm->async_error = CCS_ERR_INVALID_USAGE;
+    } else if (call->status != CCS_OK) {
+      ccs__comm_failed(call->comm, call->status, text);
+    }
   }
   slot_free(r, slot);
 }

@@ -122,9 +122,9 @@ struct member {
   char addr[CCSD_ADDR_MAX];
   uint64_t coll_seq;         /* collectives submitted so far */
   /* after this daemon dropped its collectives for their callers to repeat
-   * (hold.c): the client's number of the first, which its next one must
-   * carry again (one made before the client saw the drop carries a later
-   * one); 0: none */
+   * (hold.c), or refused them (front/submit.c): the client's number of the
+   * first, which its next one must carry again (one made before the client
+   * saw that carries a later one); 0: none */
   uint32_t repeat_number;
   struct coll_rejoin *rejoin; /* back after a restart: its report, then its verdicts */
 };

@@ -135,8 +135,8 @@ static int stream_order_fits(const struct client_post *cp) {
 }
 
 /* After this daemon dropped a rank's collectives for their callers to
- * repeat (hold.c), the rank's next one must carry the first's number
- * again: one its client made before it saw the drop carries a later
+ * repeat (hold.c), or refused them (below), the rank's next one must carry
+ * the first's number again: one its client made before it saw the drop carries a later
  * number, and taking it would match it with the other ranks' repeat of
  * the dropped one. Such a call is refused (CCS_ERR_RETRY: its caller
  * repeats it too); 1 with err. The first collective posted ends the wait,
@@ -154,12 +154,27 @@ static int made_before_the_drop(struct client_post *const *posts, size_t n, char
       first = posts[j]->post.member != p->member || posts[j]->post.kind == CCS__SEND ||
               posts[j]->post.kind == CCS__RECV;
     if (!first) continue;
-    snprintf(err, errlen, "made before this rank saw ccsd drop its collective #%u of this "
-             "communicator for a repeat (a daemon of the communicator restarted): this call is "
-             "#%u; repeat it after that one", want, p->number);
+    snprintf(err, errlen, "this rank's collective #%u of the communicator was dropped for a repeat "
+             "(a daemon of it restarted) or refused, and this call (#%u) came before it came again: "
+             "repeat this one after it", want, p->number);
     return 1;
   }
   return 0;
+}
+
+/* A call refused as a whole took no numbers here: a rank's later calls
+ * already out (a host stream's) would take them, and be matched with the
+ * other ranks' earlier calls. Its ranks wait, as after a drop, for their
+ * first refused collective to come again (libccs repeats one refused for
+ * a quota, with the later ones; other refusals end the comm there). */
+static void refused(struct session *s, const struct op_args *ops, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    struct client_comm *cc = ops[i].number && ops[i].kind != CCS__SEND && ops[i].kind != CCS__RECV
+                                 ? ccsd_client_comm_find(s, ops[i].comm) : NULL;
+    struct member *m = cc ? cc->member : NULL;
+    if (m && (!m->repeat_number || (int32_t)(ops[i].number - m->repeat_number) < 0))
+      m->repeat_number = ops[i].number;
+  }
 }
 
 void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size_t n,
@@ -203,6 +218,7 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
     while (i-- > 0) ccsd_client_post_free(posts[i]);
     if (posts != stack) free(posts);
     if (order) ccsd_gpu_order_done(order); /* the client's stream goes on: the call had no effect */
+    refused(s, ops, n);
     answer(s, id, via_ring, rc, full);
     return;
   }

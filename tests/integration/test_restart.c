@@ -660,10 +660,14 @@ static void test_host_stream_lost(void **state) {
 static struct test_daemon node[2];
 static char node_listen[2][32];
 
+static const char *node0_quota_ops; /* the first daemon's --quota-ops, or NULL */
+
 static int start_node(int k, int again, const char *grace) {
-  const char *args[12] = {"--listen", node_listen[k], "--cluster-key-file", test_cluster_key(),
+  const char *args[14] = {"--listen", node_listen[k], "--cluster-key-file", test_cluster_key(),
                           "--peer-restart-grace", grace};
-  test_ib_args(args + 6); /* (over the emulated NIC: test_restart_ib) */
+  int at = 6;
+  if (k == 0 && node0_quota_ops) args[at++] = "--quota-ops", args[at++] = node0_quota_ops;
+  test_ib_args(args + at); /* (over the emulated NIC: test_restart_ib) */
   return again ? test_daemon_restart(&node[k], args) : test_daemon_start(&node[k], args);
 }
 
@@ -823,6 +827,83 @@ static void test_nodes_two_streams(void **state) {
     release_and_wait(ranks);
     for (int r = 0; r < 3; r++) assert_int_equal(sh->retried[r], 1);
   }
+}
+
+/* Not a restart, the same numbers: a host stream's call (x3) refused for
+ * a quota (2 ops in flight) at the first daemon while x1 and x2 wait there
+ * for the second daemon's rank, and x4, made on a second stream once x1
+ * finished and left room. x4 must not take x3's number (the other rank's
+ * x3 would be matched with it: every element wrong): the daemon refuses
+ * it until x3 comes again, libccs counts both among the calls to repeat,
+ * and repeated they get every element. */
+#define QCOUNT 1000
+static int quota_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  ccs_stream_t s[2];
+  int64_t *x, one = 1;
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK || ccs_stream_create(&s[0]) != CCS_OK ||
+      ccs_stream_create(&s[1]) != CCS_OK || ccs_mem_alloc((void **)&x, 4 * QCOUNT * sizeof(int64_t)) != CCS_OK ||
+      ccs_all_reduce(&one, &one, 1, CCS_INT64, CCS_SUM, comm, NULL) != CCS_OK || one != n)
+    return 10;
+  for (int j = 0; j < 4; j++)
+    for (size_t i = 0; i < QCOUNT; i++) x[j * QCOUNT + i] = value(rank, j, i);
+  int bad = 0;
+  if (rank == 1) {
+    while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+    for (int j = 0; j < 4 && !bad; j++)
+      bad = ccs_all_reduce(&x[j * QCOUNT], &x[j * QCOUNT], QCOUNT, CCS_INT64, CCS_SUM, comm, NULL) != CCS_OK;
+  } else {
+    ccs_result_t rc[4];
+    for (int j = 0; j < 3; j++)
+      rc[j] = ccs_all_reduce(&x[j * QCOUNT], &x[j * QCOUNT], QCOUNT, CCS_INT64, CCS_SUM, comm, s[0]);
+    __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+    for (double until = test_now() + 30;; usleep(2000)) { /* x1 finished here: room for one */
+      Ccs__StatsReply *st = raw_stats(node[0].socket);
+      int room = st->ops_in_flight <= 1;
+      free(st);
+      if (room) break;
+      if (test_now() > until) return 11;
+    }
+    rc[3] = ccs_all_reduce(&x[3 * QCOUNT], &x[3 * QCOUNT], QCOUNT, CCS_INT64, CCS_SUM, comm, s[1]);
+    for (int j = 0; j < 4; j++) bad |= rc[j] != CCS_OK;
+    ccs_result_t got[2] = {ccs_stream_synchronize(s[0]), ccs_stream_synchronize(s[1])};
+    int repeat[2] = {-1, -1};
+    for (int k = 0; k < 2; k++) {
+      if (got[k] != CCS_ERR_RETRY || ccs_stream_repeat_count(s[k], &repeat[k]) != CCS_OK || repeat[k] != 1) bad = 1;
+      if (bad) fprintf(stderr, "rank 0 stream %d: %s, repeat %d\n", k, ccs_result_name(got[k]), repeat[k]);
+    }
+    for (int j = 2; j < 4 && !bad; j++) { /* x3, then x4: their inputs as they were (refused: untouched) */
+      for (size_t i = 0; i < QCOUNT; i++) x[j * QCOUNT + i] = value(rank, j, i);
+      bad = ccs_all_reduce(&x[j * QCOUNT], &x[j * QCOUNT], QCOUNT, CCS_INT64, CCS_SUM, comm, s[j - 2]) != CCS_OK;
+    }
+    bad = bad || ccs_stream_synchronize(s[0]) != CCS_OK || ccs_stream_synchronize(s[1]) != CCS_OK;
+    sh->retried[rank] = 2;
+  }
+  if (bad) fprintf(stderr, "rank %d: %s\n", rank, ccs_comm_last_error(comm));
+  for (int j = 0; j < 4 && !bad; j++) bad = check("x", rank, j, &x[j * QCOUNT], QCOUNT, sum_of, n);
+  ccs_stream_destroy(s[0]);
+  ccs_stream_destroy(s[1]);
+  ccs_mem_free(x);
+  bad |= ccs_comm_destroy(comm) != CCS_OK;
+  return bad;
+}
+
+static void test_nodes_quota_refused(void **state) {
+  (void)state;
+  fresh_round(1);
+  sh->hold = 1;
+  node0_quota_ops = "2";
+  start_nodes(NULL, 0, "30");
+  node0_quota_ops = NULL;
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(2, quota_rank, NULL, 60, NULL));
+  int status; /* (rank 0 lets rank 1 go) */
+  assert_int_equal(waitpid(ranks, &status, 0), ranks);
+  stop_nodes();
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(sh->retried[0], 2);
 }
 
 /* The second daemon dies as an op starts there (the first one's part under
@@ -1164,6 +1245,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_started, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_host_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_two_streams, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_quota_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_receive_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed, setup, teardown),

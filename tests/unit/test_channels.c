@@ -46,12 +46,38 @@ static void test_refused(void **state) {
   (void)state;
   numbered(5, 5);
   ccs__chan_take(&comm, 0, 1);
+  assert_int_equal(ccs__chan_settled(&comm, 0, 5, 1, CCS_ERR_INVALID_ARGUMENT, 0), 0); /* the last: given back */
+  assert_int_equal(chan.next, 5);
+  assert_int_equal(comm.has_id, 1);
   ccs__chan_take(&comm, 0, 1);
-  ccs__chan_settled(&comm, 0, 5, 1, CCS_ERR_INVALID_USAGE, 0); /* not the last: kept */
+  ccs__chan_take(&comm, 0, 1);
+  /* not the last: the call after it was out under the next number, which
+   * the daemon gave it: the rank's calls no longer line up */
+  assert_int_equal(ccs__chan_settled(&comm, 0, 5, 1, CCS_ERR_INVALID_USAGE, 0), 1);
   assert_int_equal(chan.next, 7);
-  ccs__chan_settled(&comm, 0, 6, 1, CCS_ERR_QUOTA, 0); /* the last: given back */
-  assert_int_equal(chan.next, 6);
+  assert_int_equal(comm.has_id, 0);
+  comm.has_id = 1;
+  /* a failure of a call that ran (its comm ends) is none of that */
+  assert_int_equal(ccs__chan_settled(&comm, 0, 5, 1, CCS_ERR_TIMEOUT, 0), 0);
+  assert_int_equal(comm.has_id, 1);
   assert_int_equal(chan.done, 5);
+}
+
+/* Refused for a quota (ops in flight) with later calls out: to be
+ * repeated with them (the daemon refuses those until it comes again), its
+ * number and theirs given back from it, whatever the order. */
+static void test_quota_repeated(void **state) {
+  (void)state;
+  const ccs_result_t later[2] = {CCS_ERR_RETRY, CCS_ERR_QUOTA};
+  for (int k = 0; k < 2; k++) {
+    numbered(5, 5);
+    ccs__chan_take(&comm, 0, 3);
+    assert_int_equal(ccs__chan_settled(&comm, 0, 5, 1, CCS_ERR_QUOTA, 0), 0);
+    assert_int_equal(chan.next, 5);
+    assert_int_equal(ccs__chan_settled(&comm, 0, 6, 2, later[k], 0), 0);
+    assert_int_equal(chan.next, 5);
+    assert_int_equal(comm.has_id, 1);
+  }
 }
 
 /* Calls 5, 6 and 7 (two ops) dropped for a repeat, answered in each order. */
@@ -155,6 +181,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ran),
       cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_quota_repeated),
       cmocka_unit_test(test_retry_any_order),
       cmocka_unit_test(test_retry_after_ran),
       cmocka_unit_test(test_resubmitted_after_second_restart),
