@@ -216,7 +216,9 @@ ccs_result_t ccs_barrier(ccs_comm_t *comm);
  * comm's calls on any other stream, are not made (they return
  * CCS_ERR_RETRY, and are counted in their stream) until this stream is
  * synchronized: synchronize every stream of the comm, then repeat each
- * one's calls in the order they were first made. */
+ * one's calls in the order they were first made. A call the daemon
+ * refused for a quota (ops in flight) counts among those to repeat, as do
+ * the stream's calls after it. */
 ccs_result_t ccs_stream_create(ccs_stream_t *stream);
 ccs_result_t ccs_stream_synchronize(ccs_stream_t stream);
 /* After synchronize returned CCS_ERR_RETRY: how many of the stream's last
