@@ -276,7 +276,7 @@ struct ccs_comm {
    * daemon gave it, what it was made with, and its channels (under the
    * connection's mu) */
   uint8_t id[CCS_UNIQUE_ID_BYTES];
-  int has_id;
+  _Atomic int has_id; /* (read without the lock where calls go out: their numbers are sent only then) */
   int spans; /* ranks on other daemons: not rejoined (they failed it when the daemon went) */
   uint32_t op_timeout_ms;
   char *algo;
