@@ -363,9 +363,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
     m->redop = (uint32_t)o->redop;
     m->root = o->root;
     m->whole_count = o->whole_count;
-    /* (numbers libccs could not keep exact, as has_id says, go unsaid: the
-     * daemon checks what it is told) */
-    if (call && o->comm->has_id && o->kind != CCS__SEND && o->kind != CCS__RECV)
+    if (call && ccs__numbers_sent(c, o->comm) && o->kind != CCS__SEND && o->kind != CCS__RECV)
       m->number = (uint32_t)(numbers[i] + 1);
     if (o->send_len) {
       ccs__buf_ref__init(&refs[2 * i]);

@@ -276,7 +276,7 @@ struct ccs_comm {
    * daemon gave it, what it was made with, and its channels (under the
    * connection's mu) */
   uint8_t id[CCS_UNIQUE_ID_BYTES];
-  _Atomic int has_id; /* (read without the lock where calls go out: their numbers are sent only then) */
+  _Atomic int has_id; /* (read without the lock as calls go out: ccs__numbers_sent) */
   int spans; /* ranks on other daemons: not rejoined (they failed it when the daemon went) */
   uint32_t op_timeout_ms;
   char *algo;
@@ -359,5 +359,11 @@ uint64_t ccs__chan_take(ccs_comm_t *comm, int chan, uint64_t count);
  * else 0. */
 int ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count,
                       ccs_result_t status, uint32_t seq);
+/* Whether comm's collectives on c go out with their numbers (ccs.proto's
+ * Op.number): only while c counts every call (its journal) and comm's
+ * numbers are exact (has_id); the daemon checks what it is told. */
+static inline int ccs__numbers_sent(const struct ccs__conn *c, const ccs_comm_t *comm) {
+  return c->journal && c->keeper_started && comm->has_id;
+}
 
 #endif

@@ -398,8 +398,8 @@ static void put(struct ccs__conn *c, uint32_t slot, Ccs__Op *const *ops, size_t 
   for (size_t i = 0; i < n; i++) {
     struct ccs__ring_op *e = &sh->sub[(r->sub_tail + i) % CCS__RING_ENTRIES];
     fill(e, ops[i], req_id, (uint32_t)i, (uint32_t)n, flags, slot, (uint32_t)call->gen);
-    if ((call->stream || call->device) && c->journal && call->comm && call->comm->has_id)
-      e->number = (uint32_t)(call->number + i + 1); /* (take_slot; as submit_on's) */
+    if ((call->stream || call->device) && call->comm && ccs__numbers_sent(c, call->comm))
+      e->number = (uint32_t)(call->number + i + 1); /* (take_slot) */
   }
   r->sub_tail += (uint32_t)n;
   atomic_store_explicit(&sh->sub_tail, r->sub_tail, memory_order_seq_cst);

@@ -352,6 +352,10 @@ void ccsd_hold_defer(struct comm *c, struct post *p); /* a send/recv across daem
 void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume *m);
 void ccsd_hold_end(struct comm *c); /* the comm failed or goes: what waited is answered with its error */
 int ccsd_hold_waiting(const struct comm *c); /* sends and receives wait for the hold to end */
+/* m's collective numbered `number` (its client's, ccs.proto's Op.number)
+ * was dropped or refused: its next must carry the lowest such again
+ * (member.repeat_number). */
+void ccsd_member_repeat_from(struct member *m, uint32_t number);
 
 /* replay.c: a collective across daemons that sends at most
  * peer_replay_bytes keeps a copy of what it sent (prepare, at launch); the

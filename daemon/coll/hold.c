@@ -589,12 +589,8 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
       if (sl->seq < repeat) continue;
       for (int i = 0; i < sl->nposted; i++) {
         struct post *p = sl->posts[i];
-        struct member *pm = p->member;
-        if (pm->coll_seq >= sl->seq) pm->coll_seq = sl->seq - 1;
-        /* its client's next collective must carry this number again, the
-         * lowest dropped (front/submit.c made_before_the_drop) */
-        if (p->number && (!pm->repeat_number || (int32_t)(p->number - pm->repeat_number) < 0))
-          pm->repeat_number = p->number;
+        if (p->member->coll_seq >= sl->seq) p->member->coll_seq = sl->seq - 1;
+        ccsd_member_repeat_from(p->member, p->number);
       }
       ccsd_slot_drop(sl, CCS_ERR_RETRY, text);
     }
@@ -614,6 +610,10 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
   relaunch_p2p(c, &p2p);
   ccsd_comm_launch_queued(c);
   ccsd_comm_check_deadlines(c);
+}
+
+void ccsd_member_repeat_from(struct member *m, uint32_t number) {
+  if (number && (!m->repeat_number || (int32_t)(number - m->repeat_number) < 0)) m->repeat_number = number;
 }
 
 int ccsd_hold_waiting(const struct comm *c) { return c->hold && !list_empty(&c->hold->p2p); }

@@ -111,7 +111,7 @@ static struct client_post *make_post(struct session *s, const struct op_args *op
   p->send_len = send_len;
   p->recv_len = recv_len;
   p->ordered = op->ordered;
-  p->number = p2p ? 0 : op->number;
+  p->number = p2p ? 0 : op->number; /* (collectives are numbered) */
   struct membuf *bufs[2] = {cp->sendbuf, cp->recvbuf};
   struct coll_buf *views[2] = {&p->send, &p->recv};
   for (int k = 0; k < 2; k++) {
@@ -134,25 +134,25 @@ static int stream_order_fits(const struct client_post *cp) {
   return (!cp->sendbuf || cp->sendbuf->device >= 0) && (!cp->recvbuf || cp->recvbuf->device >= 0);
 }
 
+static int collective(uint32_t kind) { return kind != CCS__SEND && kind != CCS__RECV; }
+
 /* After this daemon dropped a rank's collectives for their callers to
  * repeat (hold.c), or refused them (below), the rank's next one must carry
- * the first's number again: one its client made before it saw the drop carries a later
- * number, and taking it would match it with the other ranks' repeat of
- * the dropped one. Such a call is refused (CCS_ERR_RETRY: its caller
- * repeats it too); 1 with err. The first collective posted ends the wait,
- * also one with no number (its client numbers nothing). Only a rank's
- * first collective in the call is looked at (a group's next ones follow
- * it). */
+ * the first's number again: one its client made before it saw that
+ * carries a later number, and taking it would match it with the other
+ * ranks' repeat of the dropped one. Such a call is refused
+ * (CCS_ERR_RETRY: its caller repeats it too); 1 with err. The first
+ * collective posted ends the wait, also one with no number (its client
+ * numbers nothing). Only a rank's first collective in the call is looked
+ * at (a group's next ones follow it). */
 static int made_before_the_drop(struct client_post *const *posts, size_t n, char *err, size_t errlen) {
   for (size_t i = 0; i < n; i++) {
-    const struct post *p = &posts[i]->post;
-    int coll = p->kind != CCS__SEND && p->kind != CCS__RECV;
+    const struct post *p = &posts[i]->post; /* (a number: a collective's, make_post) */
     uint32_t want = p->member->repeat_number;
-    if (!coll || !want || !p->number || p->number == want) continue;
+    if (!want || !p->number || p->number == want) continue;
     int first = 1;
     for (size_t j = 0; j < i && first; j++)
-      first = posts[j]->post.member != p->member || posts[j]->post.kind == CCS__SEND ||
-              posts[j]->post.kind == CCS__RECV;
+      first = posts[j]->post.member != p->member || !collective(posts[j]->post.kind);
     if (!first) continue;
     snprintf(err, errlen, "this rank's collective #%u of the communicator was dropped for a repeat "
              "(a daemon of it restarted) or refused, and this call (#%u) came before it came again: "
@@ -169,11 +169,8 @@ static int made_before_the_drop(struct client_post *const *posts, size_t n, char
  * a quota, with the later ones; other refusals end the comm there). */
 static void refused(struct session *s, const struct op_args *ops, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    struct client_comm *cc = ops[i].number && ops[i].kind != CCS__SEND && ops[i].kind != CCS__RECV
-                                 ? ccsd_client_comm_find(s, ops[i].comm) : NULL;
-    struct member *m = cc ? cc->member : NULL;
-    if (m && (!m->repeat_number || (int32_t)(ops[i].number - m->repeat_number) < 0))
-      m->repeat_number = ops[i].number;
+    struct client_comm *cc = ops[i].number && collective(ops[i].kind) ? ccsd_client_comm_find(s, ops[i].comm) : NULL;
+    if (cc) ccsd_member_repeat_from(cc->member, ops[i].number);
   }
 }
 
@@ -224,8 +221,7 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
   }
   for (i = 0; i < n; i++) {
     posts[i]->sub = sub;
-    if (posts[i]->post.kind != CCS__SEND && posts[i]->post.kind != CCS__RECV)
-      posts[i]->post.member->repeat_number = 0; /* (made_before_the_drop) */
+    if (collective(posts[i]->post.kind)) posts[i]->post.member->repeat_number = 0; /* (made_before_the_drop) */
     ccsd_post_submit(&posts[i]->post);
   }
   if (posts != stack) free(posts);

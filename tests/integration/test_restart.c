@@ -274,12 +274,12 @@ static void fresh_round(int failpoint) {
   memset(sh->failed, 0, sizeof(sh->failed));
 }
 
-/* Until dmn killed itself at its failpoint (30 s at most), reaped. */
-static void failpoint_reached(void) {
+/* Until d killed itself at its failpoint (30 s at most), reaped. */
+static void failpoint_reached(struct test_daemon *d) {
   double until = test_now() + 30;
-  while (test_daemon_alive(&dmn) && test_now() < until) usleep(2000);
-  assert_false(test_daemon_alive(&dmn));
-  test_daemon_kill(&dmn);
+  while (test_daemon_alive(d) && test_now() < until) usleep(2000);
+  assert_false(test_daemon_alive(d));
+  test_daemon_kill(d);
 }
 
 static int dmn_again(void) { return test_daemon_restart(&dmn, NULL); }
@@ -392,7 +392,7 @@ static void test_killed_before_resubmit(void **state) {
   assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
   unsetenv("CCSD_FAILPOINT");
   __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
-  failpoint_reached();
+  failpoint_reached(&dmn);
   assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
   wait_at(&sh->at_hold2, n);
   wait_for_call(&dmn);
@@ -491,7 +491,7 @@ static void late_second(int first_done, int staged_y) {
     wait_for_call(&dmn); /* the others' y */
     test_daemon_kill(&dmn);
   } else {
-    failpoint_reached();
+    failpoint_reached(&dmn);
   }
   usleep(100000);
   assert_int_equal(test_daemon_restart(&dmn, NULL), 0);
@@ -816,10 +816,7 @@ static void test_nodes_two_streams(void **state) {
     start_nodes("started:2", root, "30"); /* the second daemon: the all_reduce before, then x */
     pid_t ranks = fork();
     if (ranks == 0) _exit(test_run_ranks(3, two_streams_rank, NULL, 120, NULL));
-    double until = test_now() + 30;
-    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
-    assert_false(test_daemon_alive(&node[1]));
-    test_daemon_kill(&node[1]);
+    failpoint_reached(&node[1]);
     wait_held(&node[0], 1);
     assert_int_equal(second_again(), 0);
     wait_held(&node[0], 0);
