@@ -33,6 +33,7 @@
 #include "transport.h"
 
 #define HEADER 16
+#define RX_AHEAD 4096 /* what is read ahead of the message being read; larger parts go straight */
 
 struct op {
   struct op *next; /* in its connection's sends or recvs, then in the completions */
@@ -80,6 +81,10 @@ struct tconn {
   uint8_t rhdr[HEADER], rmac[CCS_AUTH_TAG];
   size_t rhdr_got, body_len, body_got, rmac_got;
   int in_body;
+  /* read ahead: a small message's header, payload and tag, and those
+   * after it, come in one read rather than three */
+  char rx[RX_AHEAD];
+  size_t rx_at, rx_len;
   int eof; /* the other end closed it between two messages: read returned 0 */
   uint64_t body_tag;
   struct op *body_op;     /* its posted receive, or */
@@ -326,11 +331,22 @@ static int held_for(const struct tconn *c, uint64_t tag) {
 }
 
 /* Reads into dst until want bytes are there; 1 when they are, 0 when the
- * socket is dry, -1 when the connection failed. */
+ * socket is dry, -1 when the connection failed. What was read ahead is
+ * taken first; a part of RX_AHEAD or more is read straight into dst, a
+ * smaller one through the read-ahead. */
 static int read_some(struct tconn *c, void *dst, size_t *got, size_t want) {
   while (*got < want) {
-    ssize_t n = read(c->fd, (char *)dst + *got, want - *got);
-    if (n == 0) {
+    size_t need = want - *got;
+    if (c->rx_at < c->rx_len) {
+      size_t take = need < c->rx_len - c->rx_at ? need : c->rx_len - c->rx_at;
+      memcpy((char *)dst + *got, c->rx + c->rx_at, take);
+      c->rx_at += take;
+      *got += take;
+      continue;
+    }
+    int ahead = need < RX_AHEAD;
+    ssize_t n = ahead ? read(c->fd, c->rx, RX_AHEAD) : read(c->fd, (char *)dst + *got, need);
+    if (n == 0) { /* nothing is left read ahead: the counts say where the stream stopped */
       c->eof = !c->dead && !c->in_body && !c->rhdr_got; /* between messages */
       fail(c, -ECONNRESET);
       return -1;
@@ -339,7 +355,8 @@ static int read_some(struct tconn *c, void *dst, size_t *got, size_t want) {
       if (errno != EAGAIN && errno != EINTR) { fail(c, -errno); return -1; }
       return 0;
     }
-    *got += (size_t)n;
+    if (ahead) c->rx_at = 0, c->rx_len = (size_t)n;
+    else *got += (size_t)n;
   }
   return 1;
 }

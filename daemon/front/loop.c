@@ -36,7 +36,9 @@ void ccsd_loop_run(struct daemon *d) {
     if (now - last_work < spin_ns) {
       if (d->coll.peers && (driving || d->ring_calls_open)) {
         driving = 1;
+        ccsd_executor_reap_begin();
         got += ccsd_peers_drive(d->coll.peers);
+        ccsd_executor_reap(d->coll.exec);
       }
       /* a job calling back to back sends its next call within
        * microseconds of its answer: where the CPU is this loop's alone,
@@ -50,7 +52,12 @@ void ccsd_loop_run(struct daemon *d) {
       if (!got || ++busy_rounds >= 8) uv_run(d->loop, UV_RUN_NOWAIT), busy_rounds = 0;
       /* idle: a task of an op rather than a look at the rings (not while
        * it drives the transport, whose messages would wait behind it) */
-      if (!got && !driving && d->coll.exec && ccsd_executor_help(d->coll.exec)) continue;
+      if (!got && !driving && d->coll.exec) {
+        ccsd_executor_reap_begin();
+        int helped = ccsd_executor_help(d->coll.exec);
+        ccsd_executor_reap(d->coll.exec);
+        if (helped) continue;
+      }
       if (!got) {
         uint64_t yielded = uv_hrtime();
         sched_yield();

@@ -68,6 +68,10 @@ struct claim {
   struct run_op *x;
 };
 
+/* The loop thread between ccsd_executor_reap_begin and _reap: ops it
+ * finishes are handed back by the reap (executor.h). */
+static _Thread_local int reaps;
+
 /* fair_pick's question: has this tenant's class an op with a ready task? */
 static int claimable(void *ctx, struct fair_flow *fl, int cls) {
   struct list *it, *tmp;
@@ -126,7 +130,7 @@ static int finish_locked(struct executor *e, struct run_op *x, size_t task, int 
     if (x->exec_flow) fair_unref(x->exec_flow, ccsd_now_ns());
     x->exec_flow = NULL;
     list_insert_tail(&e->done, &x->done_link);
-    uv_async_send(&e->async);
+    if (!reaps) uv_async_send(&e->async);
     return 0;
   }
   return !on_net_thread && net_handover(x);
@@ -250,6 +254,13 @@ static void drain_done(struct executor *e) {
 }
 
 static void on_async(uv_async_t *h) { drain_done(h->data); }
+
+void ccsd_executor_reap_begin(void) { reaps = 1; }
+
+void ccsd_executor_reap(struct executor *e) {
+  reaps = 0;
+  if (e) drain_done(e);
+}
 
 void ccsd_executor_set_handover(struct executor *e, void (*fn)(void *arg, struct run_op *x),
                                 void *arg) {

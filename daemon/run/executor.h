@@ -32,6 +32,14 @@ void ccsd_executor_submit(struct executor *e, struct run_op *x);
  * executor's lock is taken (the loop never waits for it). */
 int ccsd_executor_help(struct executor *e);
 
+/* The loop thread around work it does itself (ccsd_executor_help, driving
+ * the transport): the ops that finish meanwhile are handed back by the
+ * reap that ends it, rather than through libuv's wake-up (an eventfd
+ * written and read, and a turn of libuv's loop, on every small op across
+ * daemons). */
+void ccsd_executor_reap_begin(void);
+void ccsd_executor_reap(struct executor *e);
+
 /* The network side. fn is told (from any thread, outside the executor's
  * lock) that x has ready network tasks for it to take with net_step. */
 void ccsd_executor_set_handover(struct executor *e, void (*fn)(void *arg, struct run_op *x),
