@@ -85,6 +85,7 @@ struct tconn {
    * after it, come in one read rather than three */
   char rx[RX_AHEAD];
   size_t rx_at, rx_len;
+  int rx_dry; /* a read ahead came short in this round: the socket had no more */
   int eof; /* the other end closed it between two messages: read returned 0 */
   uint64_t body_tag;
   struct op *body_op;     /* its posted receive, or */
@@ -345,6 +346,7 @@ static int read_some(struct tconn *c, void *dst, size_t *got, size_t want) {
       continue;
     }
     int ahead = need < RX_AHEAD;
+    if (ahead && c->rx_dry) return 0; /* poll says when more came */
     ssize_t n = ahead ? read(c->fd, c->rx, RX_AHEAD) : read(c->fd, (char *)dst + *got, need);
     if (n == 0) { /* nothing is left read ahead: the counts say where the stream stopped */
       c->eof = !c->dead && !c->in_body && !c->rhdr_got; /* between messages */
@@ -355,7 +357,7 @@ static int read_some(struct tconn *c, void *dst, size_t *got, size_t want) {
       if (errno != EAGAIN && errno != EINTR) { fail(c, -errno); return -1; }
       return 0;
     }
-    if (ahead) c->rx_at = 0, c->rx_len = (size_t)n;
+    if (ahead) c->rx_at = 0, c->rx_len = (size_t)n, c->rx_dry = n < RX_AHEAD;
     else *got += (size_t)n;
   }
   return 1;
@@ -422,6 +424,7 @@ static void end_body(struct tconn *c) {
 }
 
 static void read_messages(struct tconn *c) {
+  c->rx_dry = 0;
   while (!c->dead && c->state == OPEN) {
     if (!c->in_body) {
       int r = read_some(c, c->rhdr, &c->rhdr_got, HEADER);

@@ -24,6 +24,7 @@ void ccsd_loop_run(struct daemon *d) {
   int busy_rounds = 0;
   int driving = 0; /* the transport, while calls are in flight */
   int alone = 0;   /* the last yield came back at once: nobody else wants this CPU */
+  uint32_t open_seen = 0; /* ring calls unanswered at the last round */
   while (!d->stopping) {
     if (list_empty(&d->rings)) { /* no fast path: libuv's loop as it is */
       if (!uv_run(d->loop, UV_RUN_ONCE)) break;
@@ -31,7 +32,10 @@ void ccsd_loop_run(struct daemon *d) {
     }
     int got = ccsd_rings_poll(d);
     uint64_t now = uv_hrtime();
-    if (got) last_work = now;
+    /* the spin counts from the last call that came or was answered: a job
+     * makes its next call after the answer, however long the op took */
+    if (got || d->ring_calls_open < open_seen) last_work = now;
+    open_seen = d->ring_calls_open;
     uint64_t spin_ns = (uint64_t)d->cfg.poll_spin_us * 1000 * (d->ring_calls_open ? INFLIGHT_SPIN : 1);
     if (now - last_work < spin_ns) {
       if (d->coll.peers && (driving || d->ring_calls_open)) {

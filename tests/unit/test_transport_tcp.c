@@ -1,5 +1,6 @@
 /* The TCP transport over loopback: messages of every size both ways (data
- * in clear with tags, and encrypted), receives posted before and after
+ * in clear with tags, and encrypted), bursts of sizes about its read-ahead,
+ * receives posted before and after
  * their message arrives, order per tag, a peer that goes away (what it
  * sent first still arrives), posts checked against their registered
  * memory, addresses nobody listens on or that are names. And the trust
@@ -136,6 +137,47 @@ static void test_messages_both_ways(void **state) {
   T->free(a);
   T->free(b);
   for (int i = 0; i < N; i++) free(out_a[i]), free(out_b[i]), free(in_a[i]), free(in_b[i]);
+}
+
+/* Many messages in one burst, of sizes about the transport's read-ahead
+ * (4 KiB: a small message and those after it come in one read, larger
+ * parts straight into the receive) and random ones: every header, payload
+ * and tag is found wherever the reads cut the stream. Half the receives
+ * are posted before, half after their messages arrived (held). */
+static void test_a_burst_of_sizes(void **state) {
+  (void)state;
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  static const size_t edges[] = {0, 1, 15, 16, 17, 4063, 4064, 4079, 4080, 4095, 4096, 4097,
+                                 4111, 4112, 4113, 8191, 8192, 8193, 12289};
+  enum { N = 400, E = sizeof(edges) / sizeof(edges[0]) };
+  uint64_t seed = test_seed();
+  size_t *len = calloc(N, sizeof(*len));
+  char **out = calloc(N, sizeof(*out)), **in = calloc(N, sizeof(*in));
+  for (int i = 0; i < N; i++) {
+    len[i] = i < 2 * (int)E ? edges[i % E] : (size_t)(test_mix(seed, (uint64_t)i) % 10000);
+    out[i] = malloc(len[i] + 1);
+    in[i] = malloc(len[i] + 1);
+    for (size_t k = 0; k < len[i]; k++) out[i][k] = (char)test_mix(seed ^ 3, (uint64_t)i << 20 | k);
+  }
+  for (int i = 0; i < N; i += 2) assert_int_equal(T->recv(ca, NULL, in[i], len[i], 500 + (uint64_t)i, in[i]), 0);
+  for (int i = 0; i < N; i++) assert_int_equal(T->send(cb, NULL, out[i], len[i], 500 + (uint64_t)i, out[i]), 0);
+  struct tcompletion *done = calloc(2 * N, sizeof(*done));
+  assert_int_equal(collect(a, b, done, N + N / 2), N + N / 2); /* every send, the receives posted */
+  for (int i = 1; i < N; i += 2) assert_int_equal(T->recv(ca, NULL, in[i], len[i], 500 + (uint64_t)i, in[i]), 0);
+  assert_int_equal(collect(a, b, done + N + N / 2, N / 2), N / 2);
+  for (int k = 0; k < N + N / 2 + N / 2; k++) {
+    assert_int_equal(done[k].status, 0);
+    if (done[k].is_send) continue;
+    int i = (int)(done[k].tag - 500);
+    assert_int_equal(done[k].bytes, len[i]);
+    assert_memory_equal(in[i], out[i], len[i]);
+  }
+  T->free(a);
+  T->free(b);
+  for (int i = 0; i < N; i++) free(out[i]), free(in[i]);
+  free(out), free(in), free(len), free(done);
 }
 
 /* A peer that sends and closes at once: what it sent is still received by
@@ -605,6 +647,7 @@ static int with_encryption(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_messages_both_ways),
+      cmocka_unit_test(test_a_burst_of_sizes),
       cmocka_unit_test(test_messages_outlive_the_close),
       cmocka_unit_test(test_held_taken_after_a_clean_close),
       cmocka_unit_test(test_registered_memory),
@@ -617,6 +660,7 @@ int main(void) {
       cmocka_unit_test(test_descriptor_exhaustion),
       /* everything again with the data encrypted too */
       cmocka_unit_test_setup(test_messages_both_ways, with_encryption),
+      cmocka_unit_test_setup(test_a_burst_of_sizes, with_encryption),
       cmocka_unit_test_setup(test_messages_outlive_the_close, with_encryption),
       cmocka_unit_test_setup(test_held_taken_after_a_clean_close, with_encryption),
       cmocka_unit_test_setup(test_registered_memory, with_encryption),
