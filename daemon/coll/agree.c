@@ -56,7 +56,7 @@ struct agree_recent {
 };
 
 static int spans_daemons(const struct comm *c, uint32_t kind) {
-  return c->spans && c->nnodes > 1 && kind != CCS__SEND && kind != CCS__RECV;
+  return c->spans && c->nnodes > 1 && !ccsd_p2p_kind(kind);
 }
 
 static struct own *own_word(const struct comm *c, uint64_t seq) {

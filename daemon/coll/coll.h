@@ -31,6 +31,9 @@
 
 #define CCSD_MAX_RANKS 4096
 
+/* A send or a receive; every other kind is a collective. */
+static inline int ccsd_p2p_kind(uint32_t kind) { return kind == CCS__SEND || kind == CCS__RECV; }
+
 /* What the layer above charges a comm or a rank joined here to (its
  * tenants' quotas): a token released later, or NULL with rc and err. */
 enum coll_charge { COLL_CHARGE_COMM, COLL_CHARGE_RANK };

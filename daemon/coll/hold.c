@@ -48,8 +48,6 @@ struct comm_hold {
   char why[160];
 };
 
-static int p2p_kind(uint32_t kind) { return kind == CCS__SEND || kind == CCS__RECV; }
-
 /* A post whose op reads what it writes: it cannot run again once begun. */
 static int in_place(const struct post *p) {
   return p->send.base && p->send.base == p->recv.base && p->send_off < p->recv_off + p->recv_len &&
@@ -124,7 +122,7 @@ int ccsd_hold_start(struct comm *c, int node, const char *why) {
   struct list *it, *tmp;
   LIST_FOREACH_SAFE(it, tmp, &c->running) {
     struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
-    if (!x->run.plan.net_items || p2p_kind(x->kind)) continue; /* (this daemon's ranks alone: it finishes) */
+    if (!x->run.plan.net_items || ccsd_p2p_kind(x->kind)) continue; /* (this daemon's ranks alone: it finishes) */
     if (x->seq < first) first = x->seq;
     for (int i = 0; i < x->nposts; i++)
       if (x->posts[i] && in_place(x->posts[i])) h->retry_seq = x->seq;
@@ -157,7 +155,7 @@ int ccsd_hold_keep(struct xop *x) {
   if (!c->hold && (x->run.net_status != CCS_ERR_PEER_LOST ||
                    ccsd_hold_start(c, x->run.net_node, x->run.net_error)))
     return 0;
-  if (p2p_kind(x->kind)) { /* its half of a message, numbered: again under the number due then */
+  if (ccsd_p2p_kind(x->kind)) { /* its half of a message, numbered: again under the number due then */
     if (p2p_node(c, x) != c->hold->node) return 0; /* with a daemon that stays: no one settles it */
     struct post *p = x->posts[0]; /* (across daemons a send or a receive is an op alone) */
     p->seq = (uint64_t)x->run.plan.items[0].msg + 1;
@@ -172,7 +170,7 @@ int ccsd_hold_keep(struct xop *x) {
 
 void ccsd_hold_op_done(struct xop *x) {
   struct comm_hold *h = x->comm->hold;
-  if (!h || p2p_kind(x->kind) || x->seq <= h->finished) return;
+  if (!h || ccsd_p2p_kind(x->kind) || x->seq <= h->finished) return;
   h->finished = x->seq; /* its data had all moved before the daemon went */
   if (h->retry_seq == x->seq) h->retry_seq = 0;
 }
@@ -508,7 +506,7 @@ static void on_ask(uv_timer_t *t) {
     struct list *it, *tmp;
     LIST_FOREACH_SAFE(it, tmp, &c->running) {
       struct xop *x = LIST_ENTRY(it, struct xop, comm_link);
-      if (x->run.plan.net_items && p2p_kind(x->kind) && p2p_node(c, x) != h->node) {
+      if (x->run.plan.net_items && ccsd_p2p_kind(x->kind) && p2p_node(c, x) != h->node) {
         /* its other end stays, and may have finished its half: no one
          * settles it with this daemon */
         ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s went while a %s between rank %d and rank "

@@ -334,7 +334,7 @@ void ccsd_comm_launch_queued(struct comm *c) {
 
 void ccsd_post_submit(struct post *p) {
   struct comm *c = p->member->comm;
-  int p2p = p->kind == CCS__SEND || p->kind == CCS__RECV;
+  int p2p = ccsd_p2p_kind(p->kind);
   /* An op that needs a rank which destroyed its handle can never run. */
   const struct member *peer = p2p ? c->members[p->root] : NULL;
   const struct member *gone = c->state != COMM_READY ? NULL

@@ -79,7 +79,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
   size_t whylen = x->why ? CCSD_WHY_MAX : 0;
   const struct coll_config *cfg = &c->co->cfg;
   const struct post *p0 = first_post(x);
-  int p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
+  int p2p = ccsd_p2p_kind(x->kind);
   int n = p2p ? 2 : c->nranks;
   uint64_t bytes = op_bytes(p0, n);
   if (x->kind == CCS__BARRIER && !c->spans) { /* nothing to move: matching was the barrier */
@@ -214,7 +214,7 @@ static ccs_result_t plan(struct xop *x, char *err, size_t errlen) {
 
 /* "all_reduce #3, 1048576 bytes, 4 ranks: ring (rule 1 (all_reduce:ring)); 4 items, 16 tasks" */
 static void describe(const struct xop *x, char *buf, size_t len) {
-  int n = x->kind == CCS__SEND || x->kind == CCS__RECV ? 2 : x->comm->nranks;
+  int n = ccsd_p2p_kind(x->kind) ? 2 : x->comm->nranks;
   char where[32] = "";
   if (x->run.device >= 0) snprintf(where, sizeof(where), " on GPU %d", x->run.device);
   snprintf(buf, len, "comm %llu: %s #%llu, %llu bytes, %d ranks%s%s: %s (%s); %zu items, %zu tasks",
@@ -253,7 +253,7 @@ static int hand_down(struct xop *x) {
   r->net = c->net;
   r->map = &c->map;
   r->part_node = x->part_node;
-  r->p2p = x->kind == CCS__SEND || x->kind == CCS__RECV;
+  r->p2p = ccsd_p2p_kind(x->kind);
   r->seq = x->seq;
   r->on_done = on_run_done;
   ccsd_replay_prepare(x);
@@ -279,7 +279,7 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     x->nposts = nposts;
     x->kind = first_post(x) ? first_post(x)->kind : CCS__BARRIER;
     x->seq = seq;
-    if (c->spans && x->kind != CCS__SEND && x->kind != CCS__RECV && first_post(x)) {
+    if (c->spans && !ccsd_p2p_kind(x->kind) && first_post(x)) {
       struct op_sig sig = ccsd_op_sig_of(first_post(x));
       x->run.sig_key = ccsd_op_sig_key(&sig);
     }

@@ -27,7 +27,7 @@ static void reply(struct post *p, ccs_result_t status, const char *error) {
                       p->send_len > p->recv_len ? p->send_len : p->recv_len,
                       (double)(uv_hrtime() - p->posted_ns) / 1e9);
   ccsd_metrics_record_algo(cp->d, p->kind, p->algo);
-  if (cp->sub->nposts == 1 && p->kind != CCS__SEND && p->kind != CCS__RECV) cp->sub->seq = p->seq;
+  if (cp->sub->nposts == 1 && !ccsd_p2p_kind(p->kind)) cp->sub->seq = p->seq;
   ccsd_submission_post_done(cp->sub, status, error);
 }
 

@@ -70,7 +70,7 @@ static struct client_post *make_post(struct session *s, const struct op_args *op
     snprintf(err, errlen, "unknown reduction %u", op->redop);
     return NULL;
   }
-  int p2p = op->kind == CCS__SEND || op->kind == CCS__RECV;
+  int p2p = ccsd_p2p_kind(op->kind);
   if ((ccs__coll_has_root(op->kind) || p2p) && (op->root < 0 || op->root >= n)) {
     snprintf(err, errlen, "%s %d is out of range for %d ranks", p2p ? "peer" : "root", op->root,
              n);
@@ -134,8 +134,6 @@ static int stream_order_fits(const struct client_post *cp) {
   return (!cp->sendbuf || cp->sendbuf->device >= 0) && (!cp->recvbuf || cp->recvbuf->device >= 0);
 }
 
-static int collective(uint32_t kind) { return kind != CCS__SEND && kind != CCS__RECV; }
-
 /* After this daemon dropped a rank's collectives for their callers to
  * repeat (hold.c), or refused them (below), the rank's next one must carry
  * the first's number again: one its client made before it saw that
@@ -152,7 +150,7 @@ static int made_before_the_drop(struct client_post *const *posts, size_t n, char
     if (!want || !p->number || p->number == want) continue;
     int first = 1;
     for (size_t j = 0; j < i && first; j++)
-      first = posts[j]->post.member != p->member || !collective(posts[j]->post.kind);
+      first = posts[j]->post.member != p->member || ccsd_p2p_kind(posts[j]->post.kind);
     if (!first) continue;
     snprintf(err, errlen, "this rank's collective #%u of the communicator was dropped for a repeat "
              "(a daemon of it restarted) or refused, and this call (#%u) came before it came again: "
@@ -169,7 +167,8 @@ static int made_before_the_drop(struct client_post *const *posts, size_t n, char
  * a quota, with the later ones; other refusals end the comm there). */
 static void refused(struct session *s, const struct op_args *ops, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    struct client_comm *cc = ops[i].number && collective(ops[i].kind) ? ccsd_client_comm_find(s, ops[i].comm) : NULL;
+    struct client_comm *cc = ops[i].number && !ccsd_p2p_kind(ops[i].kind)
+                                 ? ccsd_client_comm_find(s, ops[i].comm) : NULL;
     if (cc) ccsd_member_repeat_from(cc->member, ops[i].number);
   }
 }
@@ -221,7 +220,7 @@ void ccsd_submit(struct session *s, uint64_t id, const struct op_args *ops, size
   }
   for (i = 0; i < n; i++) {
     posts[i]->sub = sub;
-    if (collective(posts[i]->post.kind)) posts[i]->post.member->repeat_number = 0; /* (made_before_the_drop) */
+    if (!ccsd_p2p_kind(posts[i]->post.kind)) posts[i]->post.member->repeat_number = 0; /* (made_before_the_drop) */
     ccsd_post_submit(&posts[i]->post);
   }
   if (posts != stack) free(posts);
