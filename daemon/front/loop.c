@@ -56,12 +56,7 @@ void ccsd_loop_run(struct daemon *d) {
       if (!got || ++busy_rounds >= 8) uv_run(d->loop, UV_RUN_NOWAIT), busy_rounds = 0;
       /* idle: a task of an op rather than a look at the rings (not while
        * it drives the transport, whose messages would wait behind it) */
-      if (!got && !driving && d->coll.exec) {
-        ccsd_executor_reap_begin();
-        int helped = ccsd_executor_help(d->coll.exec);
-        ccsd_executor_reap(d->coll.exec);
-        if (helped) continue;
-      }
+      if (!got && !driving && d->coll.exec && ccsd_executor_help(d->coll.exec)) continue;
       if (!got) {
         uint64_t yielded = uv_hrtime();
         sched_yield();

@@ -68,8 +68,9 @@ struct claim {
   struct run_op *x;
 };
 
-/* The loop thread between ccsd_executor_reap_begin and _reap: ops it
- * finishes are handed back by the reap (executor.h). */
+/* The loop thread while it runs work itself (ccsd_executor_help, or
+ * between ccsd_executor_reap_begin and _reap): the ops it finishes are
+ * handed back when that work returns, not through e->async. */
 static _Thread_local int reaps;
 
 /* fair_pick's question: has this tenant's class an op with a ready task? */
@@ -216,14 +217,19 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+static void drain_done(struct executor *e);
+
 int ccsd_executor_help(struct executor *e) {
   if (e->priority != EXECUTOR_NORMAL || pthread_mutex_trylock(&e->mu)) return 0;
   size_t task;
   uint64_t retry = 0;
   double charged;
   struct run_op *x = e->queued && !e->stop ? claim(e, &task, &charged, &retry) : NULL;
+  reaps = 1; /* x, if it finishes, is handed back below */
   if (x) run_claimed(e, x, task, charged);
   pthread_mutex_unlock(&e->mu);
+  reaps = 0;
+  if (x) drain_done(e);
   return x != NULL;
 }
 

@@ -27,16 +27,16 @@ void ccsd_executor_submit(struct executor *e, struct run_op *x);
 /* The loop thread, with nothing else to do: runs one ready task as a
  * thread of the executor would, so that an op's work begins while the
  * threads wake (each wake-up is tens of microseconds where CPUs are
- * shared). 1 when it ran one. Never when the threads run below the
- * loop's priority (bulk work is not to run at the loop's), nor when the
- * executor's lock is taken (the loop never waits for it). */
+ * shared), and hands back at once an op that task finished (as
+ * ccsd_executor_reap does). 1 when it ran one. Never when the threads run
+ * below the loop's priority (bulk work is not to run at the loop's), nor
+ * when the executor's lock is taken (the loop never waits for it). */
 int ccsd_executor_help(struct executor *e);
 
-/* The loop thread around work it does itself (ccsd_executor_help, driving
- * the transport): the ops that finish meanwhile are handed back by the
- * reap that ends it, rather than through libuv's wake-up (an eventfd
- * written and read, and a turn of libuv's loop, on every small op across
- * daemons). */
+/* The loop thread around work it does itself (driving the transport):
+ * the ops that finish meanwhile are handed back by the reap that ends it,
+ * rather than through libuv's wake-up (an eventfd written and read, and a
+ * turn of libuv's loop, on every small op across daemons). */
 void ccsd_executor_reap_begin(void);
 void ccsd_executor_reap(struct executor *e);
 
