@@ -71,6 +71,7 @@ struct claim {
 /* The loop thread while it runs work itself (ccsd_executor_help, or
  * between ccsd_executor_reap_begin and _reap): the ops it finishes are
  * handed back when that work returns, not through e->async. */
+enum { REAP_NONE, REAP_WATCH, REAP_DUE };
 static _Thread_local int reaps;
 
 /* fair_pick's question: has this tenant's class an op with a ready task? */
@@ -131,7 +132,8 @@ static int finish_locked(struct executor *e, struct run_op *x, size_t task, int 
     if (x->exec_flow) fair_unref(x->exec_flow, ccsd_now_ns());
     x->exec_flow = NULL;
     list_insert_tail(&e->done, &x->done_link);
-    if (!reaps) uv_async_send(&e->async);
+    if (reaps) reaps = REAP_DUE;
+    else uv_async_send(&e->async);
     return 0;
   }
   return !on_net_thread && net_handover(x);
@@ -217,19 +219,16 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-static void drain_done(struct executor *e);
-
 int ccsd_executor_help(struct executor *e) {
   if (e->priority != EXECUTOR_NORMAL || pthread_mutex_trylock(&e->mu)) return 0;
   size_t task;
   uint64_t retry = 0;
   double charged;
   struct run_op *x = e->queued && !e->stop ? claim(e, &task, &charged, &retry) : NULL;
-  reaps = 1; /* x, if it finishes, is handed back below */
+  ccsd_executor_reap_begin();
   if (x) run_claimed(e, x, task, charged);
   pthread_mutex_unlock(&e->mu);
-  reaps = 0;
-  if (x) drain_done(e);
+  ccsd_executor_reap(e);
   return x != NULL;
 }
 
@@ -261,11 +260,12 @@ static void drain_done(struct executor *e) {
 
 static void on_async(uv_async_t *h) { drain_done(h->data); }
 
-void ccsd_executor_reap_begin(void) { reaps = 1; }
+void ccsd_executor_reap_begin(void) { reaps = REAP_WATCH; }
 
 void ccsd_executor_reap(struct executor *e) {
-  reaps = 0;
-  if (e) drain_done(e);
+  int due = reaps == REAP_DUE;
+  reaps = REAP_NONE;
+  if (due && e) drain_done(e);
 }
 
 void ccsd_executor_set_handover(struct executor *e, void (*fn)(void *arg, struct run_op *x),
