@@ -5,7 +5,8 @@
 # (rings, the default) and ccs with CCS_RING=0 (every call over the
 # socket); each cell the median of RUNS runs of ITERS calls. Then the same
 # two ops with one rank on each of two daemons on loopback, against Open
-# MPI over TCP on loopback. Then one rank whose daemon has a CPU of its
+# MPI over TCP on loopback, placed freely and with each daemon and its
+# rank on a CPU of their own. Then one rank whose daemon has a CPU of its
 # own (pinned apart with taskset): the rings' round trip where the poller
 # need not share. Then what idle costs: the daemon's and the ranks' CPU
 # time over the 2 s from 1 s after the last op.
@@ -70,17 +71,31 @@ done
 # (this trap replaces start_daemon's: it stops that daemon too)
 trap 'kill "${two[@]}" "$daemon_pid" 2>/dev/null; rm -rf "$key_dir" "$(dirname "$CCS_SOCKET")"' EXIT
 for i in 0 1; do for _ in $(seq 200); do [ -S "$key_dir/$i.sock" ] && break; sleep 0.05; done; done
-printf '%-16s %6s %10s %10s %10s\n' op ranks OpenMPI ccs ccs/OMPI
-for op in all_reduce barrier; do
-  m=(); c=()
-  for _ in $(seq "$runs"); do
-    m+=("$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none \
-           --mca btl self,tcp --mca btl_tcp_if_include lo -np 2 build/mpi-latency "$op" "$iters")")
-    c+=("$(CCS_SOCKET=$key_dir/0.sock CCS_SOCKETS=$key_dir/0.sock:$key_dir/1.sock \
-           build/tests/ccs-latency "$iters" "$op" 2)")
+# Two layouts: free (the scheduler places every process), and each "node"
+# on a CPU of its own (daemon i and rank i on CPU i; Open MPI's ranks bound
+# to cores), as two machines would be: free, the two daemons' loops can
+# share a CPU, and each hop between them then waits for the other's turn
+# (docs/fast_path.md).
+printf '%-16s %6s %-7s %10s %10s %10s\n' op ranks layout OpenMPI ccs ccs/OMPI
+for layout in free pinned; do
+  [ "$layout" = pinned ] && [ "$(nproc)" -lt 2 ] && continue
+  if [ "$layout" = pinned ]; then
+    for i in 0 1; do taskset -a -p -c "$i" "${two[$i]}" >/dev/null; done
+    bind=core cpus=0:1
+  else
+    bind=none cpus=
+  fi
+  for op in all_reduce barrier; do
+    m=(); c=()
+    for _ in $(seq "$runs"); do
+      m+=("$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to "$bind" \
+             --mca btl self,tcp --mca btl_tcp_if_include lo -np 2 build/mpi-latency "$op" "$iters")")
+      c+=("$(CCS_SOCKET=$key_dir/0.sock CCS_SOCKETS=$key_dir/0.sock:$key_dir/1.sock LATENCY_CPUS=$cpus \
+             build/tests/ccs-latency "$iters" "$op" 2)")
+    done
+    mm=$(median "${m[@]}") cm=$(median "${c[@]}")
+    printf '%-16s %6s %-7s %10s %10s %10.1f\n' "$op" 2x1 "$layout" "$mm" "$cm" "$(echo "$cm $mm" | awk '{print ($2 > 0 ? $1 / $2 : 0)}')"
   done
-  mm=$(median "${m[@]}") cm=$(median "${c[@]}")
-  printf '%-16s %6s %10s %10s %10.1f\n' "$op" 2x1 "$mm" "$cm" "$(echo "$cm $mm" | awk '{print ($2 > 0 ? $1 / $2 : 0)}')"
 done
 kill "${two[@]}" 2>/dev/null; wait "${two[@]}" 2>/dev/null || true
 

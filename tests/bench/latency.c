@@ -7,11 +7,15 @@
  *                                         ranks together) over the 2 s from 1 s
  *                                         after their last 8 B all_reduce
  * With CCS_SOCKETS=A:B:... rank r talks to daemon r % (their number)
- * (ranks across daemons); the unique id comes from CCS_SOCKET's.
+ * (ranks across daemons); the unique id comes from CCS_SOCKET's. With
+ * LATENCY_CPUS=C0:C1:... rank r runs on CPU C[r % (their number)] only
+ * (nodes emulated on one machine: each daemon and its ranks on CPUs of
+ * their own).
  * Rows: a bare Unix-socket round trip between two processes; a 1-rank
  * barrier (client -> daemon loop -> client); a 1-rank 8 B all_reduce (adds
  * the executor hand-off and back); 2- and 4-rank 8 B all_reduce (adds
  * waiting for the other ranks' requests to arrive and be matched). */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,21 +69,37 @@ static double socket_rtt(int iters) {
   return m;
 }
 
-/* In a forked rank: its daemon, when CCS_SOCKETS lists several. */
-static void use_daemon_of(int rank) {
-  const char *list = getenv("CCS_SOCKETS");
-  if (!list || !*list) return;
-  char copy[4096], *save, *path[16];
+/* The r-th (modulo their number) of the colon-separated list in the
+ * environment variable var, into buf; NULL where var is unset or empty. */
+static const char *listed(const char *var, int r, char *buf, size_t size) {
+  const char *list = getenv(var);
+  if (!list || !*list) return NULL;
+  char copy[4096], *save, *item[16];
   snprintf(copy, sizeof(copy), "%s", list);
   int n = 0;
-  for (char *p = strtok_r(copy, ":", &save); p && n < 16; p = strtok_r(NULL, ":", &save)) path[n++] = p;
-  if (n) setenv("CCS_SOCKET", path[rank % n], 1);
+  for (char *p = strtok_r(copy, ":", &save); p && n < 16; p = strtok_r(NULL, ":", &save)) item[n++] = p;
+  if (!n) return NULL;
+  snprintf(buf, size, "%s", item[r % n]);
+  return buf;
+}
+
+/* In a forked rank: its daemon, when CCS_SOCKETS lists several, and its
+ * CPU, when LATENCY_CPUS lists them. */
+static void place_rank(int rank) {
+  char buf[4096];
+  if (listed("CCS_SOCKETS", rank, buf, sizeof(buf))) setenv("CCS_SOCKET", buf, 1);
+  if (listed("LATENCY_CPUS", rank, buf, sizeof(buf))) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(atoi(buf), &set);
+    if (sched_setaffinity(0, sizeof(set), &set)) perror("latency: LATENCY_CPUS");
+  }
 }
 
 /* A rank's measurement: on comm, iters times; rank 0's result is kept. */
 typedef double (*rank_fn)(ccs_comm_t *comm, int rank, int iters, int arg);
 
-/* Forks n ranks (each on its daemon, use_daemon_of) that join one comm
+/* Forks n ranks (each on its daemon, place_rank) that join one comm
  * and run fn; rank 0's result (the sum of all ranks' when `sum`), or -1. */
 static double run_ranks_of(int n, rank_fn fn, int iters, int arg, int sum) {
   ccs_unique_id_t id;
@@ -91,7 +111,7 @@ static double run_ranks_of(int n, rank_fn fn, int iters, int arg, int sum) {
   pid_t pids[16];
   for (int r = 0; r < n; r++) {
     if ((pids[r] = fork()) != 0) continue;
-    use_daemon_of(r);
+    place_rank(r);
     ccs_comm_t *comm;
     if (ccs_comm_init_rank(&comm, n, id, r) != CCS_OK) _exit(1);
     double v = fn(comm, r, iters, arg);
