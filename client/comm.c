@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "call.h"
 #include "launcher.h"
@@ -66,6 +68,31 @@ static int priority_of(const char *what, const struct join *j) {
     if (!strcasecmp(env, names[i])) return i;
   ccs__set_error("CCS_PRIORITY=%s: latency, normal or bulk expected", env);
   return -1;
+}
+
+/* The init request, sent again while the comm it would make is cut short
+ * by a daemon's restart, for up to CCS_RECONNECT_TIMEOUT: this rank's own
+ * (its connection lost), or another of the comm's (CCS_ERR_RETRY: every
+ * daemon of the comm failed it as it formed, and every rank sends its
+ * init again, to meet once that daemon is back). Not for a comm derived
+ * from a parent, which its daemon makes from the parent's handle. */
+static ccs_result_t init_call(struct ccs_comm *cm, Ccs__Request *req, const struct join *j,
+                              Ccs__Reply **reply) {
+  double timeout = j->parent ? 0 : ccs__reconnect_timeout();
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int tries = 0;; tries++) {
+    ccs_result_t rc = ccs__conn_call(cm->conn, req, -1, reply);
+    if (rc != CCS_ERR_DAEMON_UNAVAILABLE && rc != CCS_ERR_RETRY) return rc;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9 >= timeout)
+      return rc == CCS_ERR_RETRY ? CCS_ERR_PEER_LOST : rc; /* that daemon is not back: as it said */
+    usleep(tries < 10 ? 50000 : 200000); /* the daemon back, the others' inits failed too */
+    struct ccs__conn *next;
+    if (ccs__conn_get(&next) != CCS_OK) continue; /* still down: the next try says so again */
+    ccs__conn_put(cm->conn);
+    cm->conn = next;
+  }
 }
 
 static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const struct join *j,
@@ -133,7 +160,7 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
   req.body_case = CCS__REQUEST__BODY_COMM_INIT;
   req.comm_init = &m;
   Ccs__Reply *reply;
-  rc = ccs__conn_call(cm->conn, &req, -1, &reply);
+  rc = init_call(cm, &req, j, &reply);
   if (rc == CCS_OK && reply->body_case != CCS__REPLY__BODY_COMM_INIT) {
     ccs__reply__free_unpacked(reply, NULL);
     ccs__set_error("daemon sent no communicator handle");

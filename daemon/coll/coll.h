@@ -201,6 +201,7 @@ struct comm {
   char *barrier_bytes;     /* op.c: 2 a rank, what a barrier across daemons moves */
   int refs;          /* members, xops, the timer handle */
   int gone;          /* unreferenced: leaves the list once its timer closed; walks skip it */
+  int unnamed;       /* found no more by its name (failed as it formed, a daemon gone: ccsd_comm_fail) */
 };
 
 struct p2p_count {

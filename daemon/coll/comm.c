@@ -43,7 +43,7 @@ void ccsd_comm_unref(struct comm *c) {
   /* found no more, but in coll->comms until on_timer_closed: a walk of them
    * may be under way (failing one comm can free others) */
   c->gone = 1;
-  HASH_DELETE(hh, c->co->comms_by_name, c);
+  if (!c->unnamed) HASH_DELETE(hh, c->co->comms_by_name, c);
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }
 
@@ -75,6 +75,12 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   va_end(ap);
   LOG_WARN("comm %llu failed: %s: %s", (unsigned long long)c->id, ccs_result_name(error),
            c->error_text);
+  /* cut short as it formed by a daemon that went (span.c): its ranks send
+   * their inits again (libccs), which make a new comm of that name */
+  if (was == COMM_JOINING && error == CCS_ERR_RETRY) {
+    HASH_DELETE(hh, c->co->comms_by_name, c);
+    c->unnamed = 1;
+  }
   uv_timer_stop(&c->timer);
   ccsd_span_failed(c);
   if (c->coordinator) { /* the root's hold for other daemons ends, once this call is over */

@@ -360,6 +360,7 @@ static void on_fail(struct coll *co, const char *addr, const struct peer_fail *f
   for (char *p = text; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
   ccs_result_t status = f->status > 0 && f->status < 64 ? f->status : CCS_ERR_PEER_LOST;
+  if (status == CCS_ERR_RETRY && c->state != COMM_JOINING) status = CCS_ERR_PEER_LOST; /* (only an init is sent again) */
   if (f->refused_rank) { /* the root refused one rank's join of a comm by name: it alone fails */
     struct member *m = c->named && c->state == COMM_JOINING && c->root[0] && !strcmp(addr, c->root) &&
                                f->refused_rank <= (uint32_t)c->nranks
@@ -418,8 +419,8 @@ void ccsd_span_stopping(struct coll *co) {
     for (int r = 0; r < c->nranks && n + 16 < sizeof(ranks); r++)
       if (c->members[r] && !c->members[r]->remote)
         n += (size_t)snprintf(ranks + n, sizeof(ranks) - n, n ? ",%d" : "%d", r);
-    ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s serving rank(s) %s is stopping",
-                   co->self, ranks);
+    ccsd_comm_fail(c, c->state == COMM_JOINING ? CCS_ERR_RETRY : CCS_ERR_PEER_LOST, /* (as peer_lost) */
+                   "the daemon at %s serving rank(s) %s is stopping", co->self, ranks);
   }
 }
 
@@ -451,10 +452,12 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
     int involved = ranks[0] || !strcmp(c->root, addr);
     if (!involved) continue;
     if (ranks[0] && ccsd_hold_start(c, ccsd_span_node_of(c, addr), why) == 0) continue; /* it may come back */
+    /* still forming: every rank's init is sent again (libccs), to meet the
+     * daemon once it is back (restarting) or fail with it once it is not */
+    ccs_result_t status = c->state == COMM_JOINING ? CCS_ERR_RETRY : CCS_ERR_PEER_LOST;
     if (ranks[0])
-      ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s serving rank(s) %s is unreachable: %s",
-                     addr, ranks, why);
+      ccsd_comm_fail(c, status, "the daemon at %s serving rank(s) %s is unreachable: %s", addr, ranks, why);
     else
-      ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the root daemon at %s is unreachable: %s", addr, why);
+      ccsd_comm_fail(c, status, "the root daemon at %s is unreachable: %s", addr, why);
   }
 }

@@ -653,6 +653,71 @@ static void test_host_stream_lost(void **state) {
   assert_int_equal(test_daemon_stop(&dmn), 0);
 }
 
+/* A comm still forming when a daemon of it goes: the ranks waiting in
+ * their init (all but the last, held back) send it again once the daemon
+ * is back, whether theirs went (the connection lost) or another one of
+ * the comm (its init failed everywhere); the last joins after the restart,
+ * and the comm's all_reduce is checked. */
+#define FORMING_COUNT 1001
+static int forming_rank(int rank, int n, void *arg) {
+  (void)arg;
+  if (rank == n - 1)
+    while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+  ccs_comm_t *comm;
+  ccs_result_t rc = ccs_comm_init_rank(&comm, n, sh->id[0], rank);
+  if (rc != CCS_OK) {
+    fprintf(stderr, "rank %d: init: %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(NULL));
+    return 10;
+  }
+  int64_t v[FORMING_COUNT];
+  for (size_t i = 0; i < FORMING_COUNT; i++) v[i] = value(rank, 0, i);
+  rc = ccs_all_reduce(v, v, FORMING_COUNT, CCS_INT64, CCS_SUM, comm, NULL);
+  int bad = rc != CCS_OK || check("all_reduce", rank, 0, v, FORMING_COUNT, sum_of, n);
+  if (rc != CCS_OK) fprintf(stderr, "rank %d: %s: %s\n", rank, ccs_result_name(rc), ccs_comm_last_error(comm));
+  ccs_comm_destroy(comm);
+  return bad;
+}
+
+/* Until d holds a comm (30 s at most). */
+static void wait_for_a_comm(const struct test_daemon *d) {
+  for (double until = test_now() + 30; test_now() < until; usleep(1000)) {
+    Ccs__StatsReply *st = raw_stats(d->socket);
+    int there = st && st->comms >= 1;
+    if (st) ccs__stats_reply__free_unpacked(st, NULL);
+    if (there) return;
+  }
+}
+
+/* The ranks but the last in their init at every daemon of `at`, then
+ * `victim` killed (or stopped) and started again by `again`. */
+static void forming(int n, struct test_daemon *at, int nat, struct test_daemon *victim, int term,
+                    int (*again)(void)) {
+  sh->hold = 1;
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(n, forming_rank, NULL, 60, NULL));
+  for (int k = 0; k < nat; k++) wait_for_a_comm(&at[k]);
+  usleep(200000); /* every rank's join there */
+  if (term) assert_int_equal(test_daemon_term(victim), 0);
+  else test_daemon_kill(victim);
+  assert_int_equal(again(), 0);
+  __atomic_store_n(&sh->hold, 0, __ATOMIC_SEQ_CST);
+  int status;
+  assert_int_equal(waitpid(ranks, &status, 0), ranks);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void test_init_cut_short(void **state) {
+  (void)state;
+  for (int term = 0; term < 2; term++) {
+    sh->seed = test_seed();
+    assert_int_equal(test_daemon_start(&dmn, NULL), 0);
+    test_new_id(&sh->id[0]);
+    forming(3, &dmn, 1, &dmn, term, dmn_again);
+    assert_int_equal(test_daemon_stop(&dmn), 0);
+  }
+}
+
 /* --- across daemons: ranks on two daemons (rank r on daemon r % 2), and
  * the second one restarts while the first holds their comms for it
  * (peer_restart_grace). Only the second daemon's ranks rejoin; the first
@@ -1191,6 +1256,23 @@ static void test_nodes_replayed(void **state) {
   }
 }
 
+/* The same across daemons (3 ranks: 0 and 2 on the first, 1 on the
+ * second): the root's daemon goes, its rank's init cut short and the
+ * other's failing (the root lost, then refusing connections until it is
+ * back); or the other daemon goes, the root failing the comm. */
+static int first_again(void) { return start_node(0, 1, "30"); }
+
+static void test_nodes_init_cut_short(void **state) {
+  (void)state;
+  for (int victim = 0; victim < 2; victim++)
+    for (int term = 0; term < 2; term++) {
+      fresh_round(0);
+      start_nodes(NULL, 0, "30");
+      forming(3, node, 2, &node[victim], term, victim ? second_again : first_again);
+      stop_nodes();
+    }
+}
+
 /* The second daemon does not come back: the first one's ranks get
  * CCS_ERR_PEER_LOST once peer_restart_grace passed, saying so. */
 static int deserted_rank(int rank, int n, void *arg) {
@@ -1237,6 +1319,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_host_stream_late_second, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ids_after_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_init_cut_short, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_stream_lost, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_waiting, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_started, setup, teardown),
@@ -1248,6 +1331,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_replayed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_sent_ahead, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_init_cut_short, setup, teardown),
   };
   TEST_ONLY_FROM_ENV();
   return cmocka_run_group_tests(tests, NULL, NULL);
