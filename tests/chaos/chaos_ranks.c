@@ -161,10 +161,11 @@ static uint64_t wrong_in(int k, int rank, int n, uint64_t round, size_t c, const
   return bad;
 }
 
-/* The comm of the next epoch. An init that a daemon's death cut short
- * (its answer lost, or the comm's first daemon gone) cannot be rejoined:
- * this rank goes on to the epoch after, and so do the others, when their
- * init fails too or their comm, short of this rank, fails its first call. */
+/* The comm of the next epoch. libccs sends an init that a daemon's death
+ * cut short again, but one whose comm was complete somewhere when a daemon
+ * went, this rank's answer lost with it, cannot be: this rank goes on to
+ * the epoch after, and so do the others, when their init fails too or
+ * their comm, short of this rank, fails its first call. */
 static int join(ccs_comm_t **comm, int rank, int n, uint64_t *epoch) {
   for (int tries = 0; tries < 8; tries++, ++*epoch) {
     char name[64];
