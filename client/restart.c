@@ -558,6 +558,8 @@ static void restart(struct ccs__conn *c) {
     }
     if (!v) {
       if (status[i] == CCS_OK) status[i] = CCS_ERR_PROTOCOL;
+      /* (a comm's calls do not repeat on a comm that is gone) */
+      if (status[i] == CCS_ERR_RETRY) status[i] = CCS_ERR_PEER_LOST;
       if (nc)
         snprintf(text, sizeof(text), "ccsd restarted, and the communicator could not be rejoined: %s",
                  texts[i]);

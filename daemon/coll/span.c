@@ -360,8 +360,8 @@ static void on_fail(struct coll *co, const char *addr, const struct peer_fail *f
   for (char *p = text; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
   ccs_result_t status = f->status > 0 && f->status < 64 ? f->status : CCS_ERR_PEER_LOST;
-  if (status == CCS_ERR_RETRY && c->state != COMM_JOINING) status = CCS_ERR_PEER_LOST; /* (only an init is sent again) */
   if (f->refused_rank) { /* the root refused one rank's join of a comm by name: it alone fails */
+    if (status == CCS_ERR_RETRY) status = CCS_ERR_PEER_LOST; /* (a refusal: the same again) */
     struct member *m = c->named && c->state == COMM_JOINING && c->root[0] && !strcmp(addr, c->root) &&
                                f->refused_rank <= (uint32_t)c->nranks
                            ? c->members[f->refused_rank - 1] : NULL;
