@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "call.h"
@@ -78,14 +77,11 @@ static int priority_of(const char *what, const struct join *j) {
  * from a parent, which its daemon makes from the parent's handle. */
 static ccs_result_t init_call(struct ccs_comm *cm, Ccs__Request *req, const struct join *j,
                               Ccs__Reply **reply) {
-  double timeout = j->parent ? 0 : ccs__reconnect_timeout();
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t deadline = ccs__now_ns() + (uint64_t)((j->parent ? 0 : ccs__reconnect_timeout()) * 1e9);
   for (int tries = 0;; tries++) {
     ccs_result_t rc = ccs__conn_call(cm->conn, req, -1, reply);
     if (rc != CCS_ERR_DAEMON_UNAVAILABLE && rc != CCS_ERR_RETRY) return rc;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9 >= timeout)
+    if (ccs__now_ns() >= deadline)
       return rc == CCS_ERR_RETRY ? CCS_ERR_PEER_LOST : rc; /* that daemon is not back: as it said */
     usleep(tries < 10 ? 50000 : 200000); /* the daemon back, the others' inits failed too */
     struct ccs__conn *next;

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "ccs.h"
 #include "wire.h"
@@ -362,6 +363,13 @@ int ccs__chan_settled(ccs_comm_t *comm, int chan, uint64_t first, uint64_t count
 /* Whether comm's collectives on c go out with their numbers (ccs.proto's
  * Op.number): only while c counts every call (its journal) and comm's
  * numbers are exact (has_id); the daemon checks what it is told. */
+/* The monotonic clock, in ns. */
+static inline uint64_t ccs__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static inline int ccs__numbers_sent(const struct ccs__conn *c, const ccs_comm_t *comm) {
   return c->journal && c->keeper_started && comm->has_id;
 }

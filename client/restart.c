@@ -36,12 +36,6 @@
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t settled_cv = PTHREAD_COND_INITIALIZER;
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 double ccs__reconnect_timeout(void) {
   const char *v = getenv("CCS_RECONNECT_TIMEOUT");
   if (!v || !*v) return 30;
@@ -517,18 +511,18 @@ static void restart(struct ccs__conn *c) {
   }
   /* a daemon that goes again while they rejoin is waited for again */
   double timeout = ccs__reconnect_timeout();
-  uint64_t deadline = now_ns() + (uint64_t)(timeout * 1e9), wait_us = 10000;
+  uint64_t deadline = ccs__now_ns() + (uint64_t)(timeout * 1e9), wait_us = 10000;
   struct ccs__conn *nc = NULL;
   while (asked) {
-    while (ccs__conn_open(&nc, 1) != CCS_OK && now_ns() < deadline) {
+    while (ccs__conn_open(&nc, 1) != CCS_OK && ccs__now_ns() < deadline) {
       usleep((useconds_t)wait_us);
       if (wait_us < 500000) wait_us *= 2;
     }
     if (!nc) break;
     /* each comm's ranks all come back within the daemon's init deadline */
-    ccs__conn_call_all(nc, reqs, asked, now_ns() + (uint64_t)(timeout + 120) * 1000000000u, replies,
+    ccs__conn_call_all(nc, reqs, asked, ccs__now_ns() + (uint64_t)(timeout + 120) * 1000000000u, replies,
                        status, texts);
-    if (ccs__conn_check(nc) == CCS_OK || now_ns() >= deadline) break;
+    if (ccs__conn_check(nc) == CCS_OK || ccs__now_ns() >= deadline) break;
     for (size_t i = 0; i < asked; i++)
       if (replies[i]) ccs__reply__free_unpacked(replies[i], NULL), replies[i] = NULL;
     ccs__conn_put(nc);

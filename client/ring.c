@@ -74,12 +74,6 @@ struct ccs__ring {
   struct ccs__journal *journal; /* the connection's (restart.c), or NULL: its op numbers */
 };
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 
 static void let_all_go(struct ccs__ring *r, const char *why);
 
@@ -292,19 +286,19 @@ static void take_completions(struct ccs__ring *r) {
  * that comes during a yield waits for its system call. */
 static ccs_result_t wait_done(struct ccs__conn *c, uint32_t seen) {
   struct ccs__ring_shared *sh = c->ring->sh;
-  uint64_t start = now_ns();
+  uint64_t start = ccs__now_ns();
   uint64_t watch_until = atomic_load_explicit(&c->ring->alone, memory_order_relaxed)
                              ? start + CCS__WATCH_ALONE_NS : 0;
   for (unsigned k = 0;; k++) { /* (pauses count too: unsigned, it wraps harmlessly) */
     if (atomic_load_explicit(&sh->done_tail, memory_order_acquire) != seen) return CCS_OK;
-    if (k < 8 || (watch_until && ((k & 15) || now_ns() < watch_until))) {
+    if (k < 8 || (watch_until && ((k & 15) || ccs__now_ns() < watch_until))) {
       ccs__cpu_relax();
       continue;
     }
-    uint64_t yielded = now_ns();
+    uint64_t yielded = ccs__now_ns();
     if (yielded - start >= c->ring->spin_ns) break;
     sched_yield();
-    uint64_t back = now_ns(); /* alone on this CPU: watch a while without system calls */
+    uint64_t back = ccs__now_ns(); /* alone on this CPU: watch a while without system calls */
     int alone = back - yielded < CCS__YIELD_ALONE_NS;
     atomic_store_explicit(&c->ring->alone, alone, memory_order_relaxed);
     watch_until = alone ? back + CCS__WATCH_ALONE_NS : 0;
@@ -345,7 +339,7 @@ static int wait_for(struct ccs__conn *c, int slot, size_t n) {
   struct ccs__ring *r = c->ring;
   struct ccs__ring_shared *sh = r->sh;
   pthread_mutex_lock(&r->mu);
-  uint64_t since = now_ns();
+  uint64_t since = ccs__now_ns();
   while ((slot && r->nfree == 0) ||
          CCS__RING_ENTRIES - (r->sub_tail - atomic_load_explicit(&sh->sub_head, memory_order_acquire)) < n) {
     take_completions(r);
@@ -354,8 +348,8 @@ static int wait_for(struct ccs__conn *c, int slot, size_t n) {
     pthread_mutex_unlock(&r->mu);
     ccs_result_t rc = CCS_OK;
     if (no_slot) rc = wait_done(c, seen); /* (slots draining come free without an answer) */
-    else if (now_ns() - since < SLEEP_CHECK_NS) sched_yield();
-    else rc = ccs__conn_check(c), since = now_ns();
+    else if (ccs__now_ns() - since < SLEEP_CHECK_NS) sched_yield();
+    else rc = ccs__conn_check(c), since = ccs__now_ns();
     if (rc != CCS_OK) return -1;
     pthread_mutex_lock(&r->mu);
   }
@@ -601,7 +595,7 @@ static int device_calls_out(struct ccs__ring *r) {
 static void *guard(void *arg) {
   struct ccs__ring *r = ((struct guard_args *)arg)->r;
   struct pollfd p[2] = {{((struct guard_args *)arg)->fd, 0, 0}, {r->guard_stop, POLLIN, 0}};
-  uint64_t stall = ((struct guard_args *)arg)->stall_ns, beat_at = now_ns();
+  uint64_t stall = ((struct guard_args *)arg)->stall_ns, beat_at = ccs__now_ns();
   free(arg);
   uint32_t beat = atomic_load_explicit(&r->sh->daemon_beat, memory_order_relaxed);
   int every_ms = stall ? (int)(stall / 4000000 < 10 ? 10 : stall / 4000000 > 1000 ? 1000 : stall / 4000000) : -1;
@@ -617,7 +611,7 @@ static void *guard(void *arg) {
     }
     if (!stall) continue;
     uint32_t now_beat = atomic_load_explicit(&r->sh->daemon_beat, memory_order_relaxed);
-    uint64_t now = now_ns();
+    uint64_t now = ccs__now_ns();
     if (now_beat != beat || !device_calls_out(r)) { /* alive, or nothing to lose */
       beat = now_beat;
       beat_at = now;
