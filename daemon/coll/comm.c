@@ -67,8 +67,9 @@ static void on_release(uv_timer_t *t) { ccsd_comm_unref(t->data); }
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   if (c->state == COMM_FAILED) return;
   enum comm_state was = c->state;
-  /* only a first init is sent again on it: a ready or rejoined comm's
-   * calls would repeat forever (another daemon's word may say it of any) */
+  /* only a first init is sent again on it (span.c): a ready or rejoined
+   * comm's calls would repeat forever (another daemon's word may say it
+   * of any comm) */
   if (error == CCS_ERR_RETRY && (was != COMM_JOINING || c->rejoining)) error = CCS_ERR_PEER_LOST;
   c->state = COMM_FAILED;
   c->error = error;

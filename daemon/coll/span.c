@@ -403,6 +403,13 @@ static void ranks_at(const struct comm *c, const char *addr, char *buf, size_t l
   }
 }
 
+/* How a comm fails for a daemon lost or stopping: one forming its first
+ * time has each rank send its init again (libccs) to meet that daemon
+ * once it is back; any other fails (ccsd_comm_fail keeps to that). */
+static ccs_result_t daemon_gone_status(const struct comm *c) {
+  return c->state == COMM_JOINING && !c->rejoining ? CCS_ERR_RETRY : CCS_ERR_PEER_LOST;
+}
+
 /* This daemon stops: its comms with ranks elsewhere fail for every daemon,
  * saying so (not as the first of its ranks that happens to be closed);
  * where the others wait for a daemon to come back, it says nothing: a
@@ -419,8 +426,8 @@ void ccsd_span_stopping(struct coll *co) {
     for (int r = 0; r < c->nranks && n + 16 < sizeof(ranks); r++)
       if (c->members[r] && !c->members[r]->remote)
         n += (size_t)snprintf(ranks + n, sizeof(ranks) - n, n ? ",%d" : "%d", r);
-    ccsd_comm_fail(c, c->state == COMM_JOINING ? CCS_ERR_RETRY : CCS_ERR_PEER_LOST, /* (as peer_lost) */
-                   "the daemon at %s serving rank(s) %s is stopping", co->self, ranks);
+    ccsd_comm_fail(c, daemon_gone_status(c), "the daemon at %s serving rank(s) %s is stopping", co->self,
+                   ranks);
   }
 }
 
@@ -452,9 +459,7 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
     int involved = ranks[0] || !strcmp(c->root, addr);
     if (!involved) continue;
     if (ranks[0] && ccsd_hold_start(c, ccsd_span_node_of(c, addr), why) == 0) continue; /* it may come back */
-    /* still forming: every rank's init is sent again (libccs), to meet the
-     * daemon once it is back (restarting) or fail with it once it is not */
-    ccs_result_t status = c->state == COMM_JOINING ? CCS_ERR_RETRY : CCS_ERR_PEER_LOST;
+    ccs_result_t status = daemon_gone_status(c);
     if (ranks[0])
       ccsd_comm_fail(c, status, "the daemon at %s serving rank(s) %s is unreachable: %s", addr, ranks, why);
     else

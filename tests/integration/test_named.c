@@ -178,15 +178,7 @@ static void test_launchers(void **state) {
 }
 
 /* Until d holds a comm (some) or none (!some); 0, or -1 after 60 s. */
-static int wait_for_comms(const struct test_daemon *d, int some) {
-  for (double until = test_now() + 60; test_now() < until; usleep(1000)) {
-    Ccs__StatsReply *st = raw_stats(d->socket);
-    int there = st && st->comms >= 1;
-    if (st) ccs__stats_reply__free_unpacked(st, NULL);
-    if (st && there == some) return 0;
-  }
-  return -1;
-}
+static int wait_for_comms(const struct test_daemon *d, int some) { return raw_wait_comms(d->socket, some, 60); }
 static void wait_for_a_comm(const struct test_daemon *d) { (void)wait_for_comms(d, 1); }
 
 /* A first job holds the name (3 ranks; `want` of them join before the

@@ -678,16 +678,6 @@ static int forming_rank(int rank, int n, void *arg) {
   return bad;
 }
 
-/* Until d holds a comm (30 s at most). */
-static void wait_for_a_comm(const struct test_daemon *d) {
-  for (double until = test_now() + 30; test_now() < until; usleep(1000)) {
-    Ccs__StatsReply *st = raw_stats(d->socket);
-    int there = st && st->comms >= 1;
-    if (st) ccs__stats_reply__free_unpacked(st, NULL);
-    if (there) return;
-  }
-}
-
 /* The ranks but the last in their init at every daemon of `at`, then
  * `victim` killed (or stopped) and started again by `again`. */
 static void forming(int n, struct test_daemon *at, int nat, struct test_daemon *victim, int term,
@@ -695,7 +685,7 @@ static void forming(int n, struct test_daemon *at, int nat, struct test_daemon *
   sh->hold = 1;
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(n, forming_rank, NULL, 60, NULL));
-  for (int k = 0; k < nat; k++) wait_for_a_comm(&at[k]);
+  for (int k = 0; k < nat; k++) raw_wait_comms(at[k].socket, 1, 30);
   usleep(200000); /* every rank's join there */
   if (term) assert_int_equal(test_daemon_term(victim), 0);
   else test_daemon_kill(victim);

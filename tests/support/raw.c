@@ -260,6 +260,16 @@ int raw_wait_ops_in_flight(const char *socket_path, uint64_t ops, double timeout
   return -1;
 }
 
+int raw_wait_comms(const char *socket_path, int some, double timeout_s) {
+  for (double end = test_now() + timeout_s; test_now() < end; usleep(1000)) {
+    Ccs__StatsReply *st = raw_stats(socket_path);
+    int there = st->comms >= 1;
+    free(st);
+    if (there == some) return 0;
+  }
+  return -1;
+}
+
 /* The counters over the daemon's kept stats connection (harness.h), made
  * again once if the daemon dropped it. */
 static Ccs__StatsReply *stats_of(const struct test_daemon *d) {

@@ -74,6 +74,9 @@ Ccs__StatsReply *raw_stats(const char *socket_path);
 /* Until the daemon holds at least `ops` calls (their ranks blocked in
  * them), for timeout_s at most: 0 when it does, -1 when it never did. */
 int raw_wait_ops_in_flight(const char *socket_path, uint64_t ops, double timeout_s);
+/* Until the daemon holds a comm (some) or none (!some), for timeout_s at
+ * most: 0 when it does, -1 when it never did. */
+int raw_wait_comms(const char *socket_path, int some, double timeout_s);
 
 /* What a daemon holds: its fds and its counters. */
 struct test_daemon_state {
