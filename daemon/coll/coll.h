@@ -70,8 +70,17 @@ struct coll {
   int silent;                 /* stopping for a restart: other daemons hold its comms, told nothing */
   int draining;               /* stopping once its ops across daemons finish (span.c) */
   uint64_t *next_id;          /* numbers for logs, shared with the layer above */
+  uint64_t started_ms;        /* when this daemon started (the loop's time) */
   struct coll_hooks hooks;
 };
+
+/* id_ttl bounds how long an id may start a comm, not how long a comm
+ * lives: a rejoin comes back to one that existed, in the first minutes
+ * after the daemon started; later, ids expire as ever. */
+#define CCSD_REJOIN_WINDOW_MS (10 * 60 * 1000)
+static inline int ccsd_rejoin_window_open(const struct coll *co) {
+  return uv_now(co->loop) - co->started_ms < CCSD_REJOIN_WINDOW_MS;
+}
 
 static inline uint64_t ccsd_now_ms_of(const struct coll *co) { return uv_now(co->loop); }
 /* The same, read afresh: where a deadline starts. The loop's cached time
@@ -105,6 +114,7 @@ struct coll_channel {
 };
 struct coll_rejoin {
   int spans; /* the comm spans daemons: the others hold it for this one */
+  Ccs__Rejoin *wire; /* with spans: the report as sent, for other daemons (refound.c) */
   size_t n;
   struct coll_channel ch[];
 };
@@ -184,6 +194,8 @@ struct comm {
   struct plan_cache plans; /* its last small op's plan, for the next like it */
   struct comm_hold *hold;  /* hold.c: a daemon of it went; held until it is back */
   int rejoining;           /* made again by its ranks after this daemon restarted */
+  uint64_t rejoin_until_ms; /* rejoining across daemons: when it fails, not made yet */
+  int refound;             /* made again through its root: every daemon of it restarted (refound.c) */
   struct regather *regather; /* span.c: the daemons that held it, heard so far */
   uint64_t coll_finished, coll_retry; /* the rejoin's verdict on its collectives (rejoin.c) */
   uint64_t *resumed;       /* regather.c: per node, the hold this daemon answered */
@@ -326,6 +338,8 @@ void ccsd_comm_set_label(struct comm *c, const char *label);
 void ccsd_comm_named_conflict(const struct comm *c, const char *label, int nranks, int rank,
                               const char *algo, char *err, size_t errlen);
 void ccsd_comm_ready(struct comm *c);
+void ccsd_comm_init_timed_out(struct comm *c); /* its init (or rejoin) waited too long */
+double ccsd_rejoin_wait_s(const struct coll *co); /* how long a rejoin across daemons waits for them */
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A local rank's client destroyed it (graceful) or went away. */
@@ -439,5 +453,12 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
 void ccsd_regather_check(struct comm *c); /* a local rank rejoined: maybe every rank is back */
 int ccsd_regather_involved(const struct comm *c, const char *addr);
 void ccsd_regather_free(struct comm *c);
+
+/* refound.c: every daemon of a comm restarted, none holds it; its root
+ * makes it again from every rank's report */
+void ccsd_refound_wait(struct comm *c, uint64_t wait_ms); /* a rejoining comm that spans daemons */
+void ccsd_refound_join(struct coll *co, const char *addr, const struct peer_join *j,
+                       const struct ccs__unique_id *id); /* the root: a PeerJoin with a report */
+int ccsd_refound_reports(struct comm *c, const char *addr, const struct peer_ready *rd); /* -1: failed */
 
 #endif

@@ -97,20 +97,23 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
 }
 
 #define REGATHER_WAIT_S 10.0
+double ccsd_rejoin_wait_s(const struct coll *co) {
+  return co->cfg.init_timeout_s < REGATHER_WAIT_S ? co->cfg.init_timeout_s : REGATHER_WAIT_S;
+}
 
-static void on_init_timeout(uv_timer_t *t) {
-  struct comm *c = t->data;
+void ccsd_comm_init_timed_out(struct comm *c) {
   char missing[256], present[256];
   if (c->rejoining) {
     format_ranks(present, sizeof(present), c, 0);
     format_ranks(missing, sizeof(missing), c, 1);
     ccsd_comm_fail(c, CCS_ERR_TIMEOUT,
                    "rejoining after the restart timed out after %.1f s: rank(s) %s are back, rank(s) %s "
-                   "did not rejoin here%s", (double)(ccsd_now_ms_of(c->co) - c->created_ms) / 1000.0,
+                   "did not rejoin%s", (double)(ccsd_now_ms_of(c->co) - c->created_ms) / 1000.0,
                    present, missing[0] ? missing : "(none)",
-                   c->regather ? "" : " and no other daemon held the communicator for them (it failed "
-                   "there: another of its daemons went too, a CUDA stream's call was under way, or their "
-                   "peer_restart_grace is 0)");
+                   c->regather || c->refound ? ""
+                   : " and no other daemon held the communicator for them nor came back with its ranks "
+                     "(it failed there: another of its daemons went too, a CUDA stream's call was under "
+                     "way, or their peer_restart_grace is 0)");
     return;
   }
   if (c->root[0]) {
@@ -128,6 +131,8 @@ static void on_init_timeout(uv_timer_t *t) {
                  "called ccs_comm_init_rank (ranks %s waited)",
                  c->co->cfg.init_timeout_s, c->joined, c->nranks, missing, present);
 }
+
+static void on_init_timeout(uv_timer_t *t) { ccsd_comm_init_timed_out(t->data); }
 
 /* The table's key: the name hashed with this daemon's own random key, so
  * that names made from chosen secrets cannot be aimed at one bucket. */
@@ -218,7 +223,7 @@ ccs_result_t ccsd_comm_check_join(struct comm *c, int rank, int nranks, const ch
 
 /* Every rank arrived (the root), or the root said so (another daemon). */
 void ccsd_comm_ready(struct comm *c) {
-  if (c->spans && !c->root[0] && !c->rejoining) ccsd_span_ready(c);
+  if (c->spans && !c->root[0] && (!c->rejoining || c->refound)) ccsd_span_ready(c);
   if (c->state != COMM_JOINING) return;
   if (ccsd_rejoin_settle(c) != CCS_OK) return;
   c->state = COMM_READY;
@@ -321,12 +326,11 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
   LOG_TRACE(CCS_LOG_INIT, "comm %llu: rank %d joined (pid %d), %d/%d", (unsigned long long)c->id, rank,
             (int)pid, c->joined, c->nranks);
   *ret = mb;
-  if (rejoin && c->joined == 1) { /* made again after this daemon restarted */
+  if (rejoin && c->joined == 1 && !c->rejoining) { /* made again after this daemon restarted */
     c->rejoining = 1;
-    /* across daemons, the others that hold it speak within a second or so:
-     * none within REGATHER_WAIT_MS, none holds it (it failed there) */
-    double wait = co->cfg.init_timeout_s < REGATHER_WAIT_S ? co->cfg.init_timeout_s : REGATHER_WAIT_S;
-    if (rejoin->spans) uv_timer_start(&c->timer, on_init_timeout, (uint64_t)(wait * 1000), 0);
+    /* across daemons, the others that hold it speak within a second or so,
+     * or, restarted too, come back with their ranks (refound.c) */
+    if (rejoin->spans) ccsd_refound_wait(c, (uint64_t)(ccsd_rejoin_wait_s(co) * 1000));
   }
   if (c->regather) ccsd_regather_check(c); /* the daemons that held it spoke */
   else if (c->root[0] && !c->rejoining) ccsd_span_joined(c, mb); /* the root says when all are there */

@@ -175,6 +175,12 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
     return;
   }
   if (!c->rejoining) return;
+  if (c->refound) { /* made again through the root, as if every daemon of it restarted */
+    ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s held the communicator while others of its "
+                   "daemons restarted: only one of them at a time, or all of them, can", addr);
+    ccsd_span_tell_failed(co, addr, c->name, c->error, c->error_text);
+    return;
+  }
   const char *bad = bad_map(c, addr, m);
   if (bad) {
     LOG_WARN("daemon at %s: a rejoin refused: %s", addr, bad);

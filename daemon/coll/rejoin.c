@@ -24,6 +24,15 @@ static const struct coll_channel *find(const struct member *m, int peer, int sen
   return NULL;
 }
 
+/* A report of its own (packed and read back): the request it came in goes. */
+static Ccs__Rejoin *copy_report(const Ccs__Rejoin *m) {
+  size_t len = ccs__rejoin__get_packed_size(m);
+  uint8_t *buf = malloc(len ? len : 1);
+  Ccs__Rejoin *copy = buf ? ccs__rejoin__unpack(NULL, ccs__rejoin__pack(m, buf), buf) : NULL;
+  free(buf);
+  return copy;
+}
+
 #define REJOIN_RETRIES_MAX 4096u
 struct coll_rejoin *ccsd_rejoin_parse(const Ccs__Rejoin *m, int nranks, char *err, size_t errlen) {
   if (m->n_channels > 2 * (size_t)nranks + 1) {
@@ -73,11 +82,17 @@ struct coll_rejoin *ccsd_rejoin_parse(const Ccs__Rejoin *m, int nranks, char *er
     }
   }
   free(seen);
+  if (r->spans && !(r->wire = copy_report(m))) {
+    snprintf(err, errlen, "out of memory");
+    ccsd_rejoin_free(r);
+    return NULL;
+  }
   return r;
 }
 
 void ccsd_rejoin_free(struct coll_rejoin *r) {
   for (size_t i = 0; r && i < r->n; i++) free(r->ch[i].retry);
+  if (r && r->wire) ccs__rejoin__free_unpacked(r->wire, NULL);
   free(r);
 }
 

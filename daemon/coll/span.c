@@ -34,7 +34,7 @@ void ccsd_span_joined(struct comm *c, struct member *mb) {
                        .join = {.id = c->id_bytes, .id_len = sizeof(c->id_bytes),
                                 .nranks = (uint32_t)c->nranks, .rank = (uint32_t)mb->rank,
                                 .uid = (uint32_t)c->uid, .pid = mb->pid, .algo = c->algo_text,
-                                .label = c->label}};
+                                .label = c->label, .report = mb->rejoin ? mb->rejoin->wire : NULL}};
   ccsd_peers_send(c->co->peers, c->root, &m);
 }
 
@@ -80,15 +80,27 @@ void ccsd_span_ready(struct comm *c) {
   int n = c->nranks;
   char(*addrs)[CCSD_ADDR_MAX] = calloc((size_t)n, sizeof(*addrs));
   char **ptrs = calloc((size_t)n, sizeof(char *));
-  if (!addrs || !ptrs || !c->co->peers) {
-    free(addrs);
-    free(ptrs);
+  /* made again from its ranks' reports: every one of them, to each daemon */
+  Ccs__PeerRank *ranks = c->refound ? calloc((size_t)n, sizeof(*ranks)) : NULL;
+  Ccs__PeerRank **rank_ptrs = c->refound ? calloc((size_t)n, sizeof(*rank_ptrs)) : NULL;
+  if (!addrs || !ptrs || !c->co->peers || (c->refound && (!ranks || !rank_ptrs))) {
+    free(addrs), free(ptrs), free(ranks), free(rank_ptrs);
     ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory making the communicator ready");
     return;
   }
   for (int r = 0; r < n; r++) {
     snprintf(addrs[r], CCSD_ADDR_MAX, "%s", c->members[r]->remote ? c->members[r]->addr : c->co->self);
     ptrs[r] = addrs[r];
+    if (!c->refound) continue;
+    if (!c->members[r]->rejoin || !c->members[r]->rejoin->wire) {
+      free(addrs), free(ptrs), free(ranks), free(rank_ptrs);
+      ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "rank %d came back without a report of its calls", r);
+      return;
+    }
+    ccs__peer_rank__init(&ranks[r]);
+    ranks[r].rank = (uint32_t)r;
+    ranks[r].report = c->members[r]->rejoin->wire;
+    rank_ptrs[r] = &ranks[r];
   }
   c->chunk_bytes = c->co->cfg.chunk_bytes;
   c->lanes = c->co->cfg.peer_connections;
@@ -98,13 +110,14 @@ void ccsd_span_ready(struct comm *c) {
     struct peer_msg m = {.kind = PEER_READY,
                          .ready = {.name = c->name, .name_len = CCS__NAME_BYTES,
                                    .addrs = (const char *const *)ptrs, .naddrs = (size_t)n,
-                                   .chunk_bytes = c->chunk_bytes, .lanes = (uint32_t)c->lanes}};
+                                   .chunk_bytes = c->chunk_bytes, .lanes = (uint32_t)c->lanes,
+                                   .ranks = (const Ccs__PeerRank *const *)rank_ptrs,
+                                   .nranks = c->refound ? (size_t)n : 0}};
     for (int k = 0; k < c->nnodes; k++)
       if (k != c->mynode) ccsd_peers_send(c->co->peers, c->node_addr[k], &m);
     LOG_INFO(CCS_LOG_INIT, "comm %llu spans %d daemons", (unsigned long long)c->id, c->nnodes);
   }
-  free(addrs);
-  free(ptrs);
+  free(addrs), free(ptrs), free(ranks), free(rank_ptrs);
 }
 
 /* Every other daemon this comm involves (known so far). */
@@ -220,7 +233,7 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
   else if (!named && (id.magic != CCS__UNIQUE_ID_MAGIC || !ccs__protocol_served(id.protocol) ||
                       strcmp(id.root, co->self) || !ccsd_unique_id_valid(co, &id)))
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id not issued by the daemon at %s (or from before it restarted)", co->self);
-  else if (!named && ccsd_unique_id_age(co, &id) < 0)
+  else if (!named && ccsd_unique_id_age(co, &id) < 0 && !(j->report && ccsd_rejoin_window_open(co)))
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "unique id expired (id_ttl %.0f s at the root daemon %s)", co->cfg.id_ttl_s, co->self);
   else if (j->uid != id.owner_uid) /* the joining daemon vouches for its client's uid */
     rc = CCS_ERR_PERMISSION, snprintf(err, sizeof(err), "this unique id belongs to another user's communicator");
@@ -230,6 +243,10 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "CCS_ALGO: longer than 511 characters");
   else if (ccsd_algo_rules_parse(algo, &rules, err + 10, sizeof(err) - 10))
     rc = CCS_ERR_INVALID_ARGUMENT, memcpy(err, "CCS_ALGO: ", 10);
+  if (rc == CCS_OK && j->report) { /* a rank back after every daemon of its comm restarted */
+    ccsd_refound_join(co, addr, j, &id);
+    return;
+  }
   struct comm *c = rc == CCS_OK ? ccsd_comm_find(co, name) : NULL;
   if (rc == CCS_OK && !c) {
     c = ccsd_comm_create(co, &id, (int)j->nranks, algo, (int)j->rank, &rc, err, sizeof(err));
@@ -337,6 +354,10 @@ static void on_ready(struct coll *co, const char *addr, const struct peer_ready 
       snprintf(mb->addr, sizeof(mb->addr), "%s", addrs[r]);
       c->members[r] = mb;
     }
+  }
+  if (c->state == COMM_JOINING && c->rejoining && ccsd_refound_reports(c, addr, rd)) {
+    free(addrs);
+    return;
   }
   c->chunk_bytes = rd->chunk_bytes;
   c->lanes = (int)rd->lanes;
@@ -458,6 +479,8 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
     ranks_at(c, addr, ranks, sizeof(ranks));
     int involved = ranks[0] || !strcmp(c->root, addr);
     if (!involved) continue;
+    /* rejoining, the root not back yet: its ranks' reports go again (refound.c) */
+    if (c->rejoining && c->state == COMM_JOINING && !ranks[0] && !c->regather) continue;
     if (ranks[0] && ccsd_hold_start(c, ccsd_span_node_of(c, addr), why) == 0) continue; /* it may come back */
     ccs_result_t status = daemon_gone_status(c);
     if (ranks[0])

@@ -47,8 +47,6 @@ void ccsd_client_comms_sweep(struct session *s) {
   }
 }
 
-#define REJOIN_WINDOW_MS (10 * 60 * 1000)
-
 void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) {
   struct daemon *d = s->d;
   struct ccs__unique_id uid;
@@ -134,10 +132,7 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
                        "unique id not issued by this daemon (or from before it restarted)");
     return;
   }
-  /* id_ttl bounds how long an id may start a comm, not how long a comm
-   * lives: a rejoin comes back to one that existed, in the first minutes
-   * after the daemon started (REJOIN_WINDOW_MS); later, ids expire as ever */
-  int rejoin_ttl_free = m->rejoin && uv_now(d->loop) - d->started_ms < REJOIN_WINDOW_MS;
+  int rejoin_ttl_free = m->rejoin && ccsd_rejoin_window_open(&d->coll); /* (coll.h) */
   if (ours && !named && !rejoin_ttl_free && ccsd_unique_id_age(&d->coll, &uid) < 0) {
     snprintf(err, sizeof(err), "unique id expired: issued %.0f s ago, valid for %.0f s (id_ttl)",
              difftime(time(NULL), (time_t)uid.issued_s), d->cfg.id_ttl_s);

@@ -71,6 +71,7 @@ int ccsd_daemon_init(struct daemon *d, uv_loop_t *loop) {
   struct coll *co = &d->coll;
   co->loop = loop;
   co->next_id = &d->next_id;
+  co->started_ms = d->started_ms;
   co->hooks = (struct coll_hooks){ccsd_tenant_coll_charge, ccsd_tenant_coll_release, d};
   co->cfg = (struct coll_config){
       .init_timeout_s = cfg.init_timeout_s, .op_timeout_s = cfg.op_timeout_s, .id_ttl_s = cfg.id_ttl_s,

@@ -23,6 +23,7 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     j.pid = m->join.pid;
     j.algo = (char *)m->join.algo;
     j.label = (char *)(m->join.label ? m->join.label : "");
+    j.report = (Ccs__Rejoin *)m->join.report;
     w.body_case = CCS__PEER_MSG__BODY_JOIN, w.join = &j;
     break;
   case PEER_READY:
@@ -31,6 +32,8 @@ uint8_t *ccsd_peer_msg_pack(const struct peer_msg *m, size_t max, size_t *ret_le
     rd.n_addrs = m->ready.naddrs;
     rd.chunk_bytes = m->ready.chunk_bytes;
     rd.lanes = m->ready.lanes;
+    rd.ranks = (Ccs__PeerRank **)m->ready.ranks;
+    rd.n_ranks = m->ready.nranks;
     w.body_case = CCS__PEER_MSG__BODY_READY, w.ready = &rd;
     break;
   case PEER_FAIL:
@@ -92,13 +95,14 @@ void ccsd_peer_msg_view(const Ccs__PeerMsg *w, struct peer_msg *ret) {
     ret->kind = PEER_JOIN;
     ret->join = (struct peer_join){w->join->id.data, w->join->id.len, w->join->nranks, w->join->rank,
                                    w->join->uid,     w->join->pid,    w->join->algo,
-                                   w->join->label};
+                                   w->join->label,   w->join->report};
     break;
   case CCS__PEER_MSG__BODY_READY:
     ret->kind = PEER_READY;
     ret->ready = (struct peer_ready){w->ready->name.data,          w->ready->name.len,
                                      (const char *const *)w->ready->addrs, w->ready->n_addrs,
-                                     w->ready->chunk_bytes,        w->ready->lanes};
+                                     w->ready->chunk_bytes,        w->ready->lanes,
+                                     (const Ccs__PeerRank *const *)w->ready->ranks, w->ready->n_ranks};
     break;
   case CCS__PEER_MSG__BODY_FAIL:
     ret->kind = PEER_FAIL;

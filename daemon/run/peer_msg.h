@@ -19,6 +19,7 @@ struct peer_join {
   int32_t pid;
   const char *algo;
   const char *label; /* a comm by name: that name, for texts only */
+  const Ccs__Rejoin *report; /* a rank back after every daemon of it restarted (coll/refound.c); NULL: a first join */
 };
 
 /* every rank arrived: rank r is served by the daemon at addrs[r] */
@@ -29,6 +30,8 @@ struct peer_ready {
   size_t naddrs;
   uint64_t chunk_bytes; /* the same on every daemon: chunks are messages */
   uint32_t lanes;       /* data connections per pair of daemons */
+  const Ccs__PeerRank *const *ranks; /* a comm made again: every rank's report (coll/refound.c) */
+  size_t nranks;
 };
 
 struct peer_fail {

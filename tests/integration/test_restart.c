@@ -200,6 +200,7 @@ struct where {
   struct test_daemon *victim, *waiting; /* waiting: where rank 0 waits in the held round */
   int (*again)(void);                   /* the victim started again */
   const char *what;                     /* for the report */
+  struct test_daemon *also;             /* dies with the victim (again() starts both); NULL: none */
 };
 
 /* The ranks' loop while the victim dies where `failpoint` says (NULL:
@@ -228,8 +229,11 @@ static void run_at(const struct where *w, void (*stop)(void), int n, int kinds, 
     /* every rank there: no call but rank 0's is under way when the daemon goes */
     wait_at_hold(n);
     wait_for_call(w->waiting);
+    if (w->also && term) kill(w->also->pid, SIGTERM); /* both stop together */
     if (term) assert_int_equal(test_daemon_term(w->victim), 0);
     else test_daemon_kill(w->victim);
+    if (w->also && term) assert_int_equal(test_daemon_term(w->also), 0);
+    else if (w->also) test_daemon_kill(w->also);
     usleep(100000); /* the keepers try, and wait for the daemon */
     assert_int_equal(w->again(), 0);
     restarts++;
@@ -1263,6 +1267,27 @@ static void test_nodes_init_cut_short(void **state) {
     }
 }
 
+/* Both daemons go together (a cluster's daemons restarted at once),
+ * killed or stopped while rank 0 waits alone, the ids from either: none
+ * holds the comms, so each is made again through its root from every
+ * rank's report (refound.c), and every kind of call goes on, sends and
+ * receives across the daemons among them, every element right. */
+static int both_again(void) { return start_node(0, 1, "30") || start_node(1, 1, "30"); }
+
+static void test_nodes_all_restart(void **state) {
+  (void)state;
+  for (int term = 0; term < 2; term++)
+    for (int root = 0; root < 2; root++) {
+      fresh_round(0);
+      start_nodes(NULL, root, "30");
+      const struct where both = {&node[1], &node[0], both_again,
+                                 root ? "both daemons together, ids from the second: "
+                                      : "both daemons together, ids from the first: ",
+                                 &node[0]};
+      run_at(&both, stop_nodes, 3, 4, NULL, term, 0);
+    }
+}
+
 /* The second daemon does not come back: the first one's ranks get
  * CCS_ERR_PEER_LOST once peer_restart_grace passed, saying so. */
 static int deserted_rank(int rank, int n, void *arg) {
@@ -1322,6 +1347,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_sent_ahead, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_init_cut_short, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_all_restart, setup, teardown),
   };
   TEST_ONLY_FROM_ENV();
   return cmocka_run_group_tests(tests, NULL, NULL);
