@@ -14,7 +14,8 @@
 # otherwise.
 #   scripts/chaos.sh [ROUNDS] [RANKS] [BUILD_DIR] [DAEMONS]   (default 10, 4, build, 1)
 # CCSD_PATH runs another daemon (the ThreadSanitizer one); CHAOS_DEATHS=kill
-# or term deals only one kind of death.
+# or term deals only one kind of death; CHAOS_TOGETHER=1 strikes every
+# daemon at once each time (a cluster's daemons restarted together).
 set -euo pipefail
 rounds=${1:-10}
 nranks=${2:-4}
@@ -66,9 +67,10 @@ for _ in $(seq "$rounds"); do
   # the unit's restart), as its ranks rejoin and resubmit
   sleep "$(awk -v r=$RANDOM -v q=$((RANDOM % 4)) -v n="$ndaemons" 'BEGIN {
     printf "%.2f", (n > 1 ? 1.2 + r / 32767 * 1.2 : q ? 0.3 + r / 32767 * 1.2 : 0.3 + r / 32767 * 0.2) }')"
-  unit=${units[$((RANDOM % ndaemons))]}
+  struck=("${units[$((RANDOM % ndaemons))]}")
+  [ "${CHAOS_TOGETHER:-0}" = 1 ] && struck=("${units[@]}")
   deaths=${CHAOS_DEATHS:-both}
-  if [ "$deaths" = kill ] || { [ "$deaths" != term ] && ((RANDOM % 2)); }; then kill -USR1 "$unit"; kills=$((kills + 1)); else kill -USR2 "$unit"; terms=$((terms + 1)); fi
+  if [ "$deaths" = kill ] || { [ "$deaths" != term ] && ((RANDOM % 2)); }; then kill -USR1 "${struck[@]}"; kills=$((kills + 1)); else kill -USR2 "${struck[@]}"; terms=$((terms + 1)); fi
 done
 sleep 1
 touch "$dir/stop"
@@ -94,7 +96,9 @@ status=0
 wait "$job" || status=$?
 job=
 read -r _ calls _ ok _ retried _ failed _ wrong _ comms <"$dir/report" || true
-echo "chaos: $rounds daemon deaths ($kills kill -9, $terms SIGTERM), $nranks ranks on $ndaemons daemon(s):" \
+together=
+[ "${CHAOS_TOGETHER:-0}" = 1 ] && ((ndaemons > 1)) && together=", every daemon at once"
+echo "chaos: $rounds daemon deaths ($kills kill -9, $terms SIGTERM$together), $nranks ranks on $ndaemons daemon(s):" \
      "${calls:-?} calls, ${ok:-?} right, ${retried:-?} repeated after CCS_ERR_RETRY," \
      "${failed:-?} failed (${comms:-?} comms), ${wrong:-?} wrong elements, $hangs hangs"
 if [ "$status" -ne 0 ] || [ "$hangs" -ne 0 ] || [ "${wrong:-1}" -ne 0 ] || [ "${ok:-0}" -eq 0 ]; then

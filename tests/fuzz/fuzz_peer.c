@@ -136,8 +136,10 @@ static void make_ids(struct fuzz_input *in) {
 }
 
 /* A local client joins rank `rank` of ids[k] (nranks as given), or
- * rejoins it after a restart, reporting 3 collectives finished. */
-static struct frame rejoin_frame(uint64_t req_id, ProtobufCBinaryData id, uint32_t nranks, uint32_t rank) {
+ * rejoins it after a restart (rejoin 2: its comm spanning daemons),
+ * reporting 3 collectives finished. */
+static struct frame rejoin_frame(uint64_t req_id, ProtobufCBinaryData id, uint32_t nranks, uint32_t rank,
+                                 int spans) {
   Ccs__Request req = CCS__REQUEST__INIT;
   Ccs__CommInit ci = CCS__COMM_INIT__INIT;
   Ccs__Rejoin rj = CCS__REJOIN__INIT;
@@ -146,6 +148,7 @@ static struct frame rejoin_frame(uint64_t req_id, ProtobufCBinaryData id, uint32
   ch.done = 3;
   rj.channels = chs;
   rj.n_channels = 1;
+  rj.spans = spans;
   ci.id = id;
   ci.nranks = nranks;
   ci.rank = rank;
@@ -160,7 +163,7 @@ static void local_join(int fd, int k, uint32_t nranks, uint32_t rank, int rejoin
   memcpy(bytes, &ids[k], sizeof(ids[k]));
   ProtobufCBinaryData id = {sizeof(bytes), bytes};
   struct frame f[2] = {frame_hello(1, CCS__PROTOCOL_VERSION),
-                       rejoin ? rejoin_frame(2, id, nranks, rank) : frame_comm_init(2, id, nranks, rank)};
+                       rejoin ? rejoin_frame(2, id, nranks, rank, rejoin > 1) : frame_comm_init(2, id, nranks, rank)};
   for (int i = 0; i < 2; i++) {
     if (f[i].data && send(fd, f[i].data, f[i].len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* closed */ }
     free(f[i].data);
@@ -195,6 +198,41 @@ static size_t fuzz_addrs(struct fuzz_input *in, int choices, char *addrs[8], cha
   return n;
 }
 
+/* Up to 2 ranks' reports of where their calls stood after a restart, in
+ * or out of range (a holder's rejoin, a comm made again: its joins and
+ * its rank map). */
+struct fuzz_reports {
+  Ccs__PeerRank pr[2], *prp[2];
+  Ccs__Rejoin rep[2];
+  Ccs__Channel chan[4], *chp[4];
+  protobuf_c_boolean retry[4][2];
+};
+static size_t fuzz_reports(struct fuzz_input *in, struct fuzz_reports *f) {
+  size_t n = fuzz_u8(in) % 3;
+  for (size_t r = 0; r < n; r++) {
+    ccs__peer_rank__init(&f->pr[r]);
+    ccs__rejoin__init(&f->rep[r]);
+    f->pr[r].rank = fuzz_u8(in) % 8 ? fuzz_u8(in) % 4 : fuzz_u32(in);
+    f->pr[r].report = fuzz_u8(in) % 8 ? &f->rep[r] : NULL;
+    f->rep[r].spans = fuzz_u8(in) % 4 != 0;
+    f->rep[r].n_channels = fuzz_u8(in) % 3;
+    f->rep[r].channels = &f->chp[2 * r];
+    for (size_t k = 0; k < f->rep[r].n_channels; k++) {
+      Ccs__Channel *ch = &f->chan[2 * r + k];
+      ccs__channel__init(ch);
+      ch->peer = fuzz_u8(in) % 4 ? (int32_t)(fuzz_u8(in) % 4) - 1 : (int32_t)fuzz_u32(in);
+      ch->send = fuzz_u8(in) % 2;
+      ch->done = fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
+      ch->n_must_retry = fuzz_u8(in) % 3;
+      for (size_t q = 0; q < ch->n_must_retry; q++) f->retry[2 * r + k][q] = fuzz_u8(in) % 2;
+      ch->must_retry = f->retry[2 * r + k];
+      f->chp[2 * r + k] = ch;
+    }
+    f->prp[r] = &f->pr[r];
+  }
+  return n;
+}
+
 /* Up to max counts of messages between two ranks, in or out of range. */
 static size_t fuzz_counts(struct fuzz_input *in, Ccs__PeerCount *counts, Ccs__PeerCount **ptrs, size_t max) {
   size_t n = fuzz_u8(in) % (max + 1);
@@ -218,10 +256,7 @@ static void one_message(struct fuzz_input *in) {
   Ccs__PeerData dm = CCS__PEER_DATA__INIT;
   Ccs__PeerRejoin rj = CCS__PEER_REJOIN__INIT;
   Ccs__PeerResume rs = CCS__PEER_RESUME__INIT;
-  Ccs__PeerRank pr[2], *prp[2];
-  Ccs__Rejoin rep[2];
-  Ccs__Channel chan[4], *chp[4];
-  protobuf_c_boolean retry[4][2];
+  struct fuzz_reports reps;
   Ccs__PeerCount counts[6], *countp[6]; /* kept sends, messages arrived, a verdict's counts */
   int sub;
   uint8_t idbytes[256] = {0}, name[48] = {0}; /* room for lengths that are wrong */
@@ -240,6 +275,8 @@ static void one_message(struct fuzz_input *in) {
     j.uid = fuzz_u8(in) % 8 ? ids[k].owner_uid : fuzz_u32(in);
     j.pid = (int32_t)fuzz_u32(in);
     j.algo = fuzz_u8(in) % 4 ? "" : fuzz_string(in, algo, sizeof(algo));
+    if (fuzz_u8(in) % 4 == 0 && fuzz_reports(in, &reps)) /* back after every daemon of it restarted */
+      j.report = reps.pr[0].report;
     m.body_case = CCS__PEER_MSG__BODY_JOIN, m.join = &j;
     break;
   }
@@ -249,6 +286,10 @@ static void one_message(struct fuzz_input *in) {
     rd.addrs = addrs;
     rd.chunk_bytes = fuzz_u8(in) % 4 ? 1u << (12 + fuzz_u8(in) % 16) : fuzz_u64(in);
     rd.lanes = fuzz_u8(in) % 4 ? 1u + fuzz_u8(in) % 3u : fuzz_u32(in);
+    if (fuzz_u8(in) % 4 == 0) { /* made again: every rank's report */
+      rd.n_ranks = fuzz_reports(in, &reps);
+      rd.ranks = reps.prp;
+    }
     m.body_case = CCS__PEER_MSG__BODY_READY, m.ready = &rd;
     break;
   }
@@ -284,28 +325,8 @@ static void one_message(struct fuzz_input *in) {
       rj.lanes = fuzz_u8(in) % 4 ? 1u + fuzz_u8(in) % 3u : fuzz_u32(in);
       rj.hold = fuzz_u64(in);
       rj.kept = fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
-      rj.n_ranks = fuzz_u8(in) % 3;
-      for (size_t r = 0; r < rj.n_ranks; r++) {
-        ccs__peer_rank__init(&pr[r]);
-        ccs__rejoin__init(&rep[r]);
-        pr[r].rank = fuzz_u8(in) % 8 ? fuzz_u8(in) % 4 : fuzz_u32(in);
-        pr[r].report = fuzz_u8(in) % 8 ? &rep[r] : NULL;
-        rep[r].n_channels = fuzz_u8(in) % 3;
-        rep[r].channels = &chp[2 * r];
-        for (size_t k = 0; k < rep[r].n_channels; k++) {
-          Ccs__Channel *ch = &chan[2 * r + k];
-          ccs__channel__init(ch);
-          ch->peer = fuzz_u8(in) % 4 ? (int32_t)(fuzz_u8(in) % 4) - 1 : (int32_t)fuzz_u32(in);
-          ch->send = fuzz_u8(in) % 2;
-          ch->done = fuzz_u8(in) % 4 ? fuzz_u8(in) % 8 : fuzz_u64(in);
-          ch->n_must_retry = fuzz_u8(in) % 3;
-          for (size_t q = 0; q < ch->n_must_retry; q++) retry[2 * r + k][q] = fuzz_u8(in) % 2;
-          ch->must_retry = retry[2 * r + k];
-          chp[2 * r + k] = ch;
-        }
-        prp[r] = &pr[r];
-      }
-      rj.ranks = prp;
+      rj.n_ranks = fuzz_reports(in, &reps);
+      rj.ranks = reps.prp;
       rj.n_kept_sends = fuzz_counts(in, counts, countp, 3);
       rj.kept_sends = countp;
       rj.n_arrived = fuzz_counts(in, counts + 3, countp + 3, 3);
@@ -450,7 +471,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* rank 0 of a comm rooted here, and a rank of one rooted elsewhere */
     local_join(fds[i], i, 2 + fuzz_u8(&in) % 2, 0, 0);
     uint8_t b = fuzz_u8(&in); /* its rank, and (bit 1) whether it comes back after a restart */
-    local_join(fds[i], 2 + i, 2, b % 2, b & 2);
+    local_join(fds[i], 2 + i, 2, b % 2, b & 2 ? 1 + (b & 4) / 4 : 0);
   }
   spin();
   wire_open(&in);
