@@ -63,11 +63,11 @@ job=$!
 kills=0 terms=0
 for _ in $(seq "$rounds"); do
   # across daemons, one at a time: the last one back and its comms settled
-  # first (every daemon at once: made again, 2.5 s after the ranks are
+  # first (every daemon at once: made again 2.5 s after the ranks are
   # back, coll/refound.c); one daemon, a quarter of the deaths soon after
   # the last (0.3 s: the unit's restart), as its ranks rejoin and resubmit
   sleep "$(awk -v r=$RANDOM -v q=$((RANDOM % 4)) -v n="$ndaemons" -v all="${CHAOS_TOGETHER:-0}" 'BEGIN {
-    s = n > 1 && all == 1 ? 3.4 + r / 32767 * 1.2 : n > 1 ? 1.2 + r / 32767 * 1.2 : q ? 0.3 + r / 32767 * 1.2 : 0.3 + r / 32767 * 0.2
+    s = n > 1 && all == 1 ? 5 + r / 32767 * 2 : n > 1 ? 1.2 + r / 32767 * 1.2 : q ? 0.3 + r / 32767 * 1.2 : 0.3 + r / 32767 * 0.2
     printf "%.2f", s }')"
   struck=("${units[$((RANDOM % ndaemons))]}")
   [ "${CHAOS_TOGETHER:-0}" = 1 ] && struck=("${units[@]}")

@@ -33,6 +33,11 @@
  * it closed its connections still arrives (a stop finishes its ops first,
  * main.c), and an op it finished finishes here too. */
 #define HOLD_RUN_ON_MS 1000
+/* Another daemon of the comm gone while it is held: no one is left to
+ * settle with, unless this one goes too (every daemon of a comm stopped
+ * together, their signals a moment apart: made again through its root,
+ * refound.c). It fails once this long passed without this daemon's stop. */
+#define HOLD_ALSO_GONE_MS 2000
 
 struct comm_hold {
   char addr[CCSD_ADDR_MAX];
@@ -46,6 +51,8 @@ struct comm_hold {
   int took;           /* arrived is final (its connections were looked at) */
   struct held_msg *arrived; /* from the ranks there, no receive here took them yet */
   char why[160];
+  uint64_t also_ms;            /* another daemon gone too: when the comm fails (0: none) */
+  char also[CCSD_ADDR_MAX];    /* that daemon */
 };
 
 /* A post whose op reads what it writes: it cannot run again once begun. */
@@ -96,7 +103,11 @@ static void ranks_of(const struct comm *c, int node, char *buf, size_t len) {
 static void on_ask(uv_timer_t *t);
 
 int ccsd_hold_start(struct comm *c, int node, const char *why) {
-  if (c->hold) return c->hold->node == node ? 0 : -1; /* a second daemon gone: no one to settle with */
+  if (c->hold && c->hold->node != node && node >= 0 && node < c->nnodes && !c->hold->also_ms) {
+    c->hold->also_ms = ccsd_fresh_ms_of(c->co) + HOLD_ALSO_GONE_MS;
+    snprintf(c->hold->also, sizeof(c->hold->also), "%s", c->node_addr[node]);
+  }
+  if (c->hold) return 0;
   if (c->co->cfg.peer_restart_grace_s <= 0 || c->state != COMM_READY || !c->node_of_rank || node < 0 ||
       node >= c->nnodes || node == c->mynode)
     return -1;
@@ -493,6 +504,12 @@ static void on_ask(uv_timer_t *t) {
   struct comm_hold *h = c->hold;
   if (!h || c->state != COMM_READY) return;
   uint64_t now = ccsd_fresh_ms_of(c->co);
+  if (h->also_ms && now >= h->also_ms) {
+    ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemons at %s and at %s both went (%s), and this one "
+                   "stayed: one of a communicator's daemons at a time, or all of them, can restart",
+                   h->addr, h->also, h->why);
+    return;
+  }
   if (now >= h->until_ms) {
     char ranks[256];
     ranks_of(c, h->node, ranks, sizeof(ranks));
