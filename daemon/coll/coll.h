@@ -428,6 +428,9 @@ void ccsd_agree_release(struct comm *c); /* the comm failed or goes */
 void ccsd_span_message(struct coll *co, const char *addr, const struct peer_msg *m);
 void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why);
 void ccsd_span_joined(struct comm *c, struct member *m);  /* a local rank, root elsewhere */
+/* Rank `rank`, served by the daemon at addr, as a member of c; NULL (c
+ * failed) when out of memory. */
+struct member *ccsd_span_remote_member(struct comm *c, int rank, pid_t pid, const char *addr);
 void ccsd_span_ready(struct comm *c);                     /* the root: every rank arrived */
 void ccsd_span_failed(struct comm *c);                    /* tell the others, close data */
 void ccsd_span_free(struct comm *c);

@@ -126,18 +126,11 @@ void ccsd_refound_join(struct coll *co, const char *addr, const struct peer_join
     mb->rejoin = report;
     return;
   }
-  if (!(mb = calloc(1, sizeof(*mb)))) {
+  if (!(mb = ccsd_span_remote_member(c, (int)j->rank, j->pid, addr))) {
     ccsd_rejoin_free(report);
-    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory");
     return;
   }
-  mb->comm = c;
-  mb->rank = (int)j->rank;
-  mb->pid = j->pid;
-  mb->remote = 1;
   mb->rejoin = report;
-  snprintf(mb->addr, sizeof(mb->addr), "%s", addr);
-  c->members[mb->rank] = mb;
   c->spans = 1;
   c->refound = 1;
   if (++c->joined < c->nranks) return;

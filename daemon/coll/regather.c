@@ -144,16 +144,7 @@ static int take_map(struct comm *c, const char *addr, const struct peer_rejoin *
                      addr, r, g->addrs[r]);
       return -1;
     }
-    struct member *mb = calloc(1, sizeof(*mb));
-    if (!mb) {
-      ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
-      return -1;
-    }
-    mb->comm = c;
-    mb->rank = r;
-    mb->remote = 1;
-    snprintf(mb->addr, sizeof(mb->addr), "%s", g->addrs[r]);
-    c->members[r] = mb;
+    if (!ccsd_span_remote_member(c, r, 0, g->addrs[r])) return -1;
     c->joined++;
   }
   return 0;

@@ -38,6 +38,21 @@ void ccsd_span_joined(struct comm *c, struct member *mb) {
   ccsd_peers_send(c->co->peers, c->root, &m);
 }
 
+struct member *ccsd_span_remote_member(struct comm *c, int rank, pid_t pid, const char *addr) {
+  struct member *mb = calloc(1, sizeof(*mb));
+  if (!mb) {
+    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory");
+    return NULL;
+  }
+  mb->comm = c;
+  mb->rank = rank;
+  mb->pid = pid;
+  mb->remote = 1;
+  snprintf(mb->addr, sizeof(mb->addr), "%s", addr);
+  c->members[rank] = mb;
+  return mb;
+}
+
 /* Daemons numbered by their first rank, participants ordered by daemon. */
 int ccsd_span_map(struct comm *c, char (*rank_addr)[CCSD_ADDR_MAX]) {
   int n = c->nranks;
@@ -270,17 +285,7 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
     return;
   }
   if (ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, algo, j->pid) != CCS_OK) return;
-  struct member *mb = calloc(1, sizeof(*mb));
-  if (!mb) {
-    ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory");
-    return;
-  }
-  mb->comm = c;
-  mb->rank = (int)j->rank;
-  mb->pid = j->pid;
-  mb->remote = 1;
-  snprintf(mb->addr, sizeof(mb->addr), "%s", addr);
-  c->members[mb->rank] = mb;
+  if (!ccsd_span_remote_member(c, (int)j->rank, j->pid, addr)) return;
   c->spans = 1;
   if (++c->joined == c->nranks) ccsd_comm_ready(c);
 }
@@ -342,17 +347,8 @@ static void on_ready(struct coll *co, const char *addr, const struct peer_ready 
     if (here != (c->members[r] != NULL)) {
       ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s places rank %d %s", addr, r,
                      here ? "here, where it never joined" : "elsewhere, but it joined here");
-    } else if (!here) {
-      struct member *mb = calloc(1, sizeof(*mb));
-      if (!mb) {
-        ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory");
-        break;
-      }
-      mb->comm = c;
-      mb->rank = r;
-      mb->remote = 1;
-      snprintf(mb->addr, sizeof(mb->addr), "%s", addrs[r]);
-      c->members[r] = mb;
+    } else if (!here && !ccsd_span_remote_member(c, r, 0, addrs[r])) {
+      break;
     }
   }
   if (c->state == COMM_JOINING && c->rejoining && ccsd_refound_reports(c, addr, rd)) {
