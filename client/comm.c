@@ -74,20 +74,23 @@ static int priority_of(const char *what, const struct join *j) {
  * (its connection lost), or another of the comm's (CCS_ERR_RETRY: every
  * daemon of the comm failed it as it formed, and every rank sends its
  * init again, to meet once that daemon is back). Not for a comm derived
- * from a parent, which its daemon makes from the parent's handle. */
+ * from a parent, which its daemon makes from the parent's handle.
+ *
+ * Where its own daemon went, the comm may have been complete, this rank's
+ * answer lost with the daemon: it goes again as a rejoin reporting no
+ * channel (it made no call), which joins the comm made again by the other
+ * ranks' rejoins, or, where it formed nowhere, makes it as a first init
+ * (docs/restart.md). */
 static ccs_result_t init_call(struct ccs_comm *cm, Ccs__Request *req, const struct join *j,
                               Ccs__Reply **reply) {
   uint64_t deadline = ccs__now_ns() + (uint64_t)((j->parent ? 0 : ccs__reconnect_timeout()) * 1e9);
+  Ccs__Rejoin no_call = CCS__REJOIN__INIT;
   for (int tries = 0;; tries++) {
     ccs_result_t rc = ccs__conn_call(cm->conn, req, -1, reply);
     if (rc != CCS_ERR_DAEMON_UNAVAILABLE && rc != CCS_ERR_RETRY) return rc;
-    if (ccs__now_ns() >= deadline)
+    if (rc == CCS_ERR_DAEMON_UNAVAILABLE) req->comm_init->rejoin = &no_call;
+    if (!ccs__ride_again(&cm->conn, &deadline, tries))
       return rc == CCS_ERR_RETRY ? CCS_ERR_PEER_LOST : rc; /* that daemon is not back: as it said */
-    usleep(tries < 10 ? 50000 : 200000); /* the daemon back, the others' inits failed too */
-    struct ccs__conn *next;
-    if (ccs__conn_get(&next) != CCS_OK) continue; /* still down: the next try says so again */
-    ccs__conn_put(cm->conn);
-    cm->conn = next;
   }
 }
 

@@ -291,6 +291,12 @@ struct ccs_comm {
 /* Whether this process rejoins its comms when its daemon goes
  * (CCS_RECONNECT_TIMEOUT, seconds, default 30; 0: no). */
 double ccs__reconnect_timeout(void);
+/* A call that needs no comm (an init, a registration) and found the
+ * daemon gone, or (init) another daemon of the comm not back: whether to
+ * send it again, after a pause, on *c, moved to the next connection. Each
+ * connection gets CCS_RECONNECT_TIMEOUT from when the call found it: time
+ * spent waiting for a keeper's rejoins does not count. */
+int ccs__ride_again(struct ccs__conn **c, uint64_t *deadline_ns, int tries);
 /* The journal for a new connection (protocol 5 daemons): made, mapped,
  * passed. Quietly none when that fails (calls then resubmit less). */
 void ccs__journal_open(struct ccs__conn *c);

@@ -101,6 +101,17 @@ ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_
   return register_on(c, fd, device, NULL, size, NULL, ret_id);
 }
 
+/* register_on for the job's own call, made again on the next connection
+ * where the daemon went under it and comes back (*c moves there). */
+static ccs_result_t register_riding(struct ccs__conn **c, int fd, int device, const void *addr,
+                                    size_t size, const uint8_t *ipc, uint64_t *ret_id) {
+  uint64_t deadline = ccs__now_ns() + (uint64_t)(ccs__reconnect_timeout() * 1e9);
+  for (int tries = 0;; tries++) {
+    ccs_result_t rc = register_on(*c, fd, device, addr, size, ipc, ret_id);
+    if (rc != CCS_ERR_DAEMON_UNAVAILABLE || !ccs__ride_again(c, &deadline, tries)) return rc;
+  }
+}
+
 /* Adds a to the table (a->conn's reference becomes the table's). */
 static ccs_result_t remember(const struct allocation *a) {
   pthread_mutex_lock(&mem_mu);
@@ -146,7 +157,7 @@ static ccs_result_t alloc(void **ptr, size_t bytes, int device) {
   uint64_t id;
   rc = device >= 0 ? ccs__gpu_alloc(device, bytes, &p, &bytes, &fd) : ccs__memfd_map(bytes, &fd, &p);
   if (rc != CCS_OK) goto out;
-  if ((rc = ccs__mem_register_fd(c, fd, device, bytes, &id)) != CCS_OK) {
+  if ((rc = register_riding(&c, fd, device, NULL, bytes, NULL, &id)) != CCS_OK) {
     unmap(p, bytes, device);
     close(fd);
     goto out;
@@ -229,7 +240,7 @@ CCS__API ccs_result_t ccs_mem_register(void *ptr, size_t bytes) {
   }
   struct ccs__conn *c;
   if ((rc = ccs__conn_get(&c)) != CCS_OK) return rc;
-  if ((rc = register_on(c, -1, a.device, a.ptr, a.size, a.ipc, &a.id)) == CCS_OK) {
+  if ((rc = register_riding(&c, -1, a.device, a.ptr, a.size, a.ipc, &a.id)) == CCS_OK) {
     ccs__conn_ref(c);
     a.conn = c;
     if ((rc = remember(&a)) != CCS_OK) forget(&a);

@@ -44,6 +44,17 @@ double ccs__reconnect_timeout(void) {
   return *end || !(s >= 0 && s <= 1e6) ? 30 : s;
 }
 
+int ccs__ride_again(struct ccs__conn **c, uint64_t *deadline_ns, int tries) {
+  if (ccs__now_ns() >= *deadline_ns) return 0;
+  usleep(tries < 10 ? 50000 : 200000); /* the daemon back, the others' inits failed too */
+  struct ccs__conn *next;
+  if (ccs__conn_get(&next) != CCS_OK) return 1; /* still down: the next try says so again */
+  if (next != *c) *deadline_ns = ccs__now_ns() + (uint64_t)(ccs__reconnect_timeout() * 1e9);
+  ccs__conn_put(*c);
+  *c = next;
+  return 1;
+}
+
 /* --- the journal --- */
 
 void ccs__journal_open(struct ccs__conn *c) {

@@ -114,7 +114,7 @@ struct coll_channel {
 };
 struct coll_rejoin {
   int spans; /* the comm spans daemons: the others hold it for this one */
-  Ccs__Rejoin *wire; /* with spans: the report as sent, for other daemons (refound.c) */
+  Ccs__Rejoin *wire; /* with spans, or none made (n 0): the report as sent, for other daemons (refound.c) */
   size_t n;
   struct coll_channel ch[];
 };

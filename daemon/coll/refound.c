@@ -34,10 +34,11 @@ static void on_tick(uv_timer_t *t) {
     ccsd_comm_init_timed_out(c);
     return;
   }
-  /* (the root gathers; a daemon that holds the comm spoke: it settles) */
+  /* (the root gathers; a daemon that holds the comm spoke: it settles);
+   * a rank here by its first init joins there as first inits do */
   if (c->root[0] && !c->regather && c->co->peers && c->co->cfg.peer_restart_grace_s > 0)
     for (int r = 0; r < c->nranks; r++)
-      if (c->members[r] && !c->members[r]->remote && c->members[r]->rejoin) ccsd_span_joined(c, c->members[r]);
+      if (c->members[r] && !c->members[r]->remote) ccsd_span_joined(c, c->members[r]);
   uint64_t left = c->rejoin_until_ms - now;
   uv_timer_start(&c->timer, on_tick, c->root[0] && left > REFOUND_EVERY_MS ? REFOUND_EVERY_MS : left, 0);
 }
@@ -109,11 +110,11 @@ void ccsd_refound_join(struct coll *co, const char *addr, const struct peer_join
     return;
   }
   struct coll_rejoin *report = ccsd_rejoin_parse(j->report, c->nranks, err, sizeof(err));
-  if (report && !report->spans) snprintf(err, sizeof(err), "its report says it spans no daemons");
+  if (report && !report->spans && report->n) snprintf(err, sizeof(err), "its report says it spans no daemons");
   struct member *mb = c->members[j->rank];
-  if (report && report->spans && mb && (!mb->remote || strcmp(mb->addr, addr)))
+  if (report && (report->spans || !report->n) && mb && (!mb->remote || strcmp(mb->addr, addr)))
     snprintf(err, sizeof(err), "rank %u came back here and at %s", j->rank, mb->remote ? mb->addr : co->self);
-  else if (report && report->spans)
+  else if (report && (report->spans || !report->n))
     err[0] = 0;
   if (err[0]) {
     ccsd_rejoin_free(report);
@@ -144,6 +145,15 @@ int ccsd_refound_reports(struct comm *c, const char *addr, const struct peer_rea
                    "daemon held it: only one of its daemons at a time, or all of them, can restart", addr);
     return -1;
   }
+  if (!rd->nranks) { /* formed anew: every rank here sent its init again, none made a call */
+    for (int r = 0; r < c->nranks; r++)
+      if (!c->members[r]->remote && c->members[r]->rejoin && c->members[r]->rejoin->n) {
+        ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s formed the communicator anew, but rank "
+                       "%d rejoined here with its calls", addr, r);
+        return -1;
+      }
+    return 0;
+  }
   for (size_t i = 0; i < rd->nranks; i++) {
     const Ccs__PeerRank *pr = rd->ranks[i];
     char err[CCS__ERROR_TEXT_MAX] = "";
@@ -163,8 +173,8 @@ int ccsd_refound_reports(struct comm *c, const char *addr, const struct peer_rea
     ccsd_rejoin_free(c->members[pr->rank]->rejoin); /* (a repeat: the latest) */
     c->members[pr->rank]->rejoin = report;
   }
-  for (int r = 0; r < c->nranks; r++)
-    if (!c->members[r]->rejoin) {
+  for (int r = 0; r < c->nranks; r++) /* (one here without: its first init, no call made) */
+    if (c->members[r]->remote && !c->members[r]->rejoin) {
       ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s made the communicator again without "
                      "rank %d's report", addr, r);
       return -1;

@@ -82,7 +82,9 @@ struct coll_rejoin *ccsd_rejoin_parse(const Ccs__Rejoin *m, int nranks, char *er
     }
   }
   free(seen);
-  if (r->spans && !(r->wire = copy_report(m))) {
+  /* (a rank that sent its init again reports no channel: it may join
+   * a comm formed anew, or made again at the root, refound.c) */
+  if ((r->spans || !r->n) && !(r->wire = copy_report(m))) {
     snprintf(err, errlen, "out of memory");
     ccsd_rejoin_free(r);
     return NULL;

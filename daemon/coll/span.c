@@ -96,6 +96,7 @@ void ccsd_span_ready(struct comm *c) {
   char(*addrs)[CCSD_ADDR_MAX] = calloc((size_t)n, sizeof(*addrs));
   char **ptrs = calloc((size_t)n, sizeof(char *));
   /* made again from its ranks' reports: every one of them, to each daemon */
+  static Ccs__Rejoin no_call = CCS__REJOIN__INIT;
   Ccs__PeerRank *ranks = c->refound ? calloc((size_t)n, sizeof(*ranks)) : NULL;
   Ccs__PeerRank **rank_ptrs = c->refound ? calloc((size_t)n, sizeof(*rank_ptrs)) : NULL;
   if (!addrs || !ptrs || !c->co->peers || (c->refound && (!ranks || !rank_ptrs))) {
@@ -107,14 +108,15 @@ void ccsd_span_ready(struct comm *c) {
     snprintf(addrs[r], CCSD_ADDR_MAX, "%s", c->members[r]->remote ? c->members[r]->addr : c->co->self);
     ptrs[r] = addrs[r];
     if (!c->refound) continue;
-    if (!c->members[r]->rejoin || !c->members[r]->rejoin->wire) {
+    const struct coll_rejoin *rj = c->members[r]->rejoin;
+    if (rj && !rj->wire) {
       free(addrs), free(ptrs), free(ranks), free(rank_ptrs);
       ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "rank %d came back without a report of its calls", r);
       return;
     }
     ccs__peer_rank__init(&ranks[r]);
     ranks[r].rank = (uint32_t)r;
-    ranks[r].report = c->members[r]->rejoin->wire;
+    ranks[r].report = rj ? rj->wire : &no_call; /* a first init: no call made */
     rank_ptrs[r] = &ranks[r];
   }
   c->chunk_bytes = c->co->cfg.chunk_bytes;
@@ -258,11 +260,15 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
     rc = CCS_ERR_INVALID_ARGUMENT, snprintf(err, sizeof(err), "CCS_ALGO: longer than 511 characters");
   else if (ccsd_algo_rules_parse(algo, &rules, err + 10, sizeof(err) - 10))
     rc = CCS_ERR_INVALID_ARGUMENT, memcpy(err, "CCS_ALGO: ", 10);
-  if (rc == CCS_OK && j->report) { /* a rank back after every daemon of its comm restarted */
+  struct comm *c = rc == CCS_OK ? ccsd_comm_find(co, name) : NULL;
+  /* a rank back after every daemon of its comm restarted; or one that
+   * sent its init again (no channel), which joins a comm formed anew as a
+   * first init does */
+  if (rc == CCS_OK && j->report &&
+      (j->report->n_channels || !c || c->state != COMM_JOINING || c->rejoining)) {
     ccsd_refound_join(co, addr, j, &id);
     return;
   }
-  struct comm *c = rc == CCS_OK ? ccsd_comm_find(co, name) : NULL;
   if (rc == CCS_OK && !c) {
     c = ccsd_comm_create(co, &id, (int)j->nranks, algo, (int)j->rank, &rc, err, sizeof(err));
     if (c) { /* held for the other daemons until it is ready or failed */
@@ -270,6 +276,11 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
       ccsd_comm_ref(c);
     }
   }
+  /* the same rank through the same daemon again: a made-again comm's
+   * joins repeat, and an init sent again after its daemon restarted may
+   * find the first one here (the daemon's loss not seen yet) */
+  const struct member *before = rc == CCS_OK && c->state == COMM_JOINING ? c->members[j->rank] : NULL;
+  if (before && before->remote && !strcmp(before->addr, addr)) return;
   if (rc == CCS_OK && c->named && !c->label[0]) ccsd_comm_set_label(c, j->label);
   /* a name can be taken by another job by mistake: only the newcomer fails */
   int newcomer = rc == CCS_OK && c->named &&
@@ -287,6 +298,9 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
   if (ccsd_comm_check_join(c, (int)j->rank, (int)j->nranks, algo, j->pid) != CCS_OK) return;
   if (!ccsd_span_remote_member(c, (int)j->rank, j->pid, addr)) return;
   c->spans = 1;
+  /* made again here, its own ranks back, and the others' inits sent again
+   * (theirs failed as it formed): every daemon hears every rank's report */
+  if (c->rejoining) c->refound = 1;
   if (++c->joined == c->nranks) ccsd_comm_ready(c);
 }
 

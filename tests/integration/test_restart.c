@@ -244,6 +244,7 @@ static void run_at(const struct where *w, void (*stop)(void), int n, int kinds, 
     if (done == ranks) break;
     if (w->victim->pid > 0 && !test_daemon_alive(w->victim)) { /* the failpoint: as systemd, start it again */
       test_daemon_kill(w->victim);
+      if (w->also) test_daemon_kill(w->also); /* (crashed together) */
       assert_int_equal(w->again(), 0);
       restarts++;
     }
@@ -344,6 +345,16 @@ static void test_answered_to_some(void **state) {
   run(3, 4, "answer:20", 0, 0); /* round 4 (in place): one rank has its answer */
   run(2, 4, "answer:13", 0, 0); /* round 4: finished, no answer out (the journal says so) */
   run(3, 4, "answer:17", 0, 0); /* round 3: the ring's */
+}
+
+/* The daemon goes as it answers a comm's inits, some of its ranks
+ * answered: those not send their init again, as a rejoin that made no
+ * call, and join the comm the others rejoin; the rank that got its init
+ * answer then calls ccs_mem_alloc, which goes to the daemon back too. */
+static void test_init_answered_to_some(void **state) {
+  (void)state;
+  run(3, 4, "answer:2", 0, 0); /* the first comm: rank 0 answered */
+  run(2, 4, "answer:4", 0, 0); /* the second: rank 0 answered, then its ccs_mem_alloc */
 }
 
 static void test_host_stream(void **state) {
@@ -1274,6 +1285,25 @@ static void test_nodes_init_cut_short(void **state) {
  * receives across the daemons among them, every element right. */
 static int both_again(void) { return start_node(0, 1, "30") || start_node(1, 1, "30"); }
 
+/* The same across daemons: the second one (ranks 1 and 3) goes as it
+ * answers the first comm's inits, which the first daemon completed (it
+ * holds the comm), and the second comm's inits as they form; alone, or
+ * with the first daemon crashing at once (the comm made again through
+ * its root, refound.c), with the ids from either. */
+static void test_nodes_init_answered_to_some(void **state) {
+  (void)state;
+  for (int root = 0; root < 2; root++) {
+    run_nodes(4, 4, "answer:1", 0, 0, root); /* none of its ranks answered */
+    run_nodes(4, 4, "answer:2", 0, 0, root); /* rank 1 answered, rank 3 not */
+    fresh_round(1);
+    start_nodes("answer:2", root, "30");
+    const struct where both = {&node[1], &node[0], both_again, root ? "both daemons, ids from the second: "
+                                                                    : "both daemons, ids from the first: ",
+                               &node[0]};
+    run_at(&both, stop_nodes, 4, 4, "answer:2", 0, 0);
+  }
+}
+
 static void test_nodes_all_restart(void **state) {
   (void)state;
   for (int term = 0; term < 2; term++)
@@ -1329,6 +1359,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_partly_written, setup, teardown),
       cmocka_unit_test_setup_teardown(test_answered_to_some, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_init_answered_to_some, setup, teardown),
       cmocka_unit_test_setup_teardown(test_parts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_killed_before_resubmit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_stream_late_second, setup, teardown),
@@ -1348,6 +1379,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_init_cut_short, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_all_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_init_answered_to_some, setup, teardown),
   };
   TEST_ONLY_FROM_ENV();
   return cmocka_run_group_tests(tests, NULL, NULL);
