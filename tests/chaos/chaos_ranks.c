@@ -162,10 +162,10 @@ static uint64_t wrong_in(int k, int rank, int n, uint64_t round, size_t c, const
 }
 
 /* The comm of the next epoch. libccs sends an init that a daemon's death
- * cut short again, but one whose comm was complete somewhere when a daemon
- * went, this rank's answer lost with it, cannot be: this rank goes on to
- * the epoch after, and so do the others, when their init fails too or
- * their comm, short of this rank, fails its first call. */
+ * cut short again (docs/restart.md); where it fails all the same (the comm
+ * failed as a further restart cut it short), this rank goes on to the
+ * epoch after, and so do the others, when their init fails too or their
+ * comm, short of this rank, fails its first call. */
 static int join(ccs_comm_t **comm, int rank, int n, uint64_t *epoch) {
   for (int tries = 0; tries < 8; tries++, ++*epoch) {
     char name[64];
