@@ -459,7 +459,9 @@ void ccsd_regather_free(struct comm *c);
 
 /* refound.c: every daemon of a comm restarted, none holds it; its root
  * makes it again from every rank's report */
-void ccsd_refound_wait(struct comm *c, uint64_t wait_ms); /* a rejoining comm that spans daemons */
+/* a rejoining comm that spans daemons: its first rank here (or, at the
+ * root, through another daemon) made calls, or sent its init again */
+void ccsd_refound_wait(struct comm *c, int made_calls);
 void ccsd_refound_join(struct coll *co, const char *addr, const struct peer_join *j,
                        const struct ccs__unique_id *id); /* the root: a PeerJoin with a report */
 int ccsd_refound_reports(struct comm *c, const char *addr, const struct peer_ready *rd); /* -1: failed */

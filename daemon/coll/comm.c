@@ -332,7 +332,7 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
      * or, restarted too, come back with their ranks (refound.c); a rank
      * that sent its init again (no channel) spans them where its id's
      * root is another daemon */
-    if (rejoin->spans || (!rejoin->n && c->root[0])) ccsd_refound_wait(c, (uint64_t)(ccsd_rejoin_wait_s(co) * 1000));
+    if (rejoin->spans || (!rejoin->n && c->root[0])) ccsd_refound_wait(c, rejoin->n > 0);
   }
   if (c->regather) ccsd_regather_check(c); /* the daemons that held it spoke */
   else if (c->root[0] && !c->rejoining) ccsd_span_joined(c, mb); /* the root says when all are there */

@@ -43,7 +43,10 @@ static void on_tick(uv_timer_t *t) {
   uv_timer_start(&c->timer, on_tick, c->root[0] && left > REFOUND_EVERY_MS ? REFOUND_EVERY_MS : left, 0);
 }
 
-void ccsd_refound_wait(struct comm *c, uint64_t wait_ms) {
+void ccsd_refound_wait(struct comm *c, int made_calls) {
+  /* a comm that may be forming anew (its ranks sent their inits again)
+   * waits for its ranks as a first init does */
+  uint64_t wait_ms = (uint64_t)((made_calls ? ccsd_rejoin_wait_s(c->co) : c->co->cfg.init_timeout_s) * 1000);
   c->rejoin_until_ms = ccsd_fresh_ms_of(c->co) + wait_ms;
   uv_timer_start(&c->timer, on_tick, c->root[0] && wait_ms > REFOUND_AFTER_MS ? REFOUND_AFTER_MS : wait_ms, 0);
 }
@@ -62,7 +65,7 @@ static struct comm *make_again(struct coll *co, const struct peer_join *j, const
   ccsd_comm_ref(c);
   if (c->named) ccsd_comm_set_label(c, j->label);
   c->rejoining = 1;
-  ccsd_refound_wait(c, (uint64_t)(ccsd_rejoin_wait_s(co) * 1000));
+  ccsd_refound_wait(c, j->report->n_channels > 0);
   return c;
 }
 

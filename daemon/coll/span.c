@@ -277,10 +277,11 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
     }
   }
   /* the same rank through the same daemon again: a made-again comm's
-   * joins repeat, and an init sent again after its daemon restarted may
-   * find the first one here (the daemon's loss not seen yet) */
+   * joins repeat (the last may cross the ready), and an init sent again
+   * after its daemon restarted may find the first one here (the daemon's
+   * loss not seen yet) */
   const struct member *before =
-      rc == CCS_OK && c->state == COMM_JOINING && j->rank < (uint32_t)c->nranks ? c->members[j->rank] : NULL;
+      rc == CCS_OK && c->state != COMM_FAILED && j->rank < (uint32_t)c->nranks ? c->members[j->rank] : NULL;
   if (before && before->remote && !strcmp(before->addr, addr)) return;
   if (rc == CCS_OK && c->named && !c->label[0]) ccsd_comm_set_label(c, j->label);
   /* a name can be taken by another job by mistake: only the newcomer fails */
