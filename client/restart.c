@@ -45,6 +45,7 @@ double ccs__reconnect_timeout(void) {
 }
 
 int ccs__ride_again(struct ccs__conn **c, uint64_t *deadline_ns, int tries) {
+  if (!*deadline_ns) *deadline_ns = ccs__now_ns() + (uint64_t)(ccs__reconnect_timeout() * 1e9);
   if (ccs__now_ns() >= *deadline_ns) return 0;
   usleep(tries < 10 ? 50000 : 200000); /* the daemon back, the others' inits failed too */
   struct ccs__conn *next;
