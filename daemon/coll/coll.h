@@ -339,6 +339,9 @@ void ccsd_comm_named_conflict(const struct comm *c, const char *label, int nrank
                               const char *algo, char *err, size_t errlen);
 void ccsd_comm_ready(struct comm *c);
 void ccsd_comm_init_timed_out(struct comm *c); /* its init (or rejoin) waited too long */
+/* Joining, and no rank known here made a call: its first inits, or inits
+ * sent again after a restart (a rejoin that made no call). */
+int ccsd_comm_forming(const struct comm *c);
 double ccsd_rejoin_wait_s(const struct coll *co); /* how long a rejoin across daemons waits for them */
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

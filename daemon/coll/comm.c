@@ -64,13 +64,20 @@ static void format_ranks(char *buf, size_t len, const struct comm *c, int want_m
 
 static void on_release(uv_timer_t *t) { ccsd_comm_unref(t->data); }
 
+int ccsd_comm_forming(const struct comm *c) {
+  if (c->state != COMM_JOINING) return 0;
+  for (int r = 0; c->rejoining && r < c->nranks; r++)
+    if (c->members[r] && c->members[r]->rejoin && c->members[r]->rejoin->n) return 0;
+  return 1;
+}
+
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   if (c->state == COMM_FAILED) return;
   enum comm_state was = c->state;
   /* only a first init is sent again on it (span.c): a ready or rejoined
    * comm's calls would repeat forever (another daemon's word may say it
    * of any comm) */
-  if (error == CCS_ERR_RETRY && (was != COMM_JOINING || c->rejoining)) error = CCS_ERR_PEER_LOST;
+  if (error == CCS_ERR_RETRY && !ccsd_comm_forming(c)) error = CCS_ERR_PEER_LOST;
   c->state = COMM_FAILED;
   c->error = error;
   va_list ap;

@@ -436,11 +436,12 @@ static void ranks_at(const struct comm *c, const char *addr, char *buf, size_t l
   }
 }
 
-/* How a comm fails for a daemon lost or stopping: one forming its first
- * time has each rank send its init again (libccs) to meet that daemon
- * once it is back; any other fails (ccsd_comm_fail keeps to that). */
+/* How a comm fails for a daemon lost or stopping: one forming (its
+ * first time, or again from inits sent again) has each rank send its init
+ * again (libccs) to meet that daemon once it is back; any other fails
+ * (ccsd_comm_fail keeps to that). */
 static ccs_result_t daemon_gone_status(const struct comm *c) {
-  return c->state == COMM_JOINING && !c->rejoining ? CCS_ERR_RETRY : CCS_ERR_PEER_LOST;
+  return ccsd_comm_forming(c) ? CCS_ERR_RETRY : CCS_ERR_PEER_LOST;
 }
 
 /* This daemon stops: its comms with ranks elsewhere fail for every daemon,
