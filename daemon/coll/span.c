@@ -436,6 +436,17 @@ static void ranks_at(const struct comm *c, const char *addr, char *buf, size_t l
   }
 }
 
+static void forget_ranks_at(struct comm *c, const char *addr) {
+  for (int r = 0; r < c->nranks; r++) {
+    struct member *m = c->members[r];
+    if (!m || !m->remote || strcmp(m->addr, addr)) continue;
+    ccsd_rejoin_free(m->rejoin);
+    free(m);
+    c->members[r] = NULL;
+    c->joined--;
+  }
+}
+
 /* How a comm fails for a daemon lost or stopping: one forming (its
  * first time, or again from inits sent again) has each rank send its init
  * again (libccs) to meet that daemon once it is back; any other fails
@@ -494,6 +505,12 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
     if (!involved) continue;
     /* rejoining, the root not back yet: its ranks' reports go again (refound.c) */
     if (c->rejoining && c->state == COMM_JOINING && !ranks[0] && !c->regather) continue;
+    /* made again here, the root, and that daemon went again: its ranks
+     * come back through it once more, their reports with them */
+    if (c->rejoining && c->state == COMM_JOINING && !c->root[0] && !c->regather) {
+      forget_ranks_at(c, addr);
+      continue;
+    }
     if (ranks[0] && ccsd_hold_start(c, ccsd_span_node_of(c, addr), why) == 0) continue; /* it may come back */
     ccs_result_t status = daemon_gone_status(c);
     if (ranks[0])

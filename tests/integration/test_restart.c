@@ -46,6 +46,9 @@ struct shared {
 };
 static struct shared *sh;
 static struct test_daemon dmn;
+static struct test_daemon node[3]; /* across daemons (below) */
+static char node_listen[3][32];
+static int nnodes = 2; /* (3: test_nodes_all_restart_cut_short) */
 
 static int64_t value(int rank, int round, size_t i) {
   return (int64_t)(test_mix(sh->seed + (uint64_t)round, (uint64_t)rank * COUNT + i) % 100000);
@@ -310,6 +313,8 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   test_daemon_stop(&dmn);
+  for (int k = 0; k < 3; k++) test_daemon_stop(&node[k]);
+  nnodes = 2;
   test_shared_free(sh, sizeof(*sh));
   return 0;
 }
@@ -727,8 +732,6 @@ static void test_init_cut_short(void **state) {
  * the second one restarts while the first holds their comms for it
  * (peer_restart_grace). Only the second daemon's ranks rejoin; the first
  * one's calls wait, run again, or return CCS_ERR_RETRY with the others. */
-static struct test_daemon node[2];
-static char node_listen[2][32];
 
 static const char *node0_quota_ops; /* the first daemon's --quota-ops, or NULL */
 
@@ -743,15 +746,16 @@ static int start_node(int k, int again, const char *grace) {
 
 /* ids: from the daemon that stays (root 0) or the one that restarts (1) */
 static void start_nodes(const char *failpoint, int root, const char *grace) {
-  for (int k = 0; k < 2; k++) snprintf(node_listen[k], sizeof(node_listen[k]), "127.0.0.1:%d", test_free_port());
+  for (int k = 0; k < nnodes; k++) snprintf(node_listen[k], sizeof(node_listen[k]), "127.0.0.1:%d", test_free_port());
   assert_int_equal(start_node(0, 0, grace), 0);
   if (failpoint) setenv("CCSD_FAILPOINT", failpoint, 1);
   assert_int_equal(start_node(1, 0, grace), 0);
   unsetenv("CCSD_FAILPOINT");
+  for (int k = 2; k < nnodes; k++) assert_int_equal(start_node(k, 0, grace), 0);
   setenv("CCS_SOCKET", node[root].socket, 1);
   test_new_id(&sh->id[0]);
   test_new_id(&sh->id[1]);
-  test_spread_ranks(node, 2);
+  test_spread_ranks(node, nnodes);
 }
 
 
@@ -768,7 +772,7 @@ static void release_and_wait(pid_t ranks) {
 
 static void stop_nodes(void) {
   test_spread_ranks(NULL, 0);
-  for (int k = 0; k < 2; k++) test_daemon_stop(&node[k]);
+  for (int k = 0; k < nnodes; k++) test_daemon_stop(&node[k]);
 }
 
 static int second_again(void) { return start_node(1, 1, "30"); }
@@ -1285,6 +1289,31 @@ static void test_nodes_init_cut_short(void **state) {
  * receives across the daemons among them, every element right. */
 static int both_again(void) { return start_node(0, 1, "30") || start_node(1, 1, "30"); }
 
+/* Three daemons (rank r on daemon r % 3) crash together while rank 0
+ * waits; the first two come back, the second one's rank rejoins and its
+ * report reaches the root, and the second crashes again before the third
+ * is back: the root lets that rank go and takes it again when it comes
+ * back through its daemon once more, and the comms are made again. */
+static int cut_short_again(void) {
+  test_daemon_kill(&node[2]);
+  if (start_node(0, 1, "30") || start_node(1, 1, "30")) return -1;
+  usleep(3500000); /* its rank's rejoin, 2.5 s alone, then sent to the root */
+  test_daemon_kill(&node[1]);
+  usleep(300000);
+  return start_node(1, 1, "30") || start_node(2, 1, "30");
+}
+
+static void test_nodes_all_restart_cut_short(void **state) {
+  (void)state;
+  nnodes = 3;
+  fresh_round(0);
+  start_nodes(NULL, 0, "30");
+  const struct where cut = {&node[1], &node[0], cut_short_again,
+                            "three daemons together, the second again as its rank came back: ", &node[0]};
+  run_at(&cut, stop_nodes, 3, 4, NULL, 0, 0);
+  nnodes = 2;
+}
+
 /* The same across daemons: the second one (ranks 1 and 3) goes as it
  * answers the first comm's inits, which the first daemon completed (it
  * holds the comm), and the second comm's inits as they form; alone, or
@@ -1380,6 +1409,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_init_cut_short, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_all_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_init_answered_to_some, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_all_restart_cut_short, setup, teardown),
   };
   TEST_ONLY_FROM_ENV();
   return cmocka_run_group_tests(tests, NULL, NULL);
