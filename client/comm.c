@@ -83,13 +83,13 @@ static int priority_of(const char *what, const struct join *j) {
  * (docs/restart.md). */
 static ccs_result_t init_call(struct ccs_comm *cm, Ccs__Request *req, const struct join *j,
                               Ccs__Reply **reply) {
-  uint64_t deadline = 0;
+  struct ccs__ride ride = {0};
   Ccs__Rejoin no_call = CCS__REJOIN__INIT;
-  for (int tries = 0;; tries++) {
+  for (;;) {
     ccs_result_t rc = ccs__conn_call(cm->conn, req, -1, reply);
     if (rc != CCS_ERR_DAEMON_UNAVAILABLE && rc != CCS_ERR_RETRY) return rc;
     if (rc == CCS_ERR_DAEMON_UNAVAILABLE) req->comm_init->rejoin = &no_call;
-    if (j->parent || !ccs__ride_again(&cm->conn, &deadline, tries))
+    if (j->parent || !ccs__ride_again(&cm->conn, &ride))
       return rc == CCS_ERR_RETRY ? CCS_ERR_PEER_LOST : rc; /* that daemon is not back: as it said */
   }
 }

@@ -294,11 +294,15 @@ double ccs__reconnect_timeout(void);
 /* A call that needs no comm (an init, a registration) and found the
  * daemon gone, or (init) another daemon of the comm not back: whether to
  * send it again, after a pause, on *c, moved to the next connection. Each
- * connection gets CCS_RECONNECT_TIMEOUT from when the call found it gone
- * (*deadline_ns 0 before the first): neither the time the call waited
- * (an init for its ranks) nor that spent waiting for a keeper's rejoins
- * counts. */
-int ccs__ride_again(struct ccs__conn **c, uint64_t *deadline_ns, int tries);
+ * connection gets CCS_RECONNECT_TIMEOUT from when the call found it gone:
+ * neither the time the call waited (an init for its ranks) nor that spent
+ * waiting for a keeper's rejoins counts; a daemon that keeps going under
+ * it ends it after 4 timeouts in all. Zeroed before the first. */
+struct ccs__ride {
+  uint64_t deadline_ns, limit_ns;
+  int tries;
+};
+int ccs__ride_again(struct ccs__conn **c, struct ccs__ride *r);
 /* The journal for a new connection (protocol 5 daemons): made, mapped,
  * passed. Quietly none when that fails (calls then resubmit less). */
 void ccs__journal_open(struct ccs__conn *c);

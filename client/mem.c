@@ -105,10 +105,10 @@ ccs_result_t ccs__mem_register_fd(struct ccs__conn *c, int fd, int device, size_
  * where the daemon went under it and comes back (*c moves there). */
 static ccs_result_t register_riding(struct ccs__conn **c, int fd, int device, const void *addr,
                                     size_t size, const uint8_t *ipc, uint64_t *ret_id) {
-  uint64_t deadline = 0;
-  for (int tries = 0;; tries++) {
+  struct ccs__ride ride = {0};
+  for (;;) {
     ccs_result_t rc = register_on(*c, fd, device, addr, size, ipc, ret_id);
-    if (rc != CCS_ERR_DAEMON_UNAVAILABLE || !ccs__ride_again(c, &deadline, tries)) return rc;
+    if (rc != CCS_ERR_DAEMON_UNAVAILABLE || !ccs__ride_again(c, &ride)) return rc;
   }
 }
 

@@ -44,13 +44,17 @@ double ccs__reconnect_timeout(void) {
   return *end || !(s >= 0 && s <= 1e6) ? 30 : s;
 }
 
-int ccs__ride_again(struct ccs__conn **c, uint64_t *deadline_ns, int tries) {
-  if (!*deadline_ns) *deadline_ns = ccs__now_ns() + (uint64_t)(ccs__reconnect_timeout() * 1e9);
-  if (ccs__now_ns() >= *deadline_ns) return 0;
-  usleep(tries < 10 ? 50000 : 200000); /* the daemon back, the others' inits failed too */
+int ccs__ride_again(struct ccs__conn **c, struct ccs__ride *r) {
+  uint64_t timeout_ns = (uint64_t)(ccs__reconnect_timeout() * 1e9);
+  if (!r->limit_ns) r->deadline_ns = ccs__now_ns() + timeout_ns, r->limit_ns = r->deadline_ns + 3 * timeout_ns;
+  if (ccs__now_ns() >= r->deadline_ns) return 0;
+  usleep(r->tries++ < 10 ? 50000 : 200000); /* the daemon back, the others' inits failed too */
   struct ccs__conn *next;
   if (ccs__conn_get(&next) != CCS_OK) return 1; /* still down: the next try says so again */
-  if (next != *c) *deadline_ns = ccs__now_ns() + (uint64_t)(ccs__reconnect_timeout() * 1e9);
+  if (next != *c) {
+    uint64_t again = ccs__now_ns() + timeout_ns;
+    r->deadline_ns = again < r->limit_ns ? again : r->limit_ns;
+  }
   ccs__conn_put(*c);
   *c = next;
   return 1;

@@ -217,7 +217,9 @@ static int involved(const struct comm *c, const char *addr) {
       if (k != c->mynode && !strcmp(c->node_addr[k], addr)) return 1;
     return 0;
   }
-  if (c->root[0]) return !strcmp(c->root, addr);
+  /* (one ready here without a rank elsewhere, made again by inits sent
+   * again, never spanned: its root has no part in it) */
+  if (c->root[0]) return c->state != COMM_READY && !strcmp(c->root, addr);
   for (int r = 0; r < c->nranks; r++)
     if (c->members[r] && c->members[r]->remote && !strcmp(c->members[r]->addr, addr)) return 1;
   return 0;
@@ -281,7 +283,8 @@ static void on_join(struct coll *co, const char *addr, const struct peer_join *j
    * after its daemon restarted may find the first one here (the daemon's
    * loss not seen yet) */
   const struct member *before =
-      rc == CCS_OK && c->state != COMM_FAILED && j->rank < (uint32_t)c->nranks ? c->members[j->rank] : NULL;
+      rc == CCS_OK && (c->state == COMM_JOINING || (c->state == COMM_READY && c->rejoining)) &&
+              j->rank < (uint32_t)c->nranks ? c->members[j->rank] : NULL;
   if (before && before->remote && !strcmp(before->addr, addr)) return;
   if (rc == CCS_OK && c->named && !c->label[0]) ccsd_comm_set_label(c, j->label);
   /* a name can be taken by another job by mistake: only the newcomer fails */

@@ -47,8 +47,8 @@ void ccsd_submission_post_done(struct submission *sub, ccs_result_t status, cons
     const struct client_comm *cc = sub->comm_handle ? ccsd_client_comm_find(sub->session, sub->comm_handle) : NULL;
     const struct member *member = cc ? cc->member : NULL;
     const struct coll_rejoin *rj = member ? member->rejoin : NULL;
-    Ccs__Verdict *verdicts = rj ? calloc(rj->n, sizeof(*verdicts)) : NULL;
-    Ccs__Verdict **vs = rj ? calloc(rj->n, sizeof(*vs)) : NULL;
+    Ccs__Verdict *verdicts = rj ? calloc(rj->n ? rj->n : 1, sizeof(*verdicts)) : NULL; /* (n 0: an init sent again) */
+    Ccs__Verdict **vs = rj ? calloc(rj->n ? rj->n : 1, sizeof(*vs)) : NULL;
     if (rj && (!verdicts || !vs)) { /* no verdicts, no rejoin */
       r.status = CCS_ERR_NO_MEMORY;
       r.error = "out of memory";

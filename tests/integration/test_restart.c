@@ -775,7 +775,8 @@ static void stop_nodes(void) {
   for (int k = 0; k < nnodes; k++) test_daemon_stop(&node[k]);
 }
 
-static int second_again(void) { return start_node(1, 1, "30"); }
+static const char *grace_again = "30"; /* peer_restart_grace of the daemons started again */
+static int second_again(void) { return start_node(1, 1, grace_again); }
 
 static void run_nodes(int n, int kinds, const char *failpoint, int term, int retry, int root) {
   fresh_round(failpoint != NULL);
@@ -1269,7 +1270,7 @@ static void test_nodes_replayed(void **state) {
  * second): the root's daemon goes, its rank's init cut short and the
  * other's failing (the root lost, then refusing connections until it is
  * back); or the other daemon goes, the root failing the comm. */
-static int first_again(void) { return start_node(0, 1, "30"); }
+static int first_again(void) { return start_node(0, 1, grace_again); }
 
 static void test_nodes_init_cut_short(void **state) {
   (void)state;
@@ -1280,6 +1281,16 @@ static void test_nodes_init_cut_short(void **state) {
       forming(3, node, 2, &node[victim], term, victim ? second_again : first_again);
       stop_nodes();
     }
+  /* where no daemon holds a comm for another (an init sent again is a
+   * first init there), killed */
+  grace_again = "0";
+  for (int victim = 0; victim < 2; victim++) {
+    fresh_round(0);
+    start_nodes(NULL, 0, "0");
+    forming(3, node, 2, &node[victim], 0, victim ? second_again : first_again);
+    stop_nodes();
+  }
+  grace_again = "30";
 }
 
 /* Both daemons go together (a cluster's daemons restarted at once),
