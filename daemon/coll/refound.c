@@ -113,11 +113,13 @@ void ccsd_refound_join(struct coll *co, const char *addr, const struct peer_join
     return;
   }
   struct coll_rejoin *report = ccsd_rejoin_parse(j->report, c->nranks, err, sizeof(err));
-  if (report && !report->spans && report->n) snprintf(err, sizeof(err), "its report says it spans no daemons");
+  /* (a report of no call: an init sent again, which knows not whether it spans) */
+  int spans = report && (report->spans || !report->n);
+  if (report && !spans) snprintf(err, sizeof(err), "its report says it spans no daemons");
   struct member *mb = c->members[j->rank];
-  if (report && (report->spans || !report->n) && mb && (!mb->remote || strcmp(mb->addr, addr)))
+  if (spans && mb && (!mb->remote || strcmp(mb->addr, addr)))
     snprintf(err, sizeof(err), "rank %u came back here and at %s", j->rank, mb->remote ? mb->addr : co->self);
-  else if (report && (report->spans || !report->n))
+  else if (spans)
     err[0] = 0;
   if (err[0]) {
     ccsd_rejoin_free(report);
@@ -148,14 +150,11 @@ int ccsd_refound_reports(struct comm *c, const char *addr, const struct peer_rea
                    "daemon held it: only one of its daemons at a time, or all of them, can restart", addr);
     return -1;
   }
-  if (!rd->nranks) { /* formed anew: every rank here sent its init again, none made a call */
-    for (int r = 0; r < c->nranks; r++)
-      if (!c->members[r]->remote && c->members[r]->rejoin && c->members[r]->rejoin->n) {
-        ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s formed the communicator anew, but rank "
-                       "%d rejoined here with its calls", addr, r);
-        return -1;
-      }
-    return 0;
+  if (!rd->nranks) { /* formed anew: fine where every rank here sent its init again, none made a call */
+    if (ccsd_comm_forming(c)) return 0;
+    ccsd_comm_fail(c, CCS_ERR_PROTOCOL, "the root daemon at %s formed the communicator anew, but ranks "
+                   "rejoined here with their calls", addr);
+    return -1;
   }
   for (size_t i = 0; i < rd->nranks; i++) {
     const Ccs__PeerRank *pr = rd->ranks[i];
