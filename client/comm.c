@@ -80,13 +80,19 @@ static int priority_of(const char *what, const struct join *j) {
  * answer lost with the daemon: it goes again as a rejoin reporting no
  * channel (it made no call), which joins the comm made again by the other
  * ranks' rejoins, or, where it formed nowhere, makes it as a first init
- * (docs/restart.md). */
+ * (docs/restart.md).
+ *
+ * An init answered counts as joining on cm->conn until its comm is
+ * tracked: a daemon that goes just after the answer has it rejoined. */
 static ccs_result_t init_call(struct ccs_comm *cm, Ccs__Request *req, const struct join *j,
                               Ccs__Reply **reply) {
   struct ccs__ride ride = {0};
   Ccs__Rejoin no_call = CCS__REJOIN__INIT;
   for (;;) {
+    ccs__conn_joining(cm->conn, 1);
     ccs_result_t rc = ccs__conn_call(cm->conn, req, -1, reply);
+    if (rc == CCS_OK) return rc;
+    ccs__conn_joining(cm->conn, 0);
     if (rc != CCS_ERR_DAEMON_UNAVAILABLE && rc != CCS_ERR_RETRY) return rc;
     if (rc == CCS_ERR_DAEMON_UNAVAILABLE) req->comm_init->rejoin = &no_call;
     if (j->parent || !ccs__ride_again(&cm->conn, &ride))
@@ -162,6 +168,7 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
   rc = init_call(cm, &req, j, &reply);
   if (rc == CCS_OK && reply->body_case != CCS__REPLY__BODY_COMM_INIT) {
     ccs__reply__free_unpacked(reply, NULL);
+    ccs__conn_joining(cm->conn, 0);
     ccs__set_error("daemon sent no communicator handle");
     rc = CCS_ERR_PROTOCOL;
   }
@@ -184,6 +191,7 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
   cm->algo = strdup(m.algo);
   ccs__reply__free_unpacked(reply, NULL);
   ccs__comm_track(cm);
+  ccs__conn_joining(cm->conn, 0);
   ccs__keeper_start(cm->conn);
   *comm = cm;
   return CCS_OK;

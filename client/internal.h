@@ -41,9 +41,11 @@ struct ccs__conn {
   /* restart.c: calls not yet answered, oldest first (under mu); the
    * keeper thread that rejoins the comms when the daemon goes; the
    * connection it made then (NULL while it works, or when it failed:
-   * `moved` says which); arriving: a keeper still moves comms here */
+   * `moved` says which); arriving: a keeper still moves comms here;
+   * joining: comm inits answered here whose comms are not tracked yet
+   * (the keeper waits for them, so that they rejoin too) */
   struct ccs__call *calls;
-  int keeper_started, moved, arriving;
+  int keeper_started, moved, arriving, joining;
   int keeper_stop; /* an eventfd that ends the keeper; -1: none */
   pthread_t keeper;
   struct ccs__conn *successor;
@@ -352,6 +354,9 @@ struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc
 /* The registry of comms the keeper rejoins (comm.c keeps it current). */
 void ccs__comm_track(ccs_comm_t *comm);
 void ccs__comm_untrack(ccs_comm_t *comm);
+/* A comm init goes out on c (more = 1), or its comm is tracked or it
+ * failed (0): c's keeper collects the comms to rejoin between them. */
+void ccs__conn_joining(struct ccs__conn *c, int more);
 /* The request key it goes out under: set before it is sent. */
 void ccs__call_keyed(struct ccs__call *call, uint64_t key);
 /* Its answer came: its ops ran (status CCS_OK or CCS_ERR_MISMATCH) or not. */

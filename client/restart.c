@@ -285,6 +285,13 @@ void ccs__comm_track(ccs_comm_t *comm) {
   pthread_mutex_unlock(&mu);
 }
 
+void ccs__conn_joining(struct ccs__conn *c, int more) {
+  pthread_mutex_lock(&mu);
+  c->joining += more ? 1 : -1;
+  if (!c->joining) pthread_cond_broadcast(&settled_cv);
+  pthread_mutex_unlock(&mu);
+}
+
 void ccs__comm_untrack(ccs_comm_t *comm) {
   pthread_mutex_lock(&mu);
   for (size_t i = 0; i < ncomms; i++)
@@ -492,8 +499,10 @@ static void restart(struct ccs__conn *c) {
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
   char text[CCS__ERROR_TEXT_MAX];
-  /* the comms of c, each rejoined (a failed one is left as it is) */
+  /* the comms of c, each rejoined (a failed one is left as it is); one
+   * whose init c answered just before it broke is among them */
   pthread_mutex_lock(&mu);
+  while (c->joining) pthread_cond_wait(&settled_cv, &mu);
   size_t n = 0;
   ccs_comm_t **mine = calloc(ncomms ? ncomms : 1, sizeof(*mine));
   for (size_t i = 0; mine && i < ncomms; i++)
