@@ -342,7 +342,6 @@ void ccsd_comm_init_timed_out(struct comm *c); /* its init (or rejoin) waited to
 /* Joining, and no rank known here made a call: its first inits, or inits
  * sent again after a restart (a rejoin that made no call). */
 int ccsd_comm_forming(const struct comm *c);
-double ccsd_rejoin_wait_s(const struct coll *co); /* how long a rejoin across daemons waits for them */
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A local rank's client destroyed it (graceful) or went away. */

@@ -103,11 +103,6 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   ccsd_comm_fail_pending(c);
 }
 
-#define REGATHER_WAIT_S 10.0
-double ccsd_rejoin_wait_s(const struct coll *co) {
-  return co->cfg.init_timeout_s < REGATHER_WAIT_S ? co->cfg.init_timeout_s : REGATHER_WAIT_S;
-}
-
 void ccsd_comm_init_timed_out(struct comm *c) {
   char missing[256], present[256];
   if (c->rejoining) {

@@ -43,10 +43,13 @@ static void on_tick(uv_timer_t *t) {
   uv_timer_start(&c->timer, on_tick, c->root[0] && left > REFOUND_EVERY_MS ? REFOUND_EVERY_MS : left, 0);
 }
 
+/* How long ranks that made calls wait for the rest to rejoin, at most: a
+ * comm that may be forming anew (its ranks sent their inits again) waits
+ * for its ranks as a first init does. */
+#define REJOIN_WAIT_S 10.0
 void ccsd_refound_wait(struct comm *c, int made_calls) {
-  /* a comm that may be forming anew (its ranks sent their inits again)
-   * waits for its ranks as a first init does */
-  uint64_t wait_ms = (uint64_t)((made_calls ? ccsd_rejoin_wait_s(c->co) : c->co->cfg.init_timeout_s) * 1000);
+  double init_s = c->co->cfg.init_timeout_s;
+  uint64_t wait_ms = (uint64_t)((made_calls && init_s > REJOIN_WAIT_S ? REJOIN_WAIT_S : init_s) * 1000);
   c->rejoin_until_ms = ccsd_fresh_ms_of(c->co) + wait_ms;
   uv_timer_start(&c->timer, on_tick, c->root[0] && wait_ms > REFOUND_AFTER_MS ? REFOUND_AFTER_MS : wait_ms, 0);
 }
