@@ -439,10 +439,12 @@ static void ranks_at(const struct comm *c, const char *addr, char *buf, size_t l
   }
 }
 
+/* The comm's ranks at the daemon at addr (NULL: at every other daemon)
+ * let go: they come back with their reports. */
 static void forget_ranks_at(struct comm *c, const char *addr) {
   for (int r = 0; r < c->nranks; r++) {
     struct member *m = c->members[r];
-    if (!m || !m->remote || strcmp(m->addr, addr)) continue;
+    if (!m || !m->remote || (addr && strcmp(m->addr, addr))) continue;
     ccsd_rejoin_free(m->rejoin);
     free(m);
     c->members[r] = NULL;
@@ -512,6 +514,18 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
      * come back through it once more, their reports with them */
     if (c->rejoining && c->state == COMM_JOINING && !c->root[0] && !c->regather) {
       forget_ranks_at(c, addr);
+      continue;
+    }
+    /* rejoining from the word of the daemons that held it, and one of them
+     * went before it settled (stopped a moment after this one): none may
+     * hold it now, so it is made again through its root as when every
+     * daemon restarted; one that still holds it says so again */
+    if (c->rejoining && c->state == COMM_JOINING && c->regather) {
+      LOG_WARN("comm %llu: the daemon at %s went as it rejoined from its word (%s); made again through "
+               "the root if no daemon holds it", (unsigned long long)c->id, addr, why);
+      forget_ranks_at(c, NULL);
+      ccsd_regather_free(c);
+      ccsd_refound_wait(c, !ccsd_comm_forming(c));
       continue;
     }
     if (ranks[0] && ccsd_hold_start(c, ccsd_span_node_of(c, addr), why) == 0) continue; /* it may come back */

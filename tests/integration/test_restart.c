@@ -43,6 +43,7 @@ struct shared {
   int may_fail;         /* the comm may fail as one that cannot be rejoined, saying so */
   int hold_first;       /* test_nodes_stop_owed: rank 0 waits until it is 0 */
   int failed[MAXR];
+  pid_t pid[MAXR];
 };
 static struct shared *sh;
 static struct test_daemon dmn;
@@ -148,6 +149,7 @@ static int rank_main(int rank, int n, void *arg) {
   int kinds = *(int *)arg; /* how many kinds of call the loop takes turns with */
   ccs_comm_t *a, *b;
   ccs_stream_t stream;
+  sh->pid[rank] = getpid();
   if (ccs_comm_init_rank(&a, n, sh->id[0], rank) != CCS_OK ||
       ccs_comm_init_rank(&b, n, sh->id[1], rank) != CCS_OK || ccs_stream_create(&stream) != CCS_OK) {
     fprintf(stderr, "rank %d: init: %s\n", rank, ccs_comm_last_error(NULL));
@@ -1358,6 +1360,40 @@ static void test_nodes_all_restart(void **state) {
     }
 }
 
+/* Two daemons stopped a moment apart: the second one's ranks rejoin it
+ * from the first one's word (rank 3 held back, so that it cannot settle
+ * yet), and the first one goes too before it settles. No daemon holds the
+ * comms then: they are made again through their root, as when both go
+ * together. */
+static int apart_term;
+static int apart_again(void) {
+  kill(sh->pid[3], SIGSTOP);
+  if (start_node(1, 1, "30")) return -1;
+  usleep(1500000); /* rank 1 back there, the first daemon's word taken */
+  if (apart_term) {
+    if (test_daemon_term(&node[0])) return -1;
+  } else {
+    test_daemon_kill(&node[0]);
+  }
+  int rc = start_node(0, 1, "30");
+  usleep(500000);
+  kill(sh->pid[3], SIGCONT);
+  return rc;
+}
+
+static void test_nodes_apart(void **state) {
+  (void)state;
+  for (int root = 0; root < 2; root++) {
+    apart_term = root;
+    fresh_round(0);
+    start_nodes(NULL, root, "30");
+    const struct where apart = {&node[1], &node[0], apart_again,
+                                root ? "stopped a moment apart, ids from the second: "
+                                     : "killed a moment apart, ids from the first: "};
+    run_at(&apart, stop_nodes, 4, 4, NULL, root, 0);
+  }
+}
+
 /* The second daemon does not come back: the first one's ranks get
  * CCS_ERR_PEER_LOST once peer_restart_grace passed, saying so. */
 static int deserted_rank(int rank, int n, void *arg) {
@@ -1419,6 +1455,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_init_cut_short, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_all_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_apart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_init_answered_to_some, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_all_restart_cut_short, setup, teardown),
   };
