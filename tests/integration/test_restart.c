@@ -282,6 +282,7 @@ static void fresh_round(int failpoint) {
   memset(sh->retried, 0, sizeof(sh->retried));
   memset(sh->ok, 0, sizeof(sh->ok));
   memset(sh->failed, 0, sizeof(sh->failed));
+  memset(sh->pid, 0, sizeof(sh->pid));
 }
 
 /* Until d killed itself at its failpoint (30 s at most), reaped. */
@@ -1367,17 +1368,15 @@ static void test_nodes_all_restart(void **state) {
  * together. */
 static int apart_term;
 static int apart_again(void) {
+  if (sh->pid[3] <= 0) return -1; /* (kill(0) would stop this process group) */
   kill(sh->pid[3], SIGSTOP);
-  if (start_node(1, 1, "30")) return -1;
+  int rc = start_node(1, 1, "30");
   usleep(1500000); /* rank 1 back there, the first daemon's word taken */
-  if (apart_term) {
-    if (test_daemon_term(&node[0])) return -1;
-  } else {
-    test_daemon_kill(&node[0]);
-  }
-  int rc = start_node(0, 1, "30");
+  if (!rc && apart_term) rc = test_daemon_term(&node[0]);
+  else if (!rc) test_daemon_kill(&node[0]);
+  if (!rc) rc = start_node(0, 1, "30");
   usleep(500000);
-  kill(sh->pid[3], SIGCONT);
+  kill(sh->pid[3], SIGCONT); /* (whatever happened: not left stopped) */
   return rc;
 }
 
