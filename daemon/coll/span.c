@@ -520,7 +520,7 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
      * went before it settled (stopped a moment after this one): none may
      * hold it now, so it is made again through its root as when every
      * daemon restarted; one that still holds it says so again */
-    if (c->rejoining && c->state == COMM_JOINING && c->regather) {
+    if (c->rejoining && c->state == COMM_JOINING && c->regather && ranks[0]) {
       LOG_WARN("comm %llu: the daemon at %s went as it rejoined from its word (%s); made again through "
                "the root if no daemon holds it", (unsigned long long)c->id, addr, why);
       forget_ranks_at(c, NULL);

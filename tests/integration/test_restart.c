@@ -1382,15 +1382,16 @@ static int apart_again(void) {
 
 static void test_nodes_apart(void **state) {
   (void)state;
-  for (int root = 0; root < 2; root++) {
-    apart_term = root;
-    fresh_round(0);
-    start_nodes(NULL, root, "30");
-    const struct where apart = {&node[1], &node[0], apart_again,
-                                root ? "stopped a moment apart, ids from the second: "
-                                     : "killed a moment apart, ids from the first: "};
-    run_at(&apart, stop_nodes, 4, 4, NULL, root, 0);
-  }
+  for (int term = 0; term < 2; term++)
+    for (int root = 0; root < 2; root++) {
+      apart_term = term;
+      fresh_round(0);
+      start_nodes(NULL, root, "30");
+      const struct where apart = {&node[1], &node[0], apart_again,
+                                  root ? "a moment apart, ids from the second: "
+                                       : "a moment apart, ids from the first: "};
+      run_at(&apart, stop_nodes, 4, 4, NULL, term, 0);
+    }
 }
 
 /* The second daemon does not come back: the first one's ranks get
