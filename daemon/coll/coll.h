@@ -197,6 +197,9 @@ struct comm {
   uint64_t rejoin_until_ms; /* rejoining across daemons: when it fails, not made yet */
   int refound;             /* made again through its root: every daemon of it restarted (refound.c) */
   struct regather *regather; /* span.c: the daemons that held it, heard so far */
+  char (*let_go)[CCSD_ADDR_MAX]; /* regather.c: the daemons whose word a rejoin let go (one went):
+                                  * those still up may fail it yet */
+  int nlet_go;
   uint64_t coll_finished, coll_retry; /* the rejoin's verdict on its collectives (rejoin.c) */
   uint64_t *resumed;       /* regather.c: per node, the hold this daemon answered */
   uint64_t *node_finished; /* rejoin.c: per node, its collectives finished, where one node is one
@@ -457,6 +460,7 @@ void ccsd_span_tell_failed(struct coll *co, const char *addr, const uint8_t *nam
 void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_rejoin *m);
 void ccsd_regather_check(struct comm *c); /* a local rank rejoined: maybe every rank is back */
 int ccsd_regather_involved(const struct comm *c, const char *addr);
+void ccsd_regather_let_go(struct comm *c); /* one of them went before it settled */
 void ccsd_regather_free(struct comm *c);
 
 /* refound.c: every daemon of a comm restarted, none holds it; its root

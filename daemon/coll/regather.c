@@ -45,8 +45,32 @@ static int node_of(const struct regather *g, const char *addr) {
   return -1;
 }
 
+static int let_go(const struct comm *c, const char *addr) {
+  for (int k = 0; k < c->nlet_go; k++)
+    if (!strcmp(c->let_go[k], addr)) return 1;
+  return 0;
+}
+
 int ccsd_regather_involved(const struct comm *c, const char *addr) {
-  return node_of(c->regather, addr) >= 0 && strcmp(addr, c->co->self);
+  if (c->regather) return node_of(c->regather, addr) >= 0 && strcmp(addr, c->co->self);
+  return let_go(c, addr);
+}
+
+/* Its word let go, the daemons that held it are remembered: one that still
+ * holds it fails it when its own hold ends, and that failure must count
+ * here rather than be refused as from a stranger (the comm would wait out
+ * its rejoin instead). */
+void ccsd_regather_let_go(struct comm *c) {
+  struct regather *g = c->regather;
+  if (!g) return;
+  char(*held)[CCSD_ADDR_MAX] = realloc(c->let_go, (size_t)(c->nlet_go + g->nnodes) * sizeof(*held));
+  if (held) {
+    c->let_go = held;
+    for (int k = 0; k < g->nnodes; k++)
+      if (strcmp(g->nodes[k], c->co->self) && !let_go(c, g->nodes[k]))
+        memcpy(c->let_go[c->nlet_go++], g->nodes[k], CCSD_ADDR_MAX);
+  }
+  ccsd_regather_free(c);
 }
 
 /* The verdict to the daemon at addr: on the collectives, and on the

@@ -188,6 +188,7 @@ void ccsd_span_failed(struct comm *c) {
 void ccsd_span_free(struct comm *c) {
   ccsd_agree_release(c);
   ccsd_regather_free(c);
+  free(c->let_go);
   ccsd_hold_end(c);
   free(c->resumed);
   free(c->node_finished);
@@ -212,6 +213,7 @@ static struct comm *find(struct coll *co, const uint8_t *name, size_t len) {
  * is ignored (and logged): it cannot fail or steer other daemons' comms. */
 static int involved(const struct comm *c, const char *addr) {
   if (!c->node_addr && c->regather) return ccsd_regather_involved(c, addr);
+  if (!c->node_addr && ccsd_regather_involved(c, addr)) return 1; /* its word let go: it may fail it yet */
   if (c->node_addr) {
     for (int k = 0; k < c->nnodes; k++)
       if (k != c->mynode && !strcmp(c->node_addr[k], addr)) return 1;
@@ -524,7 +526,7 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
       LOG_WARN("comm %llu: the daemon at %s went as it rejoined from its word (%s); made again through "
                "the root if no daemon holds it", (unsigned long long)c->id, addr, why);
       forget_ranks_at(c, NULL);
-      ccsd_regather_free(c);
+      ccsd_regather_let_go(c);
       ccsd_refound_wait(c, !ccsd_comm_forming(c));
       continue;
     }

@@ -1394,6 +1394,58 @@ static void test_nodes_apart(void **state) {
     }
 }
 
+/* Three daemons (rank r on daemon r % 3): the second one restarts, its
+ * rank 4 held back (SIGSTOP) so that it cannot settle, and rank 1 rejoins
+ * from the first and third daemons' word; then the first one (the root)
+ * is killed and stays down. The second lets their word go; the third,
+ * which held the comm for it, has lost two daemons and fails the comm
+ * 2 s later. That failure must reach the second daemon's ranks as it is,
+ * whether the third asked again first (its word taken afresh) or not (a
+ * daemon whose word was let go may still fail the comm), not leave them
+ * to wait out their rejoin and time out; the root's ranks are told their
+ * daemon is gone. */
+static int holder_fails_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  int64_t v = rank + 1, out = -1;
+  sh->pid[rank] = getpid();
+  if (ccs_comm_init_rank(&comm, n, sh->id[0], rank) != CCS_OK) return 10;
+  int bad = ccs_all_reduce(&v, &out, 1, CCS_INT64, CCS_SUM, comm, NULL) != CCS_OK || out != n * (n + 1) / 2;
+  __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+  while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST)) usleep(1000);
+  out = -1;
+  ccs_result_t rc = ccs_all_reduce(&v, &out, 1, CCS_INT64, CCS_SUM, comm, NULL);
+  const char *why = ccs_comm_last_error(comm);
+  int ok = rank % 3 == 0 ? rc == CCS_ERR_DAEMON_UNAVAILABLE /* its daemon never came back */
+                         : rc != CCS_OK && strstr(why, "both went");
+  if (bad || !ok) fprintf(stderr, "rank %d: %s (%s)\n", rank, ccs_result_name(rc), why);
+  ccs_comm_destroy(comm);
+  return bad || !ok || out != -1;
+}
+
+static void test_nodes_holder_fails(void **state) {
+  (void)state;
+  nnodes = 3;
+  fresh_round(0);
+  start_nodes(NULL, 0, "30");
+  setenv("CCS_RECONNECT_TIMEOUT", "3", 1);
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(5, holder_fails_rank, NULL, 60, NULL));
+  unsetenv("CCS_RECONNECT_TIMEOUT");
+  wait_at_hold(5);
+  int stopped = sh->pid[4] > 0 && kill(sh->pid[4], SIGSTOP) == 0;
+  test_daemon_kill(&node[1]);
+  int rc = start_node(1, 1, "30");
+  usleep(1500000); /* rank 1 back there, the others' word taken */
+  test_daemon_kill(&node[0]);
+  usleep(500000);
+  if (stopped) kill(sh->pid[4], SIGCONT);
+  usleep(3000000); /* the third daemon's hold ends (2 s after the second loss) */
+  assert_true(stopped);
+  assert_int_equal(rc, 0);
+  release_and_wait(ranks);
+}
+
 /* The second daemon does not come back: the first one's ranks get
  * CCS_ERR_PEER_LOST once peer_restart_grace passed, saying so. */
 static int deserted_rank(int rank, int n, void *arg) {
@@ -1456,6 +1508,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_init_cut_short, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_all_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_apart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_holder_fails, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_init_answered_to_some, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_all_restart_cut_short, setup, teardown),
   };
