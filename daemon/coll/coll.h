@@ -324,8 +324,9 @@ void ccsd_named_id(uid_t owner, const char *name, const char *root, struct ccs__
 /* comm.c */
 /* Rank `rank` of nranks joins the comm of id (checked by the caller: its
  * owner is the caller's uid, its root numeric) for a client of process
- * pid; its init is answered through w. CCS_OK and the member; otherwise
- * an error and err, and w is never called. */
+ * pid; its init is answered through w. CCS_OK and the member, which
+ * owns rejoin (a report, after a restart); otherwise an error and err, w
+ * is never called, and rejoin stays the caller's. */
 ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, const char *label,
                             int nranks, int rank, const char *algo, double op_timeout_s, int debug,
                             int prio, pid_t pid, struct coll_rejoin *rejoin, struct coll_waiter *w,

@@ -322,6 +322,12 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
   mb->pid = pid;
   mb->init = w;
   mb->debug = debug;
+  /* an init sent again (no call made) where no daemon holds a comm for
+   * another nor makes it again (peer_restart_grace 0): a first init */
+  if (rejoin && !rejoin->n && strcmp(id->root, co->self) && co->cfg.peer_restart_grace_s <= 0) {
+    ccsd_rejoin_free(rejoin);
+    rejoin = NULL;
+  }
   mb->rejoin = rejoin;
   c->members[rank] = mb;
   c->joined++;

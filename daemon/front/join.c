@@ -167,12 +167,6 @@ void ccsd_comm_init(struct session *s, uint64_t req_id, const Ccs__CommInit *m) 
     ccsd_session_reply(s, req_id, CCS_ERR_INVALID_ARGUMENT, err);
     return;
   }
-  /* an init sent again (no call made) where no daemon holds a comm for
-   * another nor makes it again (peer_restart_grace 0): a first init */
-  if (rejoin && !rejoin->n && !ours && d->cfg.peer_restart_grace_s <= 0) {
-    ccsd_rejoin_free(rejoin);
-    rejoin = NULL;
-  }
   struct client_comm *cc = calloc(1, sizeof(*cc));
   struct submission *sub = cc ? ccsd_submission_new(s, req_id, 1, 0) : NULL;
   if (!sub) {
