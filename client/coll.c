@@ -177,13 +177,16 @@ static struct ccs__call *track(struct ccs__conn *c, const struct op *ops, size_t
     const struct op *o = &ops[i];
     /* run again, an in-place op on registered memory would read what it
      * wrote. On a GPU as on the host: a dead daemon's context is torn down,
-     * its work stopped, before its process is gone */
-    d[i] = (struct ccs__call_desc){o->comm, o->kind, o->root,
-                                   o->send_len && o->recv_len && !o->stage_lo &&
-                                       o->send < o->recv + o->recv_len &&
-                                       o->recv < o->send + o->send_len};
+     * its work stopped, before its process is gone. A small one on the
+     * host keeps a copy of its input, put back before it goes again */
+    int in_place = o->send_len && o->recv_len && !o->stage_lo && o->send < o->recv + o->recv_len &&
+                   o->recv < o->send + o->send_len;
+    void *kept = in_place && o->device < 0 && o->send_len <= ccs__keep_input_bytes() ? malloc(o->send_len) : NULL;
+    if (kept) memcpy(kept, o->send, o->send_len);
+    d[i] = (struct ccs__call_desc){o->comm, o->kind, o->root, in_place && !kept, kept};
   }
   if (d) call = ccs__call_new(c, d, n, numbers, &moving);
+  for (size_t i = 0; d && !call && i < n; i++) free(d[i].kept);
   if (d != few) free(d);
   if (moving) {
     *rc = CCS_ERR_DAEMON_UNAVAILABLE;
@@ -227,6 +230,8 @@ static ccs_result_t after_restart(struct ccs__call *call, struct op *ops, size_t
         rc = copy_out(&ops[i], 1, st);
         continue;
       }
+      if (call->op[i].kept) /* (in place: the dead daemon may have written over it) */
+        memcpy((char *)ops[i].send, call->op[i].kept, ops[i].send_len);
       numbers[kept] = call->op[i].number;
       ops[kept++] = ops[i];
     }

@@ -327,6 +327,7 @@ struct ccs__call_op {
   uint64_t number;
   int unsafe_to_rerun;
   int verdict; /* enum ccs__verdict */
+  void *kept;  /* an in-place op's input as it was, put back before it goes again (NULL: none) */
 };
 struct ccs__call {
   struct ccs__call *next, *prev; /* in conn->calls */
@@ -341,16 +342,23 @@ struct ccs__call {
 };
 /* Numbers the ops (numbers: the ones they had, when resubmitted) and
  * lists the call as out on c. NULL when c keeps no journal or memory runs
- * out (the call then goes out untracked), or, with *moving set, when c
- * broke and its keeper is at work (call again on the comm's connection). */
+ * out (the call then goes out untracked; the ops' kept copies stay the
+ * caller's), or, with *moving set, when c broke and its keeper is at work
+ * (call again on the comm's connection). */
 struct ccs__call_desc {
   ccs_comm_t *comm;
   uint32_t kind;
   int peer;            /* a send's or receive's */
   int unsafe_to_rerun; /* run again, it could read what it wrote */
+  void *kept;          /* its input as it was (malloc'ed; the call takes it): it can run again */
 };
 struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc *ops, size_t n,
                                 const uint64_t *numbers, int *moving);
+/* The bytes of an in-place op's input on registered host memory that
+ * libccs keeps a copy of while the call is out, so that a restart under
+ * it resubmits it rather than have every rank repeat it
+ * (CCS_KEEP_INPUT_BYTES, default 64 KiB; 0: none). */
+size_t ccs__keep_input_bytes(void);
 /* The registry of comms the keeper rejoins (comm.c keeps it current). */
 void ccs__comm_track(ccs_comm_t *comm);
 void ccs__comm_untrack(ccs_comm_t *comm);

@@ -20,6 +20,7 @@
  * the new connection: nothing, resubmit, or CCS_ERR_RETRY. */
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +166,18 @@ static void unlist(struct ccs__call *call) {
   call->conn = NULL;
 }
 
+size_t ccs__keep_input_bytes(void) {
+  static _Atomic long bytes = -1; /* read once */
+  long b = atomic_load_explicit(&bytes, memory_order_relaxed);
+  if (b >= 0) return (size_t)b;
+  const char *v = getenv("CCS_KEEP_INPUT_BYTES");
+  char *end = NULL;
+  unsigned long long want = v && *v && *v != '-' ? strtoull(v, &end, 10) : 0;
+  b = end && !*end ? (want > (1ull << 30) ? 1l << 30 : (long)want) : 64l << 10;
+  atomic_store_explicit(&bytes, b, memory_order_relaxed);
+  return (size_t)b;
+}
+
 struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc *ops, size_t n,
                                 const uint64_t *numbers, int *moving) {
   *moving = 0;
@@ -197,7 +210,7 @@ struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc
       free(call);
       return NULL;
     }
-    call->op[i] = (struct ccs__call_op){ops[i].comm, chan, 0, ops[i].unsafe_to_rerun, CCS__OUT};
+    call->op[i] = (struct ccs__call_op){ops[i].comm, chan, 0, ops[i].unsafe_to_rerun, CCS__OUT, ops[i].kept};
     struct ccs__chan *ch = &ops[i].comm->chans[chan];
     call->op[i].number = numbers ? numbers[i] : ch->next++;
     /* a resubmitted op keeps the number it took before a restart; where the
@@ -269,6 +282,7 @@ void ccs__call_free(struct ccs__call *call) {
   pthread_mutex_lock(&mu);
   unlist(call);
   pthread_mutex_unlock(&mu);
+  for (size_t i = 0; i < call->n; i++) free(call->op[i].kept);
   free(call->text);
   free(call);
 }
