@@ -6,6 +6,7 @@
  * are copied through a staging area; so are device buffers of a comm whose
  * ranks span daemons, through host memory (the daemons move host memory
  * between them). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,42 @@ static __thread struct {
   struct op *ops;
   size_t n, cap;
 } group;
+
+/* Kept inputs (track): a buffer per thread, lent to its next call (a
+ * fresh malloc of tens of KiB a call faults its pages in every time); a
+ * group's further ops get their own. Freed with the thread. */
+static __thread struct {
+  char *buf;
+  size_t cap;
+  int lent;
+} keep;
+static pthread_key_t keep_key;
+static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
+static void keep_key_make(void) { pthread_key_create(&keep_key, free); }
+
+static void *keep_take(size_t len) {
+  if (keep.lent) return malloc(len);
+  if (len > keep.cap) {
+    pthread_once(&keep_once, keep_key_make);
+    char *grown = realloc(keep.buf, len);
+    if (!grown) return NULL;
+    keep.buf = grown, keep.cap = len;
+    pthread_setspecific(keep_key, grown);
+  }
+  keep.lent = 1;
+  return keep.buf;
+}
+
+static void keep_give(void *p) {
+  if (p && p == keep.buf) keep.lent = 0;
+  else free(p);
+}
+
+/* A listed call done with: its kept inputs given back, then freed. */
+static void call_free(struct ccs__call *call) {
+  for (size_t i = 0; call && i < call->n; i++) keep_give(call->op[i].kept);
+  ccs__call_free(call);
+}
 
 static ccs_result_t fail(ccs_comm_t *comm, ccs_result_t rc, const char *fmt, const char *what) {
   ccs__set_error(fmt, what);
@@ -181,12 +218,12 @@ static struct ccs__call *track(struct ccs__conn *c, const struct op *ops, size_t
      * host keeps a copy of its input, put back before it goes again */
     int in_place = o->send_len && o->recv_len && !o->stage_lo && o->send < o->recv + o->recv_len &&
                    o->recv < o->send + o->send_len;
-    void *kept = in_place && o->device < 0 && o->send_len <= ccs__keep_input_bytes() ? malloc(o->send_len) : NULL;
+    void *kept = in_place && o->device < 0 && o->send_len <= ccs__keep_input_bytes() ? keep_take(o->send_len) : NULL;
     if (kept) memcpy(kept, o->send, o->send_len);
     d[i] = (struct ccs__call_desc){o->comm, o->kind, o->root, in_place && !kept, kept};
   }
   if (d) call = ccs__call_new(c, d, n, numbers, &moving);
-  for (size_t i = 0; d && !call && i < n; i++) free(d[i].kept);
+  for (size_t i = 0; d && !call && i < n; i++) keep_give(d[i].kept);
   if (d != few) free(d);
   if (moving) {
     *rc = CCS_ERR_DAEMON_UNAVAILABLE;
@@ -238,7 +275,7 @@ static ccs_result_t after_restart(struct ccs__call *call, struct op *ops, size_t
     if (rc == CCS_OK) *n = kept;
   }
   if (rc != CCS_OK) *n = 0;
-  ccs__call_free(call);
+  call_free(call);
   return rc;
 }
 
@@ -438,7 +475,7 @@ static ccs_result_t submit_on(struct ccs__conn *c, struct op *ops, size_t *n_ops
   }
   if (call) {
     ccs__call_answered(call, rc);
-    ccs__call_free(call);
+    call_free(call);
     call = NULL;
   }
   if (rc == CCS_OK) {
@@ -457,7 +494,7 @@ copy_failed:
   for (size_t i = 0; i < n; i++)
     snprintf(ops[i].comm->last_error, sizeof(ops[i].comm->last_error), "%s", ccs__error());
 out:
-  ccs__call_free(call);
+  call_free(call);
   free(msgs);
   free(ptrs);
   free(refs);

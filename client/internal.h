@@ -350,7 +350,7 @@ struct ccs__call_desc {
   uint32_t kind;
   int peer;            /* a send's or receive's */
   int unsafe_to_rerun; /* run again, it could read what it wrote */
-  void *kept;          /* its input as it was (malloc'ed; the call takes it): it can run again */
+  void *kept;          /* its input as it was (the caller's to free): it can run again */
 };
 struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc *ops, size_t n,
                                 const uint64_t *numbers, int *moving);

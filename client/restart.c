@@ -282,7 +282,6 @@ void ccs__call_free(struct ccs__call *call) {
   pthread_mutex_lock(&mu);
   unlist(call);
   pthread_mutex_unlock(&mu);
-  for (size_t i = 0; i < call->n; i++) free(call->op[i].kept);
   free(call->text);
   free(call);
 }
