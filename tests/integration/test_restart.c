@@ -1294,6 +1294,31 @@ static void test_nodes_replayed(void **state) {
  * call again, and every element is right. Without the copy
  * (CCS_KEEP_INPUT_BYTES=0) it cannot run again while the first daemon's
  * ranks finished it: the comm fails at every rank, saying so. */
+/* The same, the second daemon killed again as its comm rejoined (its
+ * ranks told their verdicts, the first daemon not yet): the first still
+ * holds the comm, which rejoins once more, and the messages go again. */
+static void test_nodes_replayed_twice(void **state) {
+  (void)state;
+  for (int kind = REPLAYED_BROADCAST; kind <= REPLAYED_SEND; kind++) {
+    fresh_round(1);
+    sh->hold = 1;
+    start_nodes("launch:2", 0, "30");
+    pid_t ranks = fork();
+    if (ranks == 0) _exit(test_run_ranks(kind == REPLAYED_REDUCE ? 3 : 2, replayed_rank, &kind, 60, NULL));
+    double until = test_now() + 30;
+    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
+    test_daemon_kill(&node[1]);
+    setenv("CCSD_FAILPOINT", "rejoined:1", 1); /* dies once its comm rejoined */
+    assert_int_equal(start_node(1, 1, "30"), 0);
+    unsetenv("CCSD_FAILPOINT");
+    until = test_now() + 30;
+    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
+    test_daemon_kill(&node[1]);
+    assert_int_equal(start_node(1, 1, "30"), 0);
+    release_and_wait(ranks);
+  }
+}
+
 static void test_nodes_replayed_in_place(void **state) {
   (void)state;
   for (int keep = 0; keep < 2; keep++) {
@@ -1553,6 +1578,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed_in_place, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_replayed_twice, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_sent_ahead, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_not_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_init_cut_short, setup, teardown),
