@@ -21,24 +21,33 @@ static __thread struct {
 
 /* Kept inputs (track): a buffer per thread, lent to its next call (a
  * fresh malloc of tens of KiB a call faults its pages in every time); a
- * group's further ops get their own. Freed with the thread. */
+ * group's further ops get their own. Freed with the thread; without a key
+ * to free it by, every input gets its own. */
 static __thread struct {
   char *buf;
   size_t cap;
   int lent;
 } keep;
 static pthread_key_t keep_key;
+static int keep_keyed;
 static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
-static void keep_key_make(void) { pthread_key_create(&keep_key, free); }
+static void keep_free(void *p) {
+  free(p);
+  keep.buf = NULL, keep.cap = 0, keep.lent = 0; /* (a call from a later destructor starts afresh) */
+}
+static void keep_key_make(void) { keep_keyed = pthread_key_create(&keep_key, keep_free) == 0; }
 
 static void *keep_take(size_t len) {
-  if (keep.lent) return malloc(len);
+  pthread_once(&keep_once, keep_key_make);
+  if (keep.lent || !keep_keyed) return malloc(len);
   if (len > keep.cap) {
-    pthread_once(&keep_once, keep_key_make);
-    char *grown = realloc(keep.buf, len);
-    if (!grown) return NULL;
+    char *grown = malloc(len);
+    if (!grown || pthread_setspecific(keep_key, grown)) {
+      free(grown);
+      return NULL;
+    }
+    free(keep.buf);
     keep.buf = grown, keep.cap = len;
-    pthread_setspecific(keep_key, grown);
   }
   keep.lent = 1;
   return keep.buf;
@@ -218,7 +227,8 @@ static struct ccs__call *track(struct ccs__conn *c, const struct op *ops, size_t
      * host keeps a copy of its input, put back before it goes again */
     int in_place = o->send_len && o->recv_len && !o->stage_lo && o->send < o->recv + o->recv_len &&
                    o->recv < o->send + o->send_len;
-    void *kept = in_place && o->device < 0 && o->send_len <= ccs__keep_input_bytes() ? keep_take(o->send_len) : NULL;
+    void *kept = in_place && o->device < 0 && c->journal && c->keeper_started &&
+                         o->send_len <= ccs__keep_input_bytes() ? keep_take(o->send_len) : NULL;
     if (kept) memcpy(kept, o->send, o->send_len);
     d[i] = (struct ccs__call_desc){o->comm, o->kind, o->root, in_place && !kept, kept};
   }
@@ -255,6 +265,8 @@ static ccs_result_t after_restart(struct ccs__call *call, struct op *ops, size_t
     ccs__set_error("%s", ops[0].comm->last_error);
     rc = CCS_ERR_DAEMON_UNAVAILABLE;
   } else if (repeat) {
+    for (size_t i = 0; i < *n; i++) /* (what libccs kept of them, as it was) */
+      if (call->op[i].kept) memcpy((char *)ops[i].send, call->op[i].kept, ops[i].send_len);
     rc = fail(ops[0].comm, CCS_ERR_RETRY, "%s",
               "ccsd restarted while this call ran: repeat it (its outputs are undefined, and an "
               "in-place call's inputs may be overwritten: restore them first)");

@@ -116,8 +116,8 @@ void ccsd_comm_init_timed_out(struct comm *c) {
                    : c->nlet_go ? "; the daemons that held the communicator for them lost another of its "
                                   "daemons meanwhile, and no daemon made it again with them"
                    : " and no other daemon held the communicator for them nor came back with its ranks "
-                     "(it failed there: another of its daemons went too, a CUDA stream's call was under "
-                     "way, or their peer_restart_grace is 0)");
+                     "(its ranks there had left it, or it failed there: another of its daemons went too, "
+                     "a CUDA stream's call was under way, or their peer_restart_grace is 0)");
     return;
   }
   if (c->root[0]) {
