@@ -71,6 +71,8 @@ struct coll {
   int draining;               /* stopping once its ops across daemons finish (span.c) */
   uint64_t *next_id;          /* numbers for logs, shared with the layer above */
   uint64_t started_ms;        /* when this daemon started (the loop's time) */
+  struct comm_failure *failures; /* comm.c: the last comms made again here that failed, let go */
+  size_t nfailures;
   struct coll_hooks hooks;
 };
 
@@ -332,6 +334,7 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
                             int prio, pid_t pid, struct coll_rejoin *rejoin, struct coll_waiter *w,
                             struct member **ret, char *err, size_t errlen);
 struct comm *ccsd_comm_find(struct coll *co, const uint8_t *name);
+void ccsd_comm_failures_free(struct coll *co);
 struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, int nranks,
                               const char *algo, int first_rank, ccs_result_t *rc, char *err,
                               size_t errlen);

@@ -35,11 +35,47 @@ static void on_timer_closed(uv_handle_t *handle) {
   free(c);
 }
 
+/* A comm made again after this daemon restarted that failed, kept once it
+ * is let go: a rank that rejoins it later (held back, slow) is told why at
+ * once rather than make it anew and wait out the rejoin. The last
+ * FAILURES_KEPT, within the rejoin window. */
+#define FAILURES_KEPT 64
+struct comm_failure {
+  uint8_t name[CCS__NAME_BYTES];
+  ccs_result_t error;
+  char text[CCS__ERROR_TEXT_MAX];
+};
+
+static void keep_failure(struct comm *c) {
+  struct coll *co = c->co;
+  if (!co->failures && !(co->failures = calloc(FAILURES_KEPT, sizeof(*co->failures)))) return;
+  struct comm_failure *f = &co->failures[co->nfailures++ % FAILURES_KEPT];
+  memcpy(f->name, c->name, sizeof(f->name));
+  f->error = c->error;
+  snprintf(f->text, sizeof(f->text), "%s", c->error_text);
+}
+
+static const struct comm_failure *failure_of(const struct coll *co, const uint8_t *name) {
+  size_t n = co->nfailures < FAILURES_KEPT ? co->nfailures : FAILURES_KEPT;
+  for (size_t i = 1; co->failures && i <= n; i++) { /* the latest first */
+    const struct comm_failure *f = &co->failures[(co->nfailures - i) % FAILURES_KEPT];
+    if (!memcmp(f->name, name, sizeof(f->name))) return f;
+  }
+  return NULL;
+}
+
+void ccsd_comm_failures_free(struct coll *co) {
+  free(co->failures);
+  co->failures = NULL;
+  co->nfailures = 0;
+}
+
 void ccsd_comm_unref(struct comm *c) {
   if (--c->refs > 0) return;
   if (!list_empty(&c->slots) || !list_empty(&c->p2p) || !list_empty(&c->queued) || ccsd_hold_waiting(c))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
+  if (c->state == COMM_FAILED && c->rejoining && !c->unnamed && ccsd_rejoin_window_open(c->co)) keep_failure(c);
   /* found no more, but in coll->comms until on_timer_closed: a walk of them
    * may be under way (failing one comm can free others) */
   c->gone = 1;
@@ -279,6 +315,12 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
   uint8_t name[CCS__NAME_BYTES];
   ccsd_comm_name(id, name);
   struct comm *c = ccsd_comm_find(co, name);
+  const struct comm_failure *f = !c && rejoin && rejoin->n ? failure_of(co, name) : NULL;
+  if (f) { /* back with its calls, after the comm failed here and was let go */
+    co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
+    snprintf(err, errlen, "the communicator failed here as its ranks rejoined it: %s", f->text);
+    return f->error;
+  }
   if (c && c->named && (c->state != COMM_JOINING || ccsd_comm_check_join(c, rank, nranks, algo, (int)pid))) {
     co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
     ccsd_comm_named_conflict(c, label, nranks, rank, algo, err, errlen);

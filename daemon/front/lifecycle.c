@@ -160,6 +160,7 @@ void ccsd_daemon_close(struct daemon *d) {
   ccsd_peers_free(d->coll.peers);
   d->coll.peers = NULL;
   engine_pool_free(d->coll.pool);
+  ccsd_comm_failures_free(&d->coll);
   ccsd_run_shares_close(&d->shares);
   ccsd_gpu_free(d->coll.gpu); /* after all that could still let go of its pages */
   d->coll.gpu = NULL;
