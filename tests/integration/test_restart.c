@@ -1272,20 +1272,39 @@ static int replayed_rank(int rank, int n, void *arg) {
   return bad;
 }
 
+/* replayed_rank's ranks (3 for a reduce, 2 else) while the second daemon
+ * dies at `failpoint` and is started again, dying at `again` too (NULL:
+ * not) and started once more; then the ranks go on. */
+static void replayed_run(int kind, const char *failpoint, const char *again) {
+  fresh_round(1);
+  sh->hold = 1;
+  start_nodes(failpoint, 0, "30");
+  pid_t ranks = fork();
+  if (ranks == 0)
+    _exit(test_run_ranks(kind == REPLAYED_REDUCE || kind == REPLAYED_IN_PLACE ? 3 : 2, replayed_rank, &kind, 60, NULL));
+  failpoint_reached(&node[1]);
+  if (again) setenv("CCSD_FAILPOINT", again, 1);
+  assert_int_equal(start_node(1, 1, "30"), 0);
+  unsetenv("CCSD_FAILPOINT");
+  if (again) {
+    failpoint_reached(&node[1]);
+    assert_int_equal(start_node(1, 1, "30"), 0);
+  }
+  release_and_wait(ranks);
+}
+
 static void test_nodes_replayed(void **state) {
   (void)state;
-  for (int kind = REPLAYED_BROADCAST; kind <= REPLAYED_SEND; kind++) {
-    fresh_round(1);
-    sh->hold = 1;
-    start_nodes("launch:2", 0, "30"); /* the second daemon dies as it matches rank 1's call */
-    pid_t ranks = fork();
-    if (ranks == 0) _exit(test_run_ranks(kind == REPLAYED_REDUCE ? 3 : 2, replayed_rank, &kind, 60, NULL));
-    double until = test_now() + 30;
-    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
-    test_daemon_kill(&node[1]);
-    assert_int_equal(start_node(1, 1, "30"), 0);
-    release_and_wait(ranks);
-  }
+  for (int kind = REPLAYED_BROADCAST; kind <= REPLAYED_SEND; kind++)
+    replayed_run(kind, "launch:2", NULL); /* the second daemon dies as it matches rank 1's call */
+}
+
+/* The same, the second daemon killed again as its comm rejoined (its
+ * ranks told their verdicts, the first daemon not yet): the first still
+ * holds the comm, which rejoins once more, and the messages go again. */
+static void test_nodes_replayed_twice(void **state) {
+  (void)state;
+  for (int kind = REPLAYED_BROADCAST; kind <= REPLAYED_SEND; kind++) replayed_run(kind, "launch:2", "rejoined:1");
 }
 
 /* The same for the reduce in place on registered memory, the second
@@ -1296,48 +1315,13 @@ static void test_nodes_replayed(void **state) {
  * daemon's ranks finished it, and every element is right. Without the
  * copy (CCS_KEEP_INPUT_BYTES=0) it cannot: the comm fails at every rank,
  * saying so. */
-/* The same, the second daemon killed again as its comm rejoined (its
- * ranks told their verdicts, the first daemon not yet): the first still
- * holds the comm, which rejoins once more, and the messages go again. */
-static void test_nodes_replayed_twice(void **state) {
-  (void)state;
-  for (int kind = REPLAYED_BROADCAST; kind <= REPLAYED_SEND; kind++) {
-    fresh_round(1);
-    sh->hold = 1;
-    start_nodes("launch:2", 0, "30");
-    pid_t ranks = fork();
-    if (ranks == 0) _exit(test_run_ranks(kind == REPLAYED_REDUCE ? 3 : 2, replayed_rank, &kind, 60, NULL));
-    double until = test_now() + 30;
-    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
-    test_daemon_kill(&node[1]);
-    setenv("CCSD_FAILPOINT", "rejoined:1", 1); /* dies once its comm rejoined */
-    assert_int_equal(start_node(1, 1, "30"), 0);
-    unsetenv("CCSD_FAILPOINT");
-    until = test_now() + 30;
-    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
-    test_daemon_kill(&node[1]);
-    assert_int_equal(start_node(1, 1, "30"), 0);
-    release_and_wait(ranks);
-  }
-}
-
 static void test_nodes_replayed_in_place(void **state) {
   (void)state;
   for (int keep = 0; keep < 2; keep++) {
-    int kind = REPLAYED_IN_PLACE;
-    fresh_round(1);
-    sh->hold = 1;
     sh->may_fail = !keep;
-    start_nodes("started:2", 0, "30");
     if (!keep) setenv("CCS_KEEP_INPUT_BYTES", "0", 1);
-    pid_t ranks = fork();
-    if (ranks == 0) _exit(test_run_ranks(3, replayed_rank, &kind, 60, NULL));
+    replayed_run(REPLAYED_IN_PLACE, "started:2", NULL);
     unsetenv("CCS_KEEP_INPUT_BYTES");
-    double until = test_now() + 30;
-    while (test_daemon_alive(&node[1]) && test_now() < until) usleep(2000);
-    test_daemon_kill(&node[1]);
-    assert_int_equal(start_node(1, 1, "30"), 0);
-    release_and_wait(ranks);
     fprintf(stderr, "# in place, CCS_KEEP_INPUT_BYTES %s: %s\n", keep ? "default" : "0",
             sh->failed[0] ? "the comm failed" : "every element right");
     assert_int_equal(sh->failed[0] + sh->failed[1] + sh->failed[2], keep ? 0 : 3);
