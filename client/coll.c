@@ -227,7 +227,7 @@ static struct ccs__call *track(struct ccs__conn *c, const struct op *ops, size_t
      * host keeps a copy of its input, put back before it goes again */
     int in_place = o->send_len && o->recv_len && !o->stage_lo && o->send < o->recv + o->recv_len &&
                    o->recv < o->send + o->send_len;
-    void *kept = in_place && o->device < 0 && c->journal && c->keeper_started &&
+    void *kept = in_place && o->device < 0 && ccs__numbers_sent(c, o->comm) &&
                          o->send_len <= ccs__keep_input_bytes() ? keep_take(o->send_len) : NULL;
     if (kept) memcpy(kept, o->send, o->send_len);
     d[i] = (struct ccs__call_desc){o->comm, o->kind, o->root, in_place && !kept, kept};
@@ -254,6 +254,9 @@ static ccs_result_t after_restart(struct ccs__call *call, struct op *ops, size_t
     finished += call->op[i].verdict == CCS__FINISHED;
     repeat += call->op[i].verdict == CCS__REPEAT;
   }
+  for (size_t i = 0; i < *n; i++) /* (in place: the dead daemon may have written over them) */
+    if (call->op[i].kept && call->op[i].verdict != CCS__FINISHED)
+      memcpy((char *)ops[i].send, call->op[i].kept, ops[i].send_len);
   ccs_result_t rc = CCS_OK;
   if (repeat && finished) { /* repeating it would run the finished ops twice */
     for (size_t i = 0; i < *n; i++)
@@ -265,8 +268,6 @@ static ccs_result_t after_restart(struct ccs__call *call, struct op *ops, size_t
     ccs__set_error("%s", ops[0].comm->last_error);
     rc = CCS_ERR_DAEMON_UNAVAILABLE;
   } else if (repeat) {
-    for (size_t i = 0; i < *n; i++) /* (what libccs kept of them, as it was) */
-      if (call->op[i].kept) memcpy((char *)ops[i].send, call->op[i].kept, ops[i].send_len);
     rc = fail(ops[0].comm, CCS_ERR_RETRY, "%s",
               "ccsd restarted while this call ran: repeat it (its outputs are undefined, and an "
               "in-place call's inputs may be overwritten: restore them first)");
@@ -279,8 +280,6 @@ static ccs_result_t after_restart(struct ccs__call *call, struct op *ops, size_t
         rc = copy_out(&ops[i], 1, st);
         continue;
       }
-      if (call->op[i].kept) /* (in place: the dead daemon may have written over it) */
-        memcpy((char *)ops[i].send, call->op[i].kept, ops[i].send_len);
       numbers[kept] = call->op[i].number;
       ops[kept++] = ops[i];
     }

@@ -459,3 +459,12 @@ static ccs_result_t call_fds(struct ccs__conn *c, Ccs__Request *req, const int *
   *ret = reply;
   return CCS_OK;
 }
+
+int ccs__env_bytes(const char *name, unsigned long long *out) {
+  const char *v = getenv(name);
+  while (v && (*v == ' ' || *v == '\t')) v++;
+  if (!v || *v < '0' || *v > '9') return 0;
+  char *end;
+  *out = strtoull(v, &end, 10);
+  return !*end;
+}

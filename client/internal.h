@@ -359,6 +359,9 @@ struct ccs__call *ccs__call_new(struct ccs__conn *c, const struct ccs__call_desc
  * it resubmits it rather than have every rank repeat it
  * (CCS_KEEP_INPUT_BYTES, default 64 KiB; 0: none). */
 size_t ccs__keep_input_bytes(void);
+/* A byte count from the environment: 1 and *out when `name` holds a
+ * decimal number and nothing else (leading blanks allowed), else 0. */
+int ccs__env_bytes(const char *name, unsigned long long *out);
 /* The registry of comms the keeper rejoins (comm.c keeps it current). */
 void ccs__comm_track(ccs_comm_t *comm);
 void ccs__comm_untrack(ccs_comm_t *comm);

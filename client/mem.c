@@ -374,10 +374,8 @@ static struct ccs__staging *free_staging;
 static size_t staging_bytes; /* mapped, in use or free */
 
 static size_t staging_limit(void) {
-  const char *s = getenv("CCS_STAGING_MAX_BYTES");
-  char *end;
-  unsigned long long v = s ? strtoull(s, &end, 10) : 0;
-  return s && *s && !*end && v ? (size_t)v : (size_t)1 << 30;
+  unsigned long long v;
+  return ccs__env_bytes("CCS_STAGING_MAX_BYTES", &v) && v ? (size_t)v : (size_t)1 << 30;
 }
 
 static void staging_unmap(struct ccs__staging *s) {

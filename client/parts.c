@@ -38,11 +38,8 @@ struct ccs__parts {
  * 256 MiB); every rank of a comm must use the same, or their calls are
  * refused as mismatched */
 static size_t part_bytes(void) {
-  const char *v = getenv("CCS_STAGED_PART_BYTES");
-  if (!v || !*v) return PART_BYTES_DEFAULT;
-  char *end;
-  unsigned long long b = strtoull(v, &end, 10);
-  if (*end || *v == '-') return PART_BYTES_DEFAULT;
+  unsigned long long b;
+  if (!ccs__env_bytes("CCS_STAGED_PART_BYTES", &b)) return PART_BYTES_DEFAULT;
   return b == 0 ? 0 : b < PART_BYTES_MIN ? PART_BYTES_MIN : b > PART_BYTES_MAX ? PART_BYTES_MAX : (size_t)b;
 }
 

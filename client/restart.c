@@ -170,11 +170,8 @@ size_t ccs__keep_input_bytes(void) {
   static _Atomic long bytes = -1; /* read once */
   long b = atomic_load_explicit(&bytes, memory_order_relaxed);
   if (b >= 0) return (size_t)b;
-  const char *v = getenv("CCS_KEEP_INPUT_BYTES");
-  while (v && (*v == ' ' || *v == '\t')) v++;
-  char *end = NULL;
-  unsigned long long want = v && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
-  b = end && !*end ? (want > (1ull << 30) ? 1l << 30 : (long)want) : 64l << 10;
+  unsigned long long want;
+  b = ccs__env_bytes("CCS_KEEP_INPUT_BYTES", &want) ? (want > (1ull << 30) ? 1l << 30 : (long)want) : 64l << 10;
   atomic_store_explicit(&bytes, b, memory_order_relaxed);
   return (size_t)b;
 }
