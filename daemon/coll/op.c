@@ -321,8 +321,9 @@ void ccsd_op_launch(struct comm *c, struct post **posts, int nposts, uint64_t se
     return;
   }
   /* Small ops run right here: on these machines a blocking wake-up costs
-   * 15-40 us and the executor path takes two, while reducing 64 KiB takes
-   * a few; the loop stays responsive. Everything else goes to the threads. */
+   * 15-40 us and the executor path takes two, while moving 256 KiB (a 64
+   * KiB all_reduce of 2 ranks) takes a few; the loop stays responsive.
+   * Everything else goes to the threads. */
   int small = x->run.plan.bytes_moved <= c->co->cfg.inline_bytes;
   if (x->run.plan.ntasks == 0 || (!x->run.plan.net_items && small)) {
     engine_run_all(&x->run.plan, x->run.streaming);

@@ -32,7 +32,7 @@ struct test_sum {
   double (*input)(int rank, size_t i);
 };
 extern const struct test_sum test_sum_one_int; /* one int32: rank + 1 */
-/* 40000 int64 (320 KB): past inline_bytes (64 KiB by default), so the op
+/* 40000 int64 (320 KB): past inline_bytes (256 KiB by default), so the op
  * runs on the executor's threads and, across daemons, over the network,
  * not on the control loop: what "still serving" means. */
 extern const struct test_sum test_sum_executor;
