@@ -39,9 +39,10 @@ struct transport_params {
 };
 
 /* Registered messages sent, by the way they went (verbs: written into the
- * receiver's buffer, or eager over TCP because no answer came in time). */
+ * receiver's buffer; eager over TCP, being small or because no answer came
+ * in time; or small, by SEND into a buffer the receiver posted). */
 struct transport_counters {
-  uint64_t rdma_messages, rdma_bytes, eager_messages, eager_bytes;
+  uint64_t rdma_messages, rdma_bytes, eager_messages, eager_bytes, send_messages, send_bytes;
 };
 
 struct transport_ops {

@@ -18,12 +18,19 @@
  *    completes on the immediate, the send on the write's completion.
  * A sender that hears no answer within CTS_WAIT_S (the receiver has not
  * posted, and may be waiting for this very send to finish first) sends
- * the bytes over TCP after all (eager), as it does at once for small
- * messages: the receiver holds them until the receive comes, within the
- * held-bytes cap, as TCP does. Each message goes one way only: the sender
- * decides, and an answer that comes after it chose TCP is ignored.
- * Answers out are bounded by the receive requests posted for immediates
- * (RQ_DEPTH): no write ever finds none. */
+ * the bytes over TCP after all (eager): the receiver holds them until the
+ * receive comes, within the held-bytes cap, as TCP does. Each message goes
+ * one way only: the sender decides, and an answer that comes after it
+ * chose TCP is ignored.
+ * Small messages go eager at once: by SEND, header and bytes together,
+ * into a buffer the receiver posted (a bounce buffer), while the sender
+ * has a credit for one, else over TCP. The receiver posts each buffer
+ * again once it took what came, and gives the credits back over TCP.
+ * Headers thus come two ways; the receiver matches messages in the
+ * sender's order (sid) all the same, so a tag's messages keep theirs.
+ * Every posted receive is a bounce buffer, as a write's immediate takes
+ * the next one too: answers out are bounded by RQ_DEPTH, SENDs by
+ * CREDITS, and RQ_DEPTH + CREDITS are posted, so none finds none. */
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -50,11 +57,15 @@
 #define TAG_HEADER (TAG_QP + 1)      /* sender: a message, or that its bytes come eager after all */
 #define TAG_EAGER (TAG_QP + 2)       /* sender: an eager message's bytes, in header order */
 #define TAG_CTS (TAG_QP + 3)         /* receiver: clear to send */
+#define TAG_CREDIT (TAG_QP + 4)      /* receiver: bounce buffers posted again */
+#define TAG_LAST TAG_CREDIT
 
 #define RQ_DEPTH 64                /* immediates a connection can take at once */
 #define SQ_DEPTH 128               /* writes outstanding per connection */
 #define WRITE_MAX (1u << 30)       /* one write's bytes at most */
 #define RENDEZVOUS_MIN (16u << 10) /* smaller messages go eager: a round trip costs more than the copy */
+#define BOUNCE_BYTES (8u << 10)    /* a message this small goes by SEND, while credits last */
+#define CREDITS 32                 /* SENDs a receiver takes before it gives credits back */
 #define CTS_WAIT_S 0.02 /* from when the queue pair is up */
 #define QUIESCE_S 0.5   /* writes either way still completing after the peer closed */
 
@@ -67,10 +78,18 @@ enum {
   H_MESSAGE = 1, /* its bytes wait for an answer */
   H_EAGER_NOW,   /* a small message: its bytes follow */
   H_EAGER,       /* the bytes of an earlier H_MESSAGE follow after all */
+  H_SEND,        /* by SEND: its bytes follow in the same buffer */
 };
 struct wire_header {
   uint32_t kind, sid;
   uint64_t tag, len;
+};
+
+#define SLOT_BYTES (sizeof(struct wire_header) + BOUNCE_BYTES)
+#define RECV_SLOTS (RQ_DEPTH + CREDITS)
+
+struct wire_credit {
+  uint32_t count, pad;
 };
 
 struct wire_cts {
@@ -98,9 +117,10 @@ struct uop {
   void *user;
   uint32_t id; /* send: sid; receive: rid */
   /* send */
-  enum { S_WAIT_CTS, S_WRITING, S_EAGER } state;
+  enum { S_WAIT_CTS, S_WRITING, S_SENT, S_EAGER } state;
   double cts_by;
   int writes_left;
+  int slot; /* S_SENT: its send buffer */
   /* receive */
   struct msg *matched;
   UT_hash_handle hh; /* receive: by rid, while a write may come */
@@ -108,7 +128,7 @@ struct uop {
 
 /* A message the receiver heard of: a header, its bytes (when eager). */
 struct msg {
-  struct msg *prev, *next; /* in its connection's unmatched messages */
+  struct msg *prev, *next; /* in its connection's pending or unmatched messages */
   uint32_t sid;
   uint64_t tag, len;
   struct uop *r;       /* the receive it matched */
@@ -119,6 +139,7 @@ struct msg {
   char *held;          /* eager bytes that came before their receive */
   int arrived;         /* held: all of them are here */
   int cts_out;         /* an answer went: an immediate may come */
+  int pending;         /* not matched before: an earlier sid has not come */
   UT_hash_handle hh;   /* by sid */
 };
 
@@ -134,6 +155,7 @@ struct note {
     struct wire_qp qp;
     struct wire_header header;
     struct wire_cts cts;
+    struct wire_credit credit;
   } u;
 };
 
@@ -162,10 +184,18 @@ struct tconn {
   double quiesce_by;
   int closed; /* the caller closed it: what the wrapped one still owes is awaited */
   uint32_t next_sid, next_rid;
+  uint32_t next_in; /* the sid matched next */
   int cts_out; /* answers whose immediates may come */
+  /* bounce buffers, registered on its rail: CREDITS to send from, then
+   * RECV_SLOTS posted to receive into */
+  char *bounce;
+  struct ibv_mr *bounce_mr;
+  uint64_t send_free; /* send buffers free, a bit each */
+  int credits;        /* SENDs the peer takes */
+  int credits_owed;   /* buffers posted again, not yet said */
   struct uop *sends, *recvs; /* posted, not complete */
   struct uop *by_rid;
-  struct msg *unmatched, *by_sid;
+  struct msg *pending, *unmatched, *by_sid;
   struct msg *want_cts; /* matched, answered once an immediate slot is free */
   struct note *notes;
   size_t held;
@@ -211,8 +241,10 @@ static void complete(struct transport *t, struct tconn *c, uint64_t tag, void *u
 
 static void uop_finish(struct uop *op, int status, size_t bytes) {
   struct tconn *c = op->c;
-  if (op->is_send) DL_DELETE(c->sends, op);
-  else {
+  if (op->is_send) {
+    DL_DELETE(c->sends, op);
+    if (op->state == S_SENT) c->send_free |= 1ull << op->slot;
+  } else {
     DL_DELETE(c->recvs, op);
     if (op->matched) op->matched->r = NULL;
   }
@@ -230,6 +262,7 @@ static void msg_free(struct tconn *c, struct msg *m) {
 /* --- the wrapped connection's notes -------------------------------------- */
 
 static void conn_fail(struct tconn *c, int status, int from_tcp);
+static void pending_flush(struct tconn *c);
 
 static struct note *note_new(struct tconn *c, uint64_t tag, int is_send) {
   struct note *n = calloc(1, sizeof(*n));
@@ -285,7 +318,7 @@ static void note_recv(struct tconn *c, uint64_t tag, size_t len) {
 static int writing(const struct tconn *c) {
   const struct uop *op;
   DL_FOREACH(c->sends, op)
-    if (op->state == S_WRITING) return 1;
+    if (op->state == S_WRITING || op->state == S_SENT) return 1;
   return 0;
 }
 
@@ -323,6 +356,7 @@ static void conn_fail(struct tconn *c, int status, int from_tcp) {
   }
   c->failed = status;
   c->want_cts = NULL;
+  pending_flush(c);
   if (!from_tcp && c->tcp) {
     ccs_transport_tcp.close(c->tcp);
     c->tcp = NULL;
@@ -346,24 +380,48 @@ static void conn_fail(struct tconn *c, int status, int from_tcp) {
 
 /* --- queue pairs ------------------------------------------------------------- */
 
-static int post_imm_slot(struct tconn *c) {
-  struct ibv_recv_wr wr = {.wr_id = 0, .sg_list = NULL, .num_sge = 0}, *bad;
+static char *send_slot(const struct tconn *c, int slot) { return c->bounce + (size_t)slot * SLOT_BYTES; }
+static char *recv_slot(const struct tconn *c, uint64_t slot) {
+  return c->bounce + (CREDITS + (size_t)slot) * SLOT_BYTES;
+}
+
+static int post_slot(struct tconn *c, uint64_t slot) {
+  struct ibv_sge sge = {.addr = (uintptr_t)recv_slot(c, slot), .length = SLOT_BYTES, .lkey = c->bounce_mr->lkey};
+  struct ibv_recv_wr wr = {.wr_id = slot, .sg_list = &sge, .num_sge = 1}, *bad;
   return ibv_post_recv(c->qp, &wr, &bad);
+}
+
+/* The bounce buffers, on the connection's rail. */
+static int bounce_create(struct transport *t, struct tconn *c) {
+  size_t len = (CREDITS + RECV_SLOTS) * SLOT_BYTES;
+  if (posix_memalign((void **)&c->bounce, 4096, len)) {
+    c->bounce = NULL;
+    return -1;
+  }
+  memset(c->bounce, 0, len);
+  if (!(c->bounce_mr = t->lib.reg_mr(t->rails[c->rail].pd, c->bounce, len, IBV_ACCESS_LOCAL_WRITE))) return -1;
+  c->send_free = CREDITS == 64 ? ~0ull : (1ull << CREDITS) - 1;
+  c->credits = CREDITS;
+  return 0;
 }
 
 static int qp_create(struct transport *t, struct tconn *c, char *err, size_t errlen) {
   const struct verbs_lib *lib = &t->lib;
   const struct rail *rl = &t->rails[c->rail];
   if (!(c->ch = lib->create_comp_channel(rl->port.ctx)) ||
-      !(c->cq = lib->create_cq(rl->port.ctx, SQ_DEPTH + RQ_DEPTH + 16, c, c->ch, 0))) {
+      !(c->cq = lib->create_cq(rl->port.ctx, SQ_DEPTH + RECV_SLOTS + 16, c, c->ch, 0))) {
     snprintf(err, errlen, "%s: cannot create a completion queue: %s", rl->port.dev, strerror(errno));
+    return -1;
+  }
+  if (bounce_create(t, c)) {
+    snprintf(err, errlen, "%s: cannot register bounce buffers: %s", rl->port.dev, strerror(errno));
     return -1;
   }
   fcntl(c->ch->fd, F_SETFL, fcntl(c->ch->fd, F_GETFL) | O_NONBLOCK);
   struct ibv_qp_init_attr ia = {
       .send_cq = c->cq,
       .recv_cq = c->cq,
-      .cap = {.max_send_wr = SQ_DEPTH, .max_recv_wr = RQ_DEPTH, .max_send_sge = 1, .max_recv_sge = 1},
+      .cap = {.max_send_wr = SQ_DEPTH, .max_recv_wr = RECV_SLOTS, .max_send_sge = 1, .max_recv_sge = 1},
       .qp_type = IBV_QPT_RC,
   };
   if (!(c->qp = lib->create_qp(rl->pd, &ia))) {
@@ -375,7 +433,7 @@ static int qp_create(struct transport *t, struct tconn *c, char *err, size_t err
                           .port_num = (uint8_t)rl->port.port,
                           .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE};
   int rc = lib->modify_qp(c->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-  for (int i = 0; !rc && i < RQ_DEPTH; i++) rc = post_imm_slot(c);
+  for (uint64_t i = 0; !rc && i < RECV_SLOTS; i++) rc = post_slot(c, i);
   if (!rc) rc = ibv_req_notify_cq(c->cq, 0);
   if (rc) {
     snprintf(err, errlen, "%s: cannot ready a queue pair: %s", rl->port.dev, strerror(rc));
@@ -389,6 +447,7 @@ static int qp_create(struct transport *t, struct tconn *c, char *err, size_t err
   note_recv(c, TAG_QP, sizeof(struct wire_qp));
   note_recv(c, TAG_HEADER, sizeof(struct wire_header));
   note_recv(c, TAG_CTS, sizeof(struct wire_cts));
+  note_recv(c, TAG_CREDIT, sizeof(struct wire_credit));
   note_send(c, TAG_QP, &mine, sizeof(mine));
   return c->failed ? -1 : 0;
 }
@@ -456,6 +515,31 @@ static void send_eager(struct tconn *c, struct uop *op, int kind) {
   op->state = S_EAGER;
   c->t->counters.eager_messages++;
   c->t->counters.eager_bytes += op->len;
+}
+
+/* A small message by SEND, header and bytes copied into a send buffer:
+ * 0 when there is no credit or no buffer (it goes over TCP then). */
+static int send_bounce(struct tconn *c, struct uop *op) {
+  if (!c->ready || c->failed || !c->credits || !c->send_free || op->len > BOUNCE_BYTES) return 0;
+  int slot = __builtin_ctzll(c->send_free);
+  char *p = send_slot(c, slot);
+  struct wire_header h = {.kind = htole32(H_SEND), .sid = htole32(op->id), .tag = htole64(op->tag),
+                          .len = htole64(op->len)};
+  memcpy(p, &h, sizeof(h));
+  memcpy(p + sizeof(h), op->buf, op->len);
+  struct ibv_sge sge = {.addr = (uintptr_t)p, .length = (uint32_t)(sizeof(h) + op->len), .lkey = c->bounce_mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = (uintptr_t)op, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+                           .send_flags = IBV_SEND_SIGNALED},
+                     *bad;
+  if (ibv_post_send(c->qp, &wr, &bad)) return 0; /* its queue is full */
+  c->send_free &= ~(1ull << slot);
+  c->credits--;
+  op->state = S_SENT;
+  op->slot = slot;
+  op->writes_left = 1;
+  c->t->counters.send_messages++;
+  c->t->counters.send_bytes += op->len;
+  return 1;
 }
 
 /* Writes op's bytes where the receiver said, the last write with its
@@ -585,34 +669,121 @@ static void take_bytes(struct tconn *c, struct msg *m) {
   m->receiving = 1;
 }
 
-static void on_header(struct tconn *c, const struct wire_header *h) {
-  uint32_t sid = le32toh(h->sid), kind = le32toh(h->kind);
-  struct msg *m;
-  HASH_FIND(hh, c->by_sid, &sid, sizeof(sid), m);
-  if (kind == H_EAGER) {
-    if (!m || m->eager) conn_fail(c, -EPROTO, 0);
-    else take_bytes(c, m);
-    return;
-  }
-  if (m || (kind != H_MESSAGE && kind != H_EAGER_NOW)) {
-    conn_fail(c, -EPROTO, 0);
-    return;
-  }
-  if (!(m = calloc(1, sizeof(*m)))) {
-    conn_fail(c, -ENOMEM, 0);
-    return;
-  }
-  m->sid = sid;
-  m->tag = le64toh(h->tag);
-  m->len = le64toh(h->len);
-  m->eager = kind == H_EAGER_NOW;
-  HASH_ADD(hh, c->by_sid, sid, sizeof(sid), m);
+/* Message m meets the first receive of its tag, or waits for one. */
+static void admit(struct tconn *c, struct msg *m) {
+  if (m->pending) DL_DELETE(c->pending, m);
+  m->pending = 0;
   struct uop *r;
   DL_FOREACH(c->recvs, r)
     if (!r->matched && r->tag == m->tag) break;
   if (r) match(c, m, r);
   else DL_APPEND(c->unmatched, m);
-  if (kind == H_EAGER_NOW && !c->failed) take_bytes(c, m);
+}
+
+/* Messages are matched in the order they were sent (sid), whether their
+ * header came over TCP or by SEND. */
+static void admit_in_order(struct tconn *c) {
+  for (struct msg *m;;) {
+    HASH_FIND(hh, c->by_sid, &c->next_in, sizeof(c->next_in), m);
+    if (!m || !m->pending) return;
+    c->next_in++;
+    admit(c, m);
+  }
+}
+
+static int sid_order(const struct msg *a, const struct msg *b) {
+  uint32_t base = a->sid - b->sid; /* (sids wrap) */
+  return base == 0 ? 0 : base < 0x80000000u ? 1 : -1;
+}
+
+/* The connection failed: no gap in the sids fills now. What came is
+ * matched, or held, in order; a header without its bytes goes. */
+static void pending_flush(struct tconn *c) {
+  DL_SORT(c->pending, sid_order);
+  while (c->pending) {
+    struct msg *m = c->pending;
+    if (m->arrived || m->receiving) {
+      admit(c, m);
+    } else {
+      DL_DELETE(c->pending, m);
+      msg_free(c, m);
+    }
+  }
+}
+
+/* A new message's header: listed by sid, matched in order. */
+static struct msg *msg_arrive(struct tconn *c, uint32_t sid, uint64_t tag, uint64_t len, int eager) {
+  struct msg *m;
+  HASH_FIND(hh, c->by_sid, &sid, sizeof(sid), m);
+  if (m) {
+    conn_fail(c, -EPROTO, 0);
+    return NULL;
+  }
+  if (!(m = calloc(1, sizeof(*m)))) {
+    conn_fail(c, -ENOMEM, 0);
+    return NULL;
+  }
+  *m = (struct msg){.sid = sid, .tag = tag, .len = len, .eager = eager, .pending = 1};
+  HASH_ADD(hh, c->by_sid, sid, sizeof(sid), m);
+  DL_APPEND(c->pending, m);
+  return m;
+}
+
+static void on_header(struct tconn *c, const struct wire_header *h) {
+  uint32_t sid = le32toh(h->sid), kind = le32toh(h->kind);
+  if (kind == H_EAGER) {
+    struct msg *m;
+    HASH_FIND(hh, c->by_sid, &sid, sizeof(sid), m);
+    if (!m || m->eager) conn_fail(c, -EPROTO, 0);
+    else take_bytes(c, m);
+    return;
+  }
+  if (kind != H_MESSAGE && kind != H_EAGER_NOW) {
+    conn_fail(c, -EPROTO, 0);
+    return;
+  }
+  struct msg *m = msg_arrive(c, sid, le64toh(h->tag), le64toh(h->len), kind == H_EAGER_NOW);
+  if (!m) return;
+  admit_in_order(c);
+  if (kind == H_EAGER_NOW && !c->failed) take_bytes(c, m); /* into its receive, or held */
+}
+
+/* The peer may send this many more by SEND. */
+static void give_credit(struct tconn *c) {
+  if (++c->credits_owed < CREDITS / 4) return;
+  struct wire_credit k = {.count = htole32((uint32_t)c->credits_owed)};
+  c->credits_owed = 0;
+  note_send(c, TAG_CREDIT, &k, sizeof(k));
+}
+
+/* A SEND came into bounce buffer slot: its message is held (and copied
+ * into its receive when matched), the buffer posted again. */
+static void on_bounce(struct tconn *c, uint64_t slot, uint32_t bytes) {
+  struct wire_header h;
+  if (slot >= RECV_SLOTS || bytes < sizeof(h) || bytes > SLOT_BYTES) {
+    conn_fail(c, -EPROTO, 0);
+    return;
+  }
+  const char *p = recv_slot(c, slot);
+  memcpy(&h, p, sizeof(h));
+  uint64_t len = le64toh(h.len);
+  if (le32toh(h.kind) != H_SEND || len != bytes - sizeof(h)) {
+    conn_fail(c, -EPROTO, 0);
+    return;
+  }
+  struct msg *m = msg_arrive(c, le32toh(h.sid), le64toh(h.tag), len, 1);
+  if (!m) return;
+  if (c->held + len > c->t->params.unexpected_per_conn || !(m->held = malloc(len ? len : 1))) {
+    conn_fail(c, -ENOBUFS, 0);
+    return;
+  }
+  memcpy(m->held, p + sizeof(h), len);
+  c->held += len;
+  m->arrived = 1;
+  if (c->failed) admit(c, m); /* (quiescing: the others were matched when it failed) */
+  else admit_in_order(c);
+  if (post_slot(c, slot)) conn_fail(c, -EIO, 0);
+  else give_credit(c);
 }
 
 /* An eager message's bytes are in. */
@@ -630,10 +801,10 @@ static void on_eager_bytes(struct tconn *c, struct msg *m) {
   }
 }
 
-static void on_immediate(struct tconn *c, uint32_t rid) {
+static void on_immediate(struct tconn *c, uint32_t rid, uint64_t slot) {
   struct uop *r;
   HASH_FIND(hh, c->by_rid, &rid, sizeof(rid), r);
-  if (!r || !r->matched || post_imm_slot(c)) {
+  if (!r || !r->matched || slot >= RECV_SLOTS || post_slot(c, slot)) {
     conn_fail(c, -EPROTO, 0);
     return;
   }
@@ -653,7 +824,11 @@ static void on_wc(struct tconn *c, const struct ibv_wc *wc) {
     return;
   }
   if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-    on_immediate(c, be32toh(wc->imm_data));
+    on_immediate(c, be32toh(wc->imm_data), wc->wr_id);
+    return;
+  }
+  if (wc->opcode == IBV_WC_RECV) {
+    on_bounce(c, wc->wr_id, wc->byte_len);
     return;
   }
   struct uop *op = (struct uop *)(uintptr_t)wc->wr_id;
@@ -706,6 +881,11 @@ static void on_note(const struct tcompletion *tc) {
       on_cts(c, &n->u.cts);
       note_recv(c, TAG_CTS, sizeof(n->u.cts));
       break;
+    case TAG_CREDIT:
+      c->credits += (int)le32toh(n->u.credit.count);
+      if (c->credits > CREDITS) conn_fail(c, -EPROTO, 0);
+      else note_recv(c, TAG_CREDIT, sizeof(n->u.credit));
+      break;
     case TAG_EAGER: on_eager_bytes(c, m); break;
     }
   } else if (m) { /* its bytes will not come: their receive fails, the message goes */
@@ -730,7 +910,7 @@ static void on_tcp(struct transport *t, const struct tcompletion *tc) {
     if (tc->status && !c->closed) conn_fail(c, tc->status, 1);
     uop_finish(op, tc->status, tc->status ? 0 : op->len);
     release_if_done(c);
-  } else if (tc->tag >= TAG_QP && tc->tag <= TAG_CTS) {
+  } else if (tc->tag >= TAG_QP && tc->tag <= TAG_LAST) {
     on_note(tc);
   } else {
     struct tconn *c = NULL;
@@ -928,7 +1108,7 @@ static struct uop *uop_new(struct tconn *c, int is_send, struct tmem *m, const v
   struct uop *op = calloc(1, sizeof(*op));
   if (op)
     *op = (struct uop){.c = c, .is_send = is_send, .m = m, .buf = (char *)buf, .len = len, .tag = tag,
-                       .user = user};
+                       .user = user, .slot = -1};
   return op;
 }
 
@@ -941,8 +1121,8 @@ static int ib_send(struct tconn *c, struct tmem *m, const void *buf, size_t len,
   op->id = c->next_sid++;
   op->cts_by = now_s() + CTS_WAIT_S;
   DL_APPEND(c->sends, op);
-  if (len < RENDEZVOUS_MIN) send_eager(c, op, H_EAGER_NOW);
-  else send_header(c, H_MESSAGE, op);
+  if (len >= RENDEZVOUS_MIN) send_header(c, H_MESSAGE, op);
+  else if (!send_bounce(c, op)) send_eager(c, op, H_EAGER_NOW);
   return 0; /* a failure on the way completes it */
 }
 
@@ -969,6 +1149,8 @@ static void conn_free(struct tconn *c) {
   if (c->qp) t->lib.destroy_qp(c->qp);
   if (c->cq) t->lib.destroy_cq(c->cq);
   if (c->ch) t->lib.destroy_comp_channel(c->ch);
+  if (c->bounce_mr) t->lib.dereg_mr(c->bounce_mr);
+  free(c->bounce);
   struct msg *m, *tmp;
   HASH_ITER(hh, c->by_sid, m, tmp) msg_free(c, m);
   DL_DELETE(t->conns, c);
@@ -1107,7 +1289,7 @@ static double ib_link_rate(struct transport *t) {
 /* rendezvous headers and eager bytes waiting for their receives, or
  * what the wrapped connection still holds */
 static int ib_holds(struct tconn *c) {
-  return c->unmatched || c->held || (c->tcp && ccs_transport_tcp.holds(c->tcp));
+  return c->pending || c->unmatched || c->held || (c->tcp && ccs_transport_tcp.holds(c->tcp));
 }
 
 struct held_pass {
@@ -1118,7 +1300,7 @@ struct held_pass {
 /* what the wrapped connection holds: the caller's messages, not ours */
 static void pass_held(void *arg, uint64_t tag, void *data, size_t len) {
   const struct held_pass *p = arg;
-  if (tag >= TAG_QP && tag <= TAG_CTS) free(data);
+  if (tag >= TAG_QP && tag <= TAG_LAST) free(data);
   else p->each(p->arg, tag, data, len);
 }
 

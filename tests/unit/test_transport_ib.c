@@ -1,7 +1,8 @@
 /* The verbs transport over the emulated NIC (tests/verbs_emu): registered
  * messages of every size both ways, by RDMA when the receive is posted
- * first and eager over TCP when the sender would otherwise wait; order per
- * tag; a receive too small; messages held for receives posted after the
+ * first, eager over TCP when the sender would otherwise wait, by SEND when
+ * small; order per tag, whichever way a tag's messages go; a receive too
+ * small; messages held for receives posted after the
  * sender closed; a peer that goes away; a port that goes down; and the
  * choice of port and GID, with what the daemon is told when none will do. */
 #include <errno.h>
@@ -85,7 +86,7 @@ static void test_sizes_both_ways(void **state) {
   static const size_t sizes[] = {0, 1, 4097, (16 << 10) - 1, 16 << 10, 1 << 20, (8 << 20) + 3};
   enum { N = sizeof(sizes) / sizeof(sizes[0]) };
   uint64_t seed = test_seed();
-  uint64_t rdma_first = 0, eager_first = 0;
+  uint64_t rdma_first = 0, eager_first = 0, sent_first = 0;
   for (int recv_first = 1; recv_first >= 0; recv_first--) {
     char *out_a[N], *out_b[N], *in_a[N], *in_b[N];
     struct tmem *m_oa[N], *m_ob[N], *m_ia[N], *m_ib[N];
@@ -140,18 +141,23 @@ static void test_sizes_both_ways(void **state) {
     T->counters(b, &kb);
     /* the tuner's rate: the emulated port's 4X EDR less the headers */
     assert_true(T->link_rate(a) == 0.9 * 4 * 25.78125e9 / 8);
-    uint64_t large = 0, small = 0;
-    for (int i = 0; i < N; i++) sizes[i] >= (16 << 10) ? (large++) : (small++);
+    uint64_t large = 0, small = 0, tiny = 0;
+    for (int i = 0; i < N; i++) sizes[i] >= (16 << 10) ? (large++) : (small++), tiny += sizes[i] <= 8192;
+    /* the queue pairs are up: the messages of 8 KiB or less went by SEND,
+     * the others of less than 16 KiB over TCP */
+    uint64_t sent = ka.send_messages + kb.send_messages;
+    assert_int_equal(sent - sent_first, 2 * tiny);
     if (recv_first) {
       /* each message went one way; a large one whose answer came later
        * than CTS_WAIT_S (a loaded machine) went eager after all */
       rdma_first = ka.rdma_messages + kb.rdma_messages, eager_first = ka.eager_messages + kb.eager_messages;
-      assert_int_equal(rdma_first + eager_first, 2 * N);
-      assert_true(rdma_first <= 2 * large && eager_first >= 2 * small);
+      sent_first = sent;
+      assert_int_equal(rdma_first + eager_first + sent_first, 2 * N);
+      assert_true(rdma_first <= 2 * large && eager_first >= 2 * (small - tiny));
       assert_true(rdma_first > 0 || large == 0);
     } else { /* (the counters go on from the round before) */
       assert_int_equal(ka.rdma_messages + kb.rdma_messages, rdma_first);
-      assert_int_equal(ka.eager_messages + kb.eager_messages, eager_first + 2 * N);
+      assert_int_equal(ka.eager_messages + kb.eager_messages, eager_first + 2 * (N - tiny));
     }
     for (int i = 0; i < N; i++) {
       assert_memory_equal(in_a[i], out_b[i], sizes[i]);
@@ -209,6 +215,70 @@ static void test_order_and_sizes_that_differ(void **state) {
   free(in);
 }
 
+/* One tag, messages going every way at once: by SEND (8 KiB or less,
+ * while credits last), eager over TCP, and by RDMA, in batches so that
+ * the receiver gives its credits back; a receive posted first for a third
+ * of them, one of them too small. Each receive gets the message sent in
+ * its turn, whichever way the messages went. */
+static void test_one_tag_every_way(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  static const size_t kinds[] = {1, 0, 5000, 8192, 12000, 70000};
+  enum { N = 240, K = sizeof(kinds) / sizeof(kinds[0]), SMALL_ONE = 3 };
+  size_t off[N + 1] = {0};
+  for (int i = 0; i < N; i++) off[i + 1] = off[i] + kinds[i % K];
+  char *out = malloc(off[N]), *in = calloc(1, off[N]), err[256];
+  fill(out, off[N], test_seed());
+  struct tmem *mo = T->mem_register(b, out, off[N], err, sizeof(err));
+  struct tmem *mi = T->mem_register(a, in, off[N], err, sizeof(err));
+  assert_non_null(mo);
+  assert_non_null(mi);
+  static struct tcompletion done[2 * N];
+  int got = 0;
+  for (int i = 0; i < N; i++) {
+    if (i < N / 3) {
+      size_t len = kinds[i % K] - (i == SMALL_ONE);
+      assert_int_equal(T->recv(ca, mi, in + off[i], len, 7, (void *)(uintptr_t)(i + 1)), 0);
+    }
+  }
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(T->send(cb, mo, out + off[i], kinds[i % K], 7, NULL), 0);
+    if (i % 12 == 11)
+      for (int spin = 0; spin < 4; spin++) {
+        got += T->poll(a, 1, done + got, 2 * N - got);
+        got += T->poll(b, 1, done + got, 2 * N - got);
+      }
+  }
+  for (int i = N / 3; i < N; i++)
+    assert_int_equal(T->recv(ca, mi, in + off[i], kinds[i % K], 7, (void *)(uintptr_t)(i + 1)), 0);
+  got += collect(a, b, done + got, 2 * N - got);
+  assert_int_equal(got, 2 * N);
+  for (int i = 0; i < got; i++) {
+    if (done[i].is_send) {
+      assert_int_equal(done[i].status, 0);
+      continue;
+    }
+    int k = (int)(uintptr_t)done[i].user - 1;
+    assert_int_equal(done[i].status, k == SMALL_ONE ? -EMSGSIZE : 0);
+    if (k != SMALL_ONE) {
+      assert_int_equal(done[i].bytes, kinds[k % K]);
+      assert_memory_equal(in + off[k], out + off[k], kinds[k % K]);
+    }
+  }
+  struct transport_counters kb;
+  T->counters(b, &kb);
+  assert_int_equal(kb.rdma_messages + kb.eager_messages + kb.send_messages, N);
+  assert_true(kb.send_messages > 32); /* more than the credits it started with */
+  assert_true(kb.eager_messages >= N / K); /* the 12000-byte ones at least */
+  T->mem_deregister(mo);
+  T->mem_deregister(mi);
+  T->free(a);
+  T->free(b);
+  free(out);
+  free(in);
+}
+
 /* The sender closes at once: what it sent eager is still received after
  * (held meanwhile: holds says so);
  * a receive nothing will match fails; messages without a registration pass
@@ -252,8 +322,9 @@ static void test_held_after_close(void **state) {
 
 /* What a connection holds is handed over (hold.c carries it to the next
  * connections) once its peer closed it cleanly and every header was
- * taken: nothing while it is open; then the eager messages (small, and a
- * large one whose send got no answer) and one without a registration. */
+ * taken: nothing while it is open; then the eager messages (small, by
+ * SEND, and a large one whose send got no answer, over TCP) and one
+ * without a registration. */
 static void test_held_taken_after_close(void **state) {
   struct transport *a, *b;
   struct tconn *ca, *cb;
@@ -264,11 +335,15 @@ static void test_held_taken_after_close(void **state) {
   struct tmem *ms = T->mem_register(b, small, sizeof(small), err, sizeof(err));
   struct tmem *ml = T->mem_register(b, large, sizeof(large), err, sizeof(err));
   struct tcompletion done[4];
+  for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0), T->poll(b, 1, done, 0); /* queue pairs up */
   assert_int_equal(T->send(cb, ms, small, sizeof(small), 42, NULL), 0);
   assert_int_equal(T->send(cb, ml, large, sizeof(large), 43, NULL), 0);
   assert_int_equal(T->send(cb, NULL, plain, sizeof(plain), 44, NULL), 0);
   assert_int_equal(collect(a, b, done, 3), 3); /* the large one eager after its wait for an answer */
   for (int i = 0; i < 3; i++) assert_int_equal(done[i].status, 0);
+  struct transport_counters kb;
+  T->counters(b, &kb);
+  assert_int_equal(kb.send_messages, 1); /* the small one by SEND */
   for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0);
   struct test_held got = {0};
   assert_int_equal(T->take_held(ca, test_keep_held, &got), 0); /* open: nothing */
@@ -403,7 +478,8 @@ static void rails_transfer(struct transport *a, struct transport *b, struct tcon
   if (expect_ok) {
     assert_true(ok);
     assert_memory_equal(in, out, BIG);
-    assert_int_equal(after.rdma_messages + after.eager_messages, before.rdma_messages + before.eager_messages + 1);
+    assert_int_equal(after.rdma_messages + after.eager_messages + after.send_messages,
+                     before.rdma_messages + before.eager_messages + before.send_messages + 1);
   } else {
     assert_false(ok);
   }
@@ -525,6 +601,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes_both_ways),
       cmocka_unit_test(test_order_and_sizes_that_differ),
+      cmocka_unit_test(test_one_tag_every_way),
       cmocka_unit_test(test_held_after_close),
       cmocka_unit_test(test_held_taken_after_close),
       cmocka_unit_test(test_many_then_close),
