@@ -76,6 +76,17 @@ static void fill(char *p, size_t n, uint64_t seed) {
   for (size_t k = 0; k < n; k++) p[k] = (char)test_mix(seed, k);
 }
 
+/* The end of a test with one buffer each way: registrations, then transports. */
+static void free_pair(struct transport *a, struct transport *b, struct tmem *mo, struct tmem *mi, void *out,
+                      void *in) {
+  T->mem_deregister(mo);
+  T->mem_deregister(mi);
+  T->free(a);
+  T->free(b);
+  free(out);
+  free(in);
+}
+
 /* Every size, each twice: once with the receive posted first (answered:
  * RDMA), once with the send first and the receive 50 ms later (the send
  * goes eager, the bytes are held). Both ways at once. */
@@ -207,12 +218,7 @@ static void test_order_and_sizes_that_differ(void **state) {
   for (int i = 0; i < 4; i++)
     assert_int_equal(done[i].status, done[i].user == in ? -EMSGSIZE : 0);
   assert_memory_equal(in + BIG, out + BIG, BIG);
-  T->mem_deregister(mo);
-  T->mem_deregister(mi);
-  T->free(a);
-  T->free(b);
-  free(out);
-  free(in);
+  free_pair(a, b, mo, mi, out, in);
 }
 
 /* One tag, messages going every way at once: by SEND (8 KiB or less,
@@ -271,12 +277,7 @@ static void test_one_tag_every_way(void **state) {
   assert_int_equal(kb.rdma_messages + kb.eager_messages + kb.send_messages, N);
   assert_true(kb.send_messages > 32); /* more than the credits it started with */
   assert_true(kb.eager_messages >= N / K); /* the 12000-byte ones at least */
-  T->mem_deregister(mo);
-  T->mem_deregister(mi);
-  T->free(a);
-  T->free(b);
-  free(out);
-  free(in);
+  free_pair(a, b, mo, mi, out, in);
 }
 
 /* The sender closes at once: what it sent eager is still received after
