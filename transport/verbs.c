@@ -51,7 +51,7 @@
 #include "verbs_lib.h"
 #include "verbs_port.h"
 
-/* Tags of the transport's own messages: four values in 2^64, which the
+/* Tags of the transport's own messages: five values in 2^64, which the
  * daemon's data tags (hashes) are not expected to meet. */
 #define TAG_QP 0x1bcc5b1b00000001ull /* queue pair details, once each way */
 #define TAG_HEADER (TAG_QP + 1)      /* sender: a message, or that its bytes come eager after all */
@@ -69,10 +69,13 @@
 #define CTS_WAIT_S 0.02 /* from when the queue pair is up */
 #define QUIESCE_S 0.5   /* writes either way still completing after the peer closed */
 
+/* lid: the port's LID in the low 16 bits, the wire's version above
+ * (daemons from before SENDs say 0; they take none and send none) */
 struct wire_qp {
   uint32_t qpn, psn, mtu, lid;
   uint8_t gid[16];
 };
+#define WIRE_SENDS 1 /* small messages by SEND, credits */
 
 enum {
   H_MESSAGE = 1, /* its bytes wait for an answer */
@@ -140,6 +143,7 @@ struct msg {
   int arrived;         /* held: all of them are here */
   int cts_out;         /* an answer went: an immediate may come */
   int pending;         /* not matched before: an earlier sid has not come */
+  int want_cts;        /* listed in its connection's want_cts */
   UT_hash_handle hh;   /* by sid */
 };
 
@@ -213,6 +217,7 @@ struct transport {
   } rails[CCS_IB_RAILS_MAX];
   int nrails;
   unsigned next_rail;
+  unsigned wire; /* the version it speaks (WIRE_SENDS; tests say less) */
   struct tconn *conns;
   struct done *done, *done_tail;
   struct pollfd *fds;
@@ -334,8 +339,8 @@ static void qp_stop(struct tconn *c, int status) {
   struct uop *op, *tmp;
   DL_FOREACH_SAFE(c->sends, op, tmp)
     if (op->state != S_EAGER) uop_finish(op, status, 0);
-  DL_FOREACH_SAFE(c->recvs, op, tmp)
-    if (!op->matched || !op->matched->into_r) uop_finish(op, status, 0);
+  DL_FOREACH_SAFE(c->recvs, op, tmp) /* (bytes on their way over TCP finish theirs) */
+    if (!op->matched || !op->matched->receiving) uop_finish(op, status, 0);
 }
 
 static void poll_cq(struct tconn *c);
@@ -355,6 +360,7 @@ static void conn_fail(struct tconn *c, int status, int from_tcp) {
     if (c->failed) return;
   }
   c->failed = status;
+  for (struct msg *m = c->want_cts; m; m = m->next) m->want_cts = 0;
   c->want_cts = NULL;
   pending_flush(c);
   if (!from_tcp && c->tcp) {
@@ -365,7 +371,7 @@ static void conn_fail(struct tconn *c, int status, int from_tcp) {
   DL_FOREACH_SAFE(c->sends, op, otmp)
     if (op->state == S_WAIT_CTS) uop_finish(op, status, 0);
   DL_FOREACH_SAFE(c->recvs, op, otmp)
-    if (!op->matched || (!op->matched->into_r && !op->matched->cts_out)) uop_finish(op, status, 0);
+    if (!op->matched || (!op->matched->receiving && !op->matched->cts_out)) uop_finish(op, status, 0);
   struct msg *m, *mtmp;
   DL_FOREACH_SAFE(c->unmatched, m, mtmp)
     if (!m->arrived && !m->receiving) {
@@ -394,22 +400,23 @@ static int post_slot(struct tconn *c, uint64_t slot) {
 /* The bounce buffers, on the connection's rail. */
 static int bounce_create(struct transport *t, struct tconn *c) {
   size_t len = (CREDITS + RECV_SLOTS) * SLOT_BYTES;
-  if (posix_memalign((void **)&c->bounce, 4096, len)) {
+  int rc = posix_memalign((void **)&c->bounce, 4096, len);
+  if (rc) {
     c->bounce = NULL;
+    errno = rc;
     return -1;
   }
   memset(c->bounce, 0, len);
   if (!(c->bounce_mr = t->lib.reg_mr(t->rails[c->rail].pd, c->bounce, len, IBV_ACCESS_LOCAL_WRITE))) return -1;
   c->send_free = CREDITS == 64 ? ~0ull : (1ull << CREDITS) - 1;
-  c->credits = CREDITS;
-  return 0;
+  return 0; /* (credits come with the peer's details, if it takes SENDs) */
 }
 
 static int qp_create(struct transport *t, struct tconn *c, char *err, size_t errlen) {
   const struct verbs_lib *lib = &t->lib;
   const struct rail *rl = &t->rails[c->rail];
   if (!(c->ch = lib->create_comp_channel(rl->port.ctx)) ||
-      !(c->cq = lib->create_cq(rl->port.ctx, SQ_DEPTH + RECV_SLOTS + 16, c, c->ch, 0))) {
+      !(c->cq = lib->create_cq(rl->port.ctx, SQ_DEPTH + CREDITS + RECV_SLOTS + 16, c, c->ch, 0))) {
     snprintf(err, errlen, "%s: cannot create a completion queue: %s", rl->port.dev, strerror(errno));
     return -1;
   }
@@ -421,7 +428,7 @@ static int qp_create(struct transport *t, struct tconn *c, char *err, size_t err
   struct ibv_qp_init_attr ia = {
       .send_cq = c->cq,
       .recv_cq = c->cq,
-      .cap = {.max_send_wr = SQ_DEPTH, .max_recv_wr = RECV_SLOTS, .max_send_sge = 1, .max_recv_sge = 1},
+      .cap = {.max_send_wr = SQ_DEPTH + CREDITS, .max_recv_wr = RECV_SLOTS, .max_send_sge = 1, .max_recv_sge = 1},
       .qp_type = IBV_QPT_RC,
   };
   if (!(c->qp = lib->create_qp(rl->pd, &ia))) {
@@ -442,7 +449,8 @@ static int qp_create(struct transport *t, struct tconn *c, char *err, size_t err
   if (getrandom(&c->psn, sizeof(c->psn), 0) != sizeof(c->psn)) c->psn = (uint32_t)now_s();
   c->psn &= 0xffffff;
   struct wire_qp mine = {.qpn = htole32(c->qp->qp_num), .psn = htole32(c->psn),
-                         .mtu = htole32(rl->port.attr.active_mtu), .lid = htole32(rl->port.attr.lid)};
+                         .mtu = htole32(rl->port.attr.active_mtu),
+                         .lid = htole32(rl->port.attr.lid | (uint32_t)t->wire << 16)};
   memcpy(mine.gid, rl->port.gid.raw, 16);
   note_recv(c, TAG_QP, sizeof(struct wire_qp));
   note_recv(c, TAG_HEADER, sizeof(struct wire_header));
@@ -473,7 +481,7 @@ static void qp_connect(struct tconn *c, const struct wire_qp *peer) {
     a.ah_attr.grh.sgid_index = (uint8_t)port->gid_index;
     a.ah_attr.grh.hop_limit = 64;
   } else {
-    a.ah_attr.dlid = (uint16_t)le32toh(peer->lid);
+    a.ah_attr.dlid = (uint16_t)(le32toh(peer->lid) & 0xffff);
   }
   int rc = t->lib.modify_qp(c->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
@@ -488,6 +496,7 @@ static void qp_connect(struct tconn *c, const struct wire_qp *peer) {
     return;
   }
   c->ready = 1;
+  if (le32toh(peer->lid) >> 16 >= WIRE_SENDS && t->wire >= WIRE_SENDS) c->credits = CREDITS;
   struct uop *op;
   DL_FOREACH(c->sends, op) op->cts_by = now_s() + CTS_WAIT_S;
   send_answers(c);
@@ -594,6 +603,7 @@ static void send_answers(struct tconn *c) {
   while (c->ready && !c->failed && c->want_cts && c->cts_out < RQ_DEPTH) {
     struct msg *m = c->want_cts;
     DL_DELETE(c->want_cts, m);
+    m->want_cts = 0;
     struct uop *r = m->r;
     if (!r || m->eager) continue; /* its bytes come eager after all */
     struct wire_cts cts = {.sid = htole32(m->sid), .rid = htole32(r->id), .rkey = htole32(r->m->mr[c->rail]->rkey),
@@ -635,6 +645,7 @@ static void match(struct tconn *c, struct msg *m, struct uop *r) {
     recv_done(c, m);
   } else if (!m->eager) {
     DL_APPEND(c->want_cts, m);
+    m->want_cts = 1;
     send_answers(c);
   }
 }
@@ -642,6 +653,8 @@ static void match(struct tconn *c, struct msg *m, struct uop *r) {
 /* Takes an eager message's bytes off the line: into its receive's buffer,
  * or held. */
 static void take_bytes(struct tconn *c, struct msg *m) {
+  if (m->want_cts) DL_DELETE(c->want_cts, m); /* no answer now: its bytes come */
+  m->want_cts = 0;
   m->eager = 1;
   struct note *n = note_new(c, TAG_EAGER, 0);
   if (!n) {
@@ -691,9 +704,11 @@ static void admit_in_order(struct tconn *c) {
   }
 }
 
+/* sid a comes before sid b (sids wrap) */
+static int sid_before(uint32_t a, uint32_t b) { return b - a - 1 < 0x7fffffffu; }
+
 static int sid_order(const struct msg *a, const struct msg *b) {
-  uint32_t base = a->sid - b->sid; /* (sids wrap) */
-  return base == 0 ? 0 : base < 0x80000000u ? 1 : -1;
+  return a->sid == b->sid ? 0 : sid_before(a->sid, b->sid) ? -1 : 1;
 }
 
 /* The connection failed: no gap in the sids fills now. What came is
@@ -702,6 +717,7 @@ static void pending_flush(struct tconn *c) {
   DL_SORT(c->pending, sid_order);
   while (c->pending) {
     struct msg *m = c->pending;
+    c->next_in = m->sid + 1;
     if (m->arrived || m->receiving) {
       admit(c, m);
     } else {
@@ -715,7 +731,7 @@ static void pending_flush(struct tconn *c) {
 static struct msg *msg_arrive(struct tconn *c, uint32_t sid, uint64_t tag, uint64_t len, int eager) {
   struct msg *m;
   HASH_FIND(hh, c->by_sid, &sid, sizeof(sid), m);
-  if (m) {
+  if (m || (!c->failed && sid_before(sid, c->next_in))) { /* again */
     conn_fail(c, -EPROTO, 0);
     return NULL;
   }
@@ -773,17 +789,30 @@ static void on_bounce(struct tconn *c, uint64_t slot, uint32_t bytes) {
   }
   struct msg *m = msg_arrive(c, le32toh(h.sid), le64toh(h.tag), len, 1);
   if (!m) return;
-  if (c->held + len > c->t->params.unexpected_per_conn || !(m->held = malloc(len ? len : 1))) {
-    conn_fail(c, -ENOBUFS, 0);
+  if (!(m->held = malloc(len ? len : 1))) {
+    conn_fail(c, -ENOMEM, 0);
     return;
   }
   memcpy(m->held, p + sizeof(h), len);
   c->held += len;
   m->arrived = 1;
-  if (c->failed) admit(c, m); /* (quiescing: the others were matched when it failed) */
-  else admit_in_order(c);
-  if (post_slot(c, slot)) conn_fail(c, -EIO, 0);
-  else give_credit(c);
+  uint32_t sid = m->sid;
+  if (!c->failed) {
+    admit_in_order(c);
+  } else if (sid_before(sid, c->next_in)) { /* later ones were matched when it failed */
+    DL_DELETE(c->pending, m);
+    msg_free(c, m);
+  } else { /* landed while quiescing: no gap fills now */
+    c->next_in = sid + 1;
+    admit(c, m);
+  }
+  HASH_FIND(hh, c->by_sid, &sid, sizeof(sid), m);
+  if (m && c->held > c->t->params.unexpected_per_conn) /* (held, not matched) */
+    conn_fail(c, -ENOBUFS, 0);
+  else if (post_slot(c, slot))
+    conn_fail(c, -EIO, 0);
+  else
+    give_credit(c);
 }
 
 /* An eager message's bytes are in. */
@@ -890,7 +919,7 @@ static void on_note(const struct tcompletion *tc) {
     }
   } else if (m) { /* its bytes will not come: their receive fails, the message goes */
     m->receiving = 0;
-    if (m->into_r && m->r) uop_finish(m->r, c->failed ? c->failed : -ECANCELED, 0);
+    if (m->r) uop_finish(m->r, c->failed ? c->failed : -ECANCELED, 0);
     struct msg *x;
     DL_FOREACH(c->unmatched, x)
       if (x == m) break;
@@ -985,6 +1014,7 @@ static struct transport *ib_open(const struct transport_params *params, char *er
     return NULL;
   }
   t->params = *params;
+  t->wire = WIRE_SENDS;
   ccs_auth_wipe_key(&t->params); /* the wrapped transport keeps its own copy */
   atomic_init(&t->refs, 1);
   struct ib_want want[CCS_IB_WANT_MAX];
@@ -1251,6 +1281,8 @@ static void ib_free(struct transport *t) {
 }
 
 static void ib_counters(struct transport *t, struct transport_counters *out) { *out = t->counters; }
+
+void ccs_ib_test_wire(struct transport *t, unsigned wire) { t->wire = wire; }
 
 static int ib_failure(struct tconn *c, char *buf, size_t len) {
   if (!c->failed || !c->why[0]) return 0;

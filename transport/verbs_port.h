@@ -54,4 +54,9 @@ int ccs_ib_open_ports(const struct verbs_lib *lib, const struct ib_want *want, i
  * unknown): for the tuner's model and the log. */
 double ccs_ib_port_gbps(const struct ibv_port_attr *attr);
 
+struct transport;
+/* Tests (verbs.c): the transport's connections from now on speak an older
+ * wire (0: as a daemon from before small messages went by SEND). */
+void ccs_ib_test_wire(struct transport *t, unsigned wire);
+
 #endif

@@ -57,10 +57,13 @@ static int collect(struct transport *a, struct transport *b, struct tcompletion 
   return got;
 }
 
-static void connect_pair(struct transport **a, struct transport **b, struct tconn **ca, struct tconn **cb) {
+/* b speaks wire b_wire (1: today's) */
+static void connect_pair_wire(struct transport **a, struct transport **b, struct tconn **ca, struct tconn **cb,
+                              unsigned b_wire) {
   char err[256], bound[128];
   *a = open_t();
   *b = open_t();
+  ccs_ib_test_wire(*b, b_wire);
   assert_int_equal(T->listen(*a, "127.0.0.1:0", bound, sizeof(bound), err, sizeof(err)), 0);
   assert_int_equal(T->connect(*b, bound, cb, err, sizeof(err)), 0);
   int rc = 0;
@@ -70,6 +73,10 @@ static void connect_pair(struct transport **a, struct transport **b, struct tcon
     if (rc == 0) T->poll(*a, 1, none, 0), T->poll(*b, 1, none, 0);
   }
   assert_int_equal(rc, 1);
+}
+
+static void connect_pair(struct transport **a, struct transport **b, struct tconn **ca, struct tconn **cb) {
+  connect_pair_wire(a, b, ca, cb, 1);
 }
 
 static void fill(char *p, size_t n, uint64_t seed) {
@@ -278,6 +285,81 @@ static void test_one_tag_every_way(void **state) {
   assert_true(kb.send_messages > 32); /* more than the credits it started with */
   assert_true(kb.eager_messages >= N / K); /* the 12000-byte ones at least */
   free_pair(a, b, mo, mi, out, in);
+}
+
+/* More large messages than answers a connection has out (64): the last
+ * ones wait for answers while the first are written (1 MiB each), and the
+ * sender, away for longer than it waits for an answer, sends the bytes of
+ * those still unanswered over TCP after all. Every message lands in its
+ * receive, whichever way it went. */
+static void test_answers_run_out(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair(&a, &b, &ca, &cb);
+  enum { N = 72, FIRST = 64, BIG = 1 << 20, LEN = 20000 };
+  size_t total = (size_t)FIRST * BIG + (size_t)(N - FIRST) * LEN, off[N + 1] = {0};
+  for (int i = 0; i < N; i++) off[i + 1] = off[i] + (i < FIRST ? BIG : LEN);
+  char *out = malloc(total), *in = calloc(1, total), err[256];
+  fill(out, total, test_seed());
+  struct tmem *mo = T->mem_register(b, out, total, err, sizeof(err));
+  struct tmem *mi = T->mem_register(a, in, total, err, sizeof(err));
+  static struct tcompletion done[2 * N];
+  for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0), T->poll(b, 1, done, 0); /* queue pairs up */
+  for (int i = 0; i < N; i++)
+    assert_int_equal(T->recv(ca, mi, in + off[i], off[i + 1] - off[i], 100 + (uint64_t)i, NULL), 0);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(T->send(cb, mo, out + off[i], off[i + 1] - off[i], 100 + (uint64_t)i, NULL), 0);
+  int got = 0; /* a answers 64, b writes what was answered in time */
+  for (int spin = 0; spin < 10; spin++) {
+    got += T->poll(a, 1, done + got, 2 * N - got);
+    got += T->poll(b, 0, done + got, 2 * N - got);
+  }
+  usleep(30000);
+  got += collect(a, b, done + got, 2 * N - got);
+  assert_int_equal(got, 2 * N);
+  for (int i = 0; i < got; i++) assert_int_equal(done[i].status, 0);
+  assert_memory_equal(in, out, total);
+  struct transport_counters kb;
+  T->counters(b, &kb);
+  assert_int_equal(kb.rdma_messages + kb.eager_messages, N);
+  free_pair(a, b, mo, mi, out, in);
+}
+
+/* A daemon from before small messages went by SEND (a rolling upgrade):
+ * neither end sends any to the other, and small messages go over TCP both
+ * ways. */
+static void test_older_peer(void **state) {
+  struct transport *a, *b;
+  struct tconn *ca, *cb;
+  connect_pair_wire(&a, &b, &ca, &cb, 0);
+  enum { N = 40, LEN = 3000 };
+  char *out = malloc(2 * N * LEN), *in = calloc(1, 2 * N * LEN), err[256];
+  fill(out, 2 * N * LEN, test_seed());
+  struct tmem *mo_a = T->mem_register(a, out, N * LEN, err, sizeof(err));
+  struct tmem *mo_b = T->mem_register(b, out + N * LEN, N * LEN, err, sizeof(err));
+  struct tmem *mi_a = T->mem_register(a, in + N * LEN, N * LEN, err, sizeof(err));
+  struct tmem *mi_b = T->mem_register(b, in, N * LEN, err, sizeof(err));
+  static struct tcompletion done[4 * N];
+  for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0), T->poll(b, 1, done, 0); /* queue pairs up */
+  for (int i = 0; i < N; i++) {
+    size_t at = (size_t)i * LEN;
+    assert_int_equal(T->recv(cb, mi_b, in + at, LEN, 9, NULL), 0);
+    assert_int_equal(T->recv(ca, mi_a, in + N * LEN + at, LEN, 9, NULL), 0);
+    assert_int_equal(T->send(ca, mo_a, out + at, LEN, 9, NULL), 0);
+    assert_int_equal(T->send(cb, mo_b, out + N * LEN + at, LEN, 9, NULL), 0);
+  }
+  int got = collect(a, b, done, 4 * N);
+  assert_int_equal(got, 4 * N);
+  for (int i = 0; i < got; i++) assert_int_equal(done[i].status, 0);
+  assert_memory_equal(in, out, 2 * N * LEN);
+  struct transport_counters ka, kb;
+  T->counters(a, &ka);
+  T->counters(b, &kb);
+  assert_int_equal(ka.send_messages + kb.send_messages, 0);
+  assert_int_equal(ka.eager_messages + kb.eager_messages, 2 * N);
+  T->mem_deregister(mo_a);
+  T->mem_deregister(mo_b);
+  free_pair(a, b, mi_a, mi_b, out, in);
 }
 
 /* The sender closes at once: what it sent eager is still received after
@@ -603,6 +685,8 @@ int main(void) {
       cmocka_unit_test(test_sizes_both_ways),
       cmocka_unit_test(test_order_and_sizes_that_differ),
       cmocka_unit_test(test_one_tag_every_way),
+      cmocka_unit_test(test_older_peer),
+      cmocka_unit_test(test_answers_run_out),
       cmocka_unit_test(test_held_after_close),
       cmocka_unit_test(test_held_taken_after_close),
       cmocka_unit_test(test_many_then_close),
