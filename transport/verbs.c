@@ -682,13 +682,19 @@ static void take_bytes(struct tconn *c, struct msg *m) {
   m->receiving = 1;
 }
 
+/* The first receive of tag that no message matched yet. */
+static struct uop *waiting_recv(struct tconn *c, uint64_t tag) {
+  struct uop *r;
+  DL_FOREACH(c->recvs, r)
+    if (!r->matched && r->tag == tag) return r;
+  return NULL;
+}
+
 /* Message m meets the first receive of its tag, or waits for one. */
 static void admit(struct tconn *c, struct msg *m) {
   if (m->pending) DL_DELETE(c->pending, m);
   m->pending = 0;
-  struct uop *r;
-  DL_FOREACH(c->recvs, r)
-    if (!r->matched && r->tag == m->tag) break;
+  struct uop *r = waiting_recv(c, m->tag);
   if (r) match(c, m, r);
   else DL_APPEND(c->unmatched, m);
 }
@@ -772,8 +778,33 @@ static void give_credit(struct tconn *c) {
   note_send(c, TAG_CREDIT, &k, sizeof(k));
 }
 
-/* A SEND came into bounce buffer slot: its message is held (and copied
- * into its receive when matched), the buffer posted again. */
+/* A SEND's message that is not taken straight into its receive: held
+ * (and copied into its receive when matched), within the hold's cap. */
+static void hold_sent(struct tconn *c, uint32_t sid, uint64_t tag, const char *bytes, uint64_t len) {
+  struct msg *m = msg_arrive(c, sid, tag, len, 1);
+  if (!m) return;
+  if (!(m->held = malloc(len ? len : 1))) {
+    conn_fail(c, -ENOMEM, 0);
+    return;
+  }
+  memcpy(m->held, bytes, len);
+  c->held += len;
+  m->arrived = 1;
+  if (!c->failed) {
+    admit_in_order(c);
+  } else if (sid_before(sid, c->next_in)) { /* later ones were matched when it failed */
+    DL_DELETE(c->pending, m);
+    msg_free(c, m);
+  } else {
+    pending_flush(c); /* landed while quiescing: no gap fills now */
+  }
+  HASH_FIND(hh, c->by_sid, &sid, sizeof(sid), m);
+  if (m && c->held > c->t->params.unexpected_per_conn) conn_fail(c, -ENOBUFS, 0); /* (held, not matched) */
+}
+
+/* A SEND came into bounce buffer slot: its message goes straight into its
+ * receive when it is its turn and the receive waits, else it is held; the
+ * buffer is posted again. */
 static void on_bounce(struct tconn *c, uint64_t slot, uint32_t bytes) {
   struct wire_header h;
   if (slot >= RECV_SLOTS || bytes < sizeof(h) || bytes > SLOT_BYTES) {
@@ -782,37 +813,24 @@ static void on_bounce(struct tconn *c, uint64_t slot, uint32_t bytes) {
   }
   const char *p = recv_slot(c, slot);
   memcpy(&h, p, sizeof(h));
-  uint64_t len = le64toh(h.len);
+  uint32_t sid = le32toh(h.sid);
+  uint64_t tag = le64toh(h.tag), len = le64toh(h.len);
   if (le32toh(h.kind) != H_SEND || len != bytes - sizeof(h)) {
     conn_fail(c, -EPROTO, 0);
     return;
   }
-  struct msg *m = msg_arrive(c, le32toh(h.sid), le64toh(h.tag), len, 1);
-  if (!m) return;
-  if (!(m->held = malloc(len ? len : 1))) {
-    conn_fail(c, -ENOMEM, 0);
-    return;
+  struct uop *r = !c->failed && sid == c->next_in ? waiting_recv(c, tag) : NULL;
+  if (r && len <= r->len) {
+    memcpy(r->buf, p + sizeof(h), len);
+    c->next_in++;
+    uop_finish(r, 0, len);
+    admit_in_order(c); /* those that came early, after it */
+  } else {
+    hold_sent(c, sid, tag, p + sizeof(h), len);
+    if (c->failed && !c->quiescing) return;
   }
-  memcpy(m->held, p + sizeof(h), len);
-  c->held += len;
-  m->arrived = 1;
-  uint32_t sid = m->sid;
-  if (!c->failed) {
-    admit_in_order(c);
-  } else if (sid_before(sid, c->next_in)) { /* later ones were matched when it failed */
-    DL_DELETE(c->pending, m);
-    msg_free(c, m);
-  } else { /* landed while quiescing: no gap fills now */
-    c->next_in = sid + 1;
-    admit(c, m);
-  }
-  HASH_FIND(hh, c->by_sid, &sid, sizeof(sid), m);
-  if (m && c->held > c->t->params.unexpected_per_conn) /* (held, not matched) */
-    conn_fail(c, -ENOBUFS, 0);
-  else if (post_slot(c, slot))
-    conn_fail(c, -EIO, 0);
-  else
-    give_credit(c);
+  if (post_slot(c, slot)) conn_fail(c, -EIO, 0);
+  else give_credit(c);
 }
 
 /* An eager message's bytes are in. */

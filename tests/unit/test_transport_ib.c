@@ -249,11 +249,9 @@ static void test_one_tag_every_way(void **state) {
   assert_non_null(mi);
   static struct tcompletion done[2 * N];
   int got = 0;
-  for (int i = 0; i < N; i++) {
-    if (i < N / 3) {
-      size_t len = kinds[i % K] - (i == SMALL_ONE);
-      assert_int_equal(T->recv(ca, mi, in + off[i], len, 7, (void *)(uintptr_t)(i + 1)), 0);
-    }
+  for (int i = 0; i < N / 3; i++) {
+    size_t len = kinds[i % K] - (i == SMALL_ONE);
+    assert_int_equal(T->recv(ca, mi, in + off[i], len, 7, (void *)(uintptr_t)(i + 1)), 0);
   }
   for (int i = 0; i < N; i++) {
     assert_int_equal(T->send(cb, mo, out + off[i], kinds[i % K], 7, NULL), 0);
