@@ -53,6 +53,20 @@ struct coll_config {
   char algo[512]; /* the daemon's algorithm rules */
 };
 
+/* What restarts did to the comms here, counted for operators
+ * (ccs_comm_restarts_total, docs/restart.md). */
+enum coll_restart_event {
+  RESTART_REJOINED_HERE,         /* made whole again after this daemon restarted, every rank here */
+  RESTART_REJOINED_FROM_HOLDERS, /* the same, from the word of the daemons that held it (regather.c) */
+  RESTART_REJOINED_THROUGH_ROOT, /* the same, through its root: none held it (refound.c) */
+  RESTART_HOLDER_HEARD,          /* a daemon that held it gave its word, first time per rejoin */
+  RESTART_HOLDER_LOST,           /* a daemon whose word it rejoined from went before it settled */
+  RESTART_HELD,                  /* held here while another daemon of it was away (hold.c) */
+  RESTART_RESUMED,               /* held, and went on once that daemon was back */
+  RESTART_FAILED,                /* failed while rejoining or held */
+  RESTART_EVENTS
+};
+
 struct coll {
   uv_loop_t *loop;
   struct coll_config cfg;
@@ -74,6 +88,7 @@ struct coll {
   struct comm_failure *failures; /* comm.c: the last comms made again here that failed, let go */
   size_t nfailures;
   struct coll_hooks hooks;
+  uint64_t restarts[RESTART_EVENTS];
 };
 
 /* id_ttl bounds how long an id may start a comm, not how long a comm

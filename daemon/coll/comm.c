@@ -110,6 +110,7 @@ int ccsd_comm_forming(const struct comm *c) {
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   if (c->state == COMM_FAILED) return;
   enum comm_state was = c->state;
+  if ((was == COMM_JOINING && c->rejoining) || c->hold) c->co->restarts[RESTART_FAILED]++;
   /* only a first init is sent again on it (span.c): a ready or rejoined
    * comm's calls would repeat forever (another daemon's word may say it
    * of any comm) */
@@ -271,7 +272,11 @@ void ccsd_comm_ready(struct comm *c) {
   LOG_INFO(CCS_LOG_INIT, "comm %llu ready: %d ranks, %d here", (unsigned long long)c->id, c->nranks,
            c->nlocal);
   for (int r = 0; r < c->nranks; r++) ccsd_member_answer_init(c->members[r], CCS_OK, NULL);
-  if (c->rejoining) ccsd_failpoint("rejoined");
+  if (c->rejoining) {
+    c->co->restarts[c->refound ? RESTART_REJOINED_THROUGH_ROOT
+                    : c->nnodes > 1 ? RESTART_REJOINED_FROM_HOLDERS : RESTART_REJOINED_HERE]++;
+    ccsd_failpoint("rejoined");
+  }
   if (c->coordinator) { /* the other daemons have it now */
     c->coordinator = 0;
     ccsd_comm_unref(c);

@@ -149,6 +149,7 @@ int ccsd_hold_start(struct comm *c, int node, const char *why) {
   h->finished = first != UINT64_MAX ? first - 1 : last_called;
   h->stop_ms = now + HOLD_RUN_ON_MS;
   c->hold = h;
+  c->co->restarts[RESTART_HELD]++;
   uv_timer_stop(&c->timer);
   ccsd_agree_release(c);
   char ranks[256];
@@ -618,6 +619,7 @@ void ccsd_hold_resume(struct comm *c, const char *addr, const struct peer_resume
   if (ncarried)
     snprintf(carried_text, sizeof(carried_text), "; %zu chunk(s) of messages sent from there before it "
              "went carried over", ncarried);
+  c->co->restarts[RESTART_RESUMED]++;
   LOG_WARN("comm %llu goes on: the daemon at %s is back (%llu collectives finished%s%s)",
            (unsigned long long)c->id, addr, (unsigned long long)h->finished,
            repeat != UINT64_MAX ? ", the next repeated by its callers" : "", carried_text);

@@ -253,6 +253,7 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
     }
     ch->arrived = k->finished;
   }
+  if (!g->heard[node_of(g, addr)]) co->restarts[RESTART_HOLDER_HEARD]++;
   g->heard[node_of(g, addr)] = 1;
   g->hold[node_of(g, addr)] = m->hold;
   g->kept[node_of(g, addr)] = m->kept;

@@ -212,6 +212,23 @@ char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, s
         (unsigned long long)d->ring_calls,
         (double)(ccsd_now_ms(d) - d->started_ms) / 1000.0);
   }
+  if (all) {
+    static const char *const events[RESTART_EVENTS] = {
+        [RESTART_REJOINED_HERE] = "rejoined_here",
+        [RESTART_REJOINED_FROM_HOLDERS] = "rejoined_from_holders",
+        [RESTART_REJOINED_THROUGH_ROOT] = "rejoined_through_root",
+        [RESTART_HOLDER_HEARD] = "holder_heard",
+        [RESTART_HOLDER_LOST] = "holder_lost",
+        [RESTART_HELD] = "held",
+        [RESTART_RESUMED] = "resumed",
+        [RESTART_FAILED] = "failed",
+    };
+    textbuf_printf(&o, "# HELP ccs_comm_restarts_total What daemon restarts did to the communicators here "
+                       "(docs/restart.md).\n# TYPE ccs_comm_restarts_total counter\n");
+    for (int e = 0; e < RESTART_EVENTS; e++)
+      textbuf_printf(&o, "ccs_comm_restarts_total{event=\"%s\"} %llu\n", events[e],
+                     (unsigned long long)d->coll.restarts[e]);
+  }
   if (all && d->coll.peers) {
     struct reg_cache_counts k;
     ccsd_peers_registrations(d->coll.peers, &k);

@@ -206,7 +206,31 @@ struct where {
   int (*again)(void);                   /* the victim started again */
   const char *what;                     /* for the report */
   struct test_daemon *also;             /* dies with the victim (again() starts both); NULL: none */
+  void (*check)(void);                  /* the daemons' counts of what the restart did; NULL: none */
 };
+
+/* d's count of a restart event (ccs_comm_restarts_total, docs/restart.md). */
+static double restart_events(const struct test_daemon *d, const char *event) {
+  char series[96];
+  snprintf(series, sizeof(series), "ccs_comm_restarts_total{event=\"%s\"}", event);
+  char *text = raw_admin(d->socket, "metrics");
+  double n = raw_metric(text, series);
+  free(text);
+  return n;
+}
+
+/* Until d counted at least n of event (30 s at most). */
+static void wait_restart_events(const struct test_daemon *d, const char *event, double n) {
+  double until = test_now() + 30;
+  while (restart_events(d, event) < n && test_now() < until) usleep(10000);
+  assert_true(restart_events(d, event) >= n);
+}
+
+static void assert_events(const struct test_daemon *d, const char *event, double n) {
+  double got = restart_events(d, event);
+  if (got != n) fprintf(stderr, "%s: %s counted %g times, not %g\n", d->socket, event, got, n);
+  assert_true(got == n);
+}
 
 /* The ranks' loop while the victim dies where `failpoint` says (NULL:
  * killed while rank 0 waits alone in round hold_round, or stopped with
@@ -260,6 +284,7 @@ static void run_at(const struct where *w, void (*stop)(void), int n, int kinds, 
   fprintf(stderr, "# %s%s, %d ranks: %d restart(s); %d calls right, %d repeated after CCS_ERR_RETRY%s\n",
           w->what, failpoint ? failpoint : term ? "SIGTERM" : "SIGKILL while waiting", n, restarts, ok,
           retried, failed ? "; the comm failed as one that cannot be rejoined" : "");
+  if (w->check && !failed) w->check();
   stop();
   assert_true(WIFEXITED(status));
   assert_int_equal(WEXITSTATUS(status), 0);
@@ -296,6 +321,12 @@ static void failpoint_reached(struct test_daemon *d) {
 static int dmn_again(void) { return test_daemon_restart(&dmn, NULL); }
 static void dmn_stop(void) { assert_int_equal(test_daemon_stop(&dmn), 0); }
 
+/* Both comms made whole again with every rank here, none failed. */
+static void rejoined_here(void) {
+  assert_events(&dmn, "rejoined_here", 2);
+  assert_events(&dmn, "failed", 0);
+}
+
 static void run(int n, int kinds, const char *failpoint, int term, int retry) {
   fresh_round(failpoint != NULL);
   if (failpoint) setenv("CCSD_FAILPOINT", failpoint, 1);
@@ -303,7 +334,7 @@ static void run(int n, int kinds, const char *failpoint, int term, int retry) {
   unsetenv("CCSD_FAILPOINT");
   test_new_id(&sh->id[0]);
   test_new_id(&sh->id[1]);
-  const struct where one = {&dmn, &dmn, dmn_again, ""};
+  const struct where one = {&dmn, &dmn, dmn_again, "", NULL, failpoint ? NULL : rejoined_here};
   run_at(&one, dmn_stop, n, kinds, failpoint, term, retry);
 }
 
@@ -789,12 +820,23 @@ static void stop_nodes(void) {
 static const char *grace_again = "30"; /* peer_restart_grace of the daemons started again */
 static int second_again(void) { return start_node(1, 1, grace_again); }
 
+/* The first daemon held both comms and went on with them; the second made
+ * them whole again from its word. */
+static void held_by_first(void) {
+  assert_events(&node[0], "held", 2);
+  assert_events(&node[0], "resumed", 2);
+  assert_events(&node[1], "holder_heard", 2);
+  assert_events(&node[1], "rejoined_from_holders", 2);
+  for (int k = 0; k < 2; k++) assert_events(&node[k], "failed", 0);
+}
+
 static void run_nodes(int n, int kinds, const char *failpoint, int term, int retry, int root) {
   fresh_round(failpoint != NULL);
   start_nodes(failpoint, root, "30");
   const struct where two = {&node[1], &node[0], second_again,
                             root ? "across 2 daemons, ids from the restarting one: "
-                                 : "across 2 daemons, ids from the staying one: "};
+                                 : "across 2 daemons, ids from the staying one: ",
+                            NULL, failpoint ? NULL : held_by_first};
   run_at(&two, stop_nodes, n, kinds, failpoint, term, retry);
 }
 
@@ -1407,6 +1449,15 @@ static void test_nodes_init_answered_to_some(void **state) {
   }
 }
 
+/* Both comms made again through their root at each daemon, none held. */
+static void through_root(void) {
+  for (int k = 0; k < 2; k++) {
+    assert_events(&node[k], "rejoined_through_root", 2);
+    assert_events(&node[k], "held", 0);
+    assert_events(&node[k], "failed", 0);
+  }
+}
+
 static void test_nodes_all_restart(void **state) {
   (void)state;
   for (int term = 0; term < 2; term++)
@@ -1416,7 +1467,7 @@ static void test_nodes_all_restart(void **state) {
       const struct where both = {&node[1], &node[0], both_again,
                                  root ? "both daemons together, ids from the second: "
                                       : "both daemons together, ids from the first: ",
-                                 &node[0]};
+                                 &node[0], through_root};
       run_at(&both, stop_nodes, 3, 4, NULL, term, 0);
     }
 }
@@ -1431,13 +1482,20 @@ static int apart_again(void) {
   if (sh->pid[3] <= 0) return -1; /* (kill(0) would stop this process group) */
   kill(sh->pid[3], SIGSTOP);
   int rc = start_node(1, 1, "30");
-  usleep(1500000); /* rank 1 back there, the first daemon's word taken */
+  if (!rc) wait_restart_events(&node[1], "holder_heard", 2); /* rank 1 back there, the first daemon's word taken */
   if (!rc && apart_term) rc = test_daemon_term(&node[0]);
   else if (!rc) test_daemon_kill(&node[0]);
   if (!rc) rc = start_node(0, 1, "30");
   usleep(500000);
   kill(sh->pid[3], SIGCONT); /* (whatever happened: not left stopped) */
   return rc;
+}
+
+/* The second daemon lost the first one's word on both comms, not yet
+ * settled, and both daemons made them again through their root. */
+static void apart_through_root(void) {
+  assert_events(&node[1], "holder_lost", 2);
+  through_root();
 }
 
 static void test_nodes_apart(void **state) {
@@ -1449,7 +1507,8 @@ static void test_nodes_apart(void **state) {
       start_nodes(NULL, root, "30");
       const struct where apart = {&node[1], &node[0], apart_again,
                                   root ? "a moment apart, ids from the second: "
-                                       : "a moment apart, ids from the first: "};
+                                       : "a moment apart, ids from the first: ",
+                                  NULL, apart_through_root};
       run_at(&apart, stop_nodes, 4, 4, NULL, term, 0);
     }
 }
@@ -1499,7 +1558,7 @@ static void test_nodes_holder_fails(void **state) {
   int stopped = sh->pid[4] > 0 && kill(sh->pid[4], SIGSTOP) == 0;
   test_daemon_kill(&node[1]);
   int rc = start_node(1, 1, "30");
-  usleep(1500000); /* rank 1 back there, the others' word taken */
+  if (!rc) wait_restart_events(&node[1], "holder_heard", 2); /* rank 1 back there, the others' word taken */
   int third = node[2].pid > 0 && kill(node[2].pid, SIGSTOP) == 0;
   test_daemon_kill(&node[0]);
   usleep(2500000); /* the third's grace passes while it is stopped */
@@ -1509,6 +1568,9 @@ static void test_nodes_holder_fails(void **state) {
   usleep(500000);
   assert_true(stopped && third);
   assert_int_equal(rc, 0);
+  wait_restart_events(&node[1], "failed", 1);
+  assert_events(&node[1], "failed", 1);
+  assert_events(&node[1], "holder_lost", 1);
   release_and_wait(ranks);
 }
 
