@@ -84,6 +84,14 @@ static int priority_of(const char *what, const struct join *j) {
  *
  * An init answered counts as joining on cm->conn until its comm is
  * tracked: a daemon that goes just after the answer has it rejoined. */
+/* Tests only: CCS_TEST_INIT_PAUSE_MS widens the moment between an init's
+ * answer and its comm being tracked, which a daemon dying in it must not
+ * escape (test_restart). Unset, it costs a getenv per init. */
+static void answered_pause(void) {
+  const char *ms = getenv("CCS_TEST_INIT_PAUSE_MS");
+  if (ms) usleep((useconds_t)atoi(ms) * 1000);
+}
+
 static ccs_result_t init_call(struct ccs_comm *cm, Ccs__Request *req, const struct join *j,
                               Ccs__Reply **reply) {
   struct ccs__ride ride = {0};
@@ -166,6 +174,7 @@ static ccs_result_t init(const char *what, ccs_comm_t **comm, int nranks, const 
   req.comm_init = &m;
   Ccs__Reply *reply;
   rc = init_call(cm, &req, j, &reply);
+  if (rc == CCS_OK) answered_pause();
   if (rc == CCS_OK && reply->body_case != CCS__REPLY__BODY_COMM_INIT) {
     ccs__reply__free_unpacked(reply, NULL);
     ccs__conn_joining(cm->conn, 0);
