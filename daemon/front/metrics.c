@@ -8,6 +8,7 @@
 
 #include "front/front.h"
 #include "regcache.h"
+#include "transport.h"
 #include "run/executor.h"
 
 static const double bounds[CCSD_LATENCY_BUCKETS] = {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, 100};
@@ -240,6 +241,23 @@ char *ccsd_metrics_render(struct daemon *d, enum metrics_view view, uid_t uid, s
                        "# HELP ccs_transport_registrations Registrations held now.\n"
                        "# TYPE ccs_transport_registrations gauge\nccs_transport_registrations %llu\n",
                    (unsigned long long)k.made, (unsigned long long)k.reused, (unsigned long long)k.held);
+    struct transport_counters w;
+    if (!ccsd_peers_transport_counters(d->coll.peers, &w))
+      textbuf_printf(&o, "# HELP ccs_transport_messages_total Messages sent to other daemons, by the way they "
+                         "went: rdma (written into the receiver's buffer), send (small, into a buffer it "
+                         "posted), eager (over TCP: small, or no answer in time).\n"
+                         "# TYPE ccs_transport_messages_total counter\n"
+                         "ccs_transport_messages_total{way=\"rdma\"} %llu\n"
+                         "ccs_transport_messages_total{way=\"send\"} %llu\n"
+                         "ccs_transport_messages_total{way=\"eager\"} %llu\n"
+                         "# HELP ccs_transport_message_bytes_total Bytes of those messages, by the way they went.\n"
+                         "# TYPE ccs_transport_message_bytes_total counter\n"
+                         "ccs_transport_message_bytes_total{way=\"rdma\"} %llu\n"
+                         "ccs_transport_message_bytes_total{way=\"send\"} %llu\n"
+                         "ccs_transport_message_bytes_total{way=\"eager\"} %llu\n",
+                     (unsigned long long)w.rdma_messages, (unsigned long long)w.send_messages,
+                     (unsigned long long)w.eager_messages, (unsigned long long)w.rdma_bytes,
+                     (unsigned long long)w.send_bytes, (unsigned long long)w.eager_bytes);
   }
   ccsd_shares_metrics(&o, d, view, uid);
   if (o.failed) {

@@ -496,6 +496,15 @@ void ccsd_peers_registrations(struct peers *p, struct reg_cache_counts *out) {
   if (p && p->regs) reg_cache_counts(p->regs, out);
 }
 
+int ccsd_peers_transport_counters(struct peers *p, struct transport_counters *out) {
+  *out = (struct transport_counters){0};
+  if (!p || !p->ops->counters) return -1;
+  pthread_mutex_lock(&p->drive); /* (the driver counts as it sends) */
+  p->ops->counters(p->t, out);
+  pthread_mutex_unlock(&p->drive);
+  return 0;
+}
+
 /* The registration holding [buf, buf+len), or NULL (the transfer is refused). */
 static struct tmem *region_of(const struct net_mem *nm, const void *buf, size_t len) {
   uintptr_t b = (uintptr_t)buf;

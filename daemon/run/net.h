@@ -151,6 +151,10 @@ void ccsd_peers_release(struct peers *p, struct net_mem *nm);
 void ccsd_peers_forget(struct peers *p, const void *base, size_t len);
 struct reg_cache_counts;
 void ccsd_peers_registrations(struct peers *p, struct reg_cache_counts *out);
+/* The messages sent to other daemons by the way they went: 0, or -1 where
+ * the transport counts none (TCP: every message goes one way). */
+struct transport_counters;
+int ccsd_peers_transport_counters(struct peers *p, struct transport_counters *out);
 /* How the tuner should see a link to another daemon over p's transport. */
 struct link_model ccsd_peers_link_model(struct peers *p);
 

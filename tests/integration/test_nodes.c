@@ -644,6 +644,60 @@ static void test_registrations_kept(void **state) {
   }
 }
 
+/* Small and large all_reduce across the daemons, every element checked. */
+enum { WAYS_BIG = 1 << 16, WAYS_CALLS = 20 };
+static int two_sizes_rank(int rank, int n, void *arg) {
+  (void)arg;
+  ccs_comm_t *comm;
+  float *big;
+  if (ccs_comm_init_rank(&comm, n, sh->id, rank) != CCS_OK ||
+      ccs_mem_alloc((void **)&big, WAYS_BIG * sizeof(float)) != CCS_OK)
+    return 1;
+  int bad = 0;
+  for (int i = 0; i < WAYS_CALLS && !bad; i++) {
+    float v = (float)(rank + i), sum = -1;
+    bad |= ccs_all_reduce(&v, &sum, 1, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK ||
+           sum != (float)(n * (n - 1) / 2 + n * i);
+    for (int k = 0; k < WAYS_BIG; k++) big[k] = (float)(rank + 1) * (float)(k % 5 + i);
+    bad |= ccs_all_reduce(big, big, WAYS_BIG, CCS_FLOAT32, CCS_SUM, comm, NULL) != CCS_OK;
+    for (int k = 0; k < WAYS_BIG && !bad; k++) bad |= big[k] != (float)(n * (n + 1) / 2) * (float)(k % 5 + i);
+  }
+  ccs_mem_free(big);
+  return bad | (ccs_comm_destroy(comm) != CCS_OK);
+}
+
+/* The daemons' count of their messages by the way they went
+ * (ccs_transport_messages_total): over verbs the small ones by SEND once
+ * the queue pairs were up, the large ones written by RDMA, and at least
+ * the bytes an all_reduce must send; over TCP, which has one way, none. */
+static void test_transport_ways(void **state) {
+  (void)state;
+  assert_int_equal(test_run_ranks(NR, two_sizes_rank, NULL, 120, NULL), 0);
+  static const char *const ways[] = {"rdma", "send", "eager"};
+  for (int i = 0; i < ND; i++) {
+    char *text = raw_admin(dm[i].socket, "metrics"), series[96];
+    double msgs[3], bytes[3];
+    for (int w = 0; w < 3; w++) {
+      snprintf(series, sizeof(series), "ccs_transport_messages_total{way=\"%s\"}", ways[w]);
+      msgs[w] = raw_metric(text, series);
+      snprintf(series, sizeof(series), "ccs_transport_message_bytes_total{way=\"%s\"}", ways[w]);
+      bytes[w] = raw_metric(text, series);
+    }
+    int shown = strstr(text, "ccs_transport_messages_total") != NULL;
+    free(text);
+    fprintf(stderr, "# daemon %d: %.0f messages by RDMA (%.0f bytes), %.0f by SEND (%.0f), %.0f eager (%.0f)\n",
+            i, msgs[0], bytes[0], msgs[1], bytes[1], msgs[2], bytes[2]);
+    if (!getenv("CCS_TEST_IB_LIBRARY")) {
+      assert_false(shown);
+      continue;
+    }
+    assert_true(msgs[0] >= 1 && msgs[1] >= 1);
+    assert_true(bytes[1] <= msgs[1] * 8192); /* a SEND carries 8 KiB at most */
+    /* each daemon sends a third of every large call's buffer at least */
+    assert_true(bytes[0] + bytes[1] + bytes[2] >= (double)WAYS_CALLS * WAYS_BIG * sizeof(float) / ND);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_junk_on_the_port, setup, teardown),
@@ -656,6 +710,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_op_timeout_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_late_ranks_across_nodes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_registrations_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_transport_ways, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_cut_off, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_killed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_daemon_stopped, setup, teardown),
