@@ -1,9 +1,11 @@
 /* Communicators on the client side: a handle on the daemon's comm. */
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "call.h"
@@ -69,6 +71,18 @@ static int priority_of(const char *what, const struct join *j) {
   return -1;
 }
 
+/* Tests only: CCS_TEST_INIT_PAUSE_MS (up to 10 s) widens the moment
+ * between an init's answer and its comm being tracked, which a daemon
+ * dying in it must not escape (test_restart). Unset, it costs a getenv
+ * per init. */
+static void answered_pause(void) {
+  const char *v = getenv("CCS_TEST_INIT_PAUSE_MS");
+  long ms = v ? strtol(v, NULL, 10) : 0;
+  if (ms <= 0 || ms > 10000) return;
+  struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&t, &t) && errno == EINTR) {}
+}
+
 /* The init request, sent again while the comm it would make is cut short
  * by a daemon's restart, for up to CCS_RECONNECT_TIMEOUT: this rank's own
  * (its connection lost), or another of the comm's (CCS_ERR_RETRY: every
@@ -84,14 +98,6 @@ static int priority_of(const char *what, const struct join *j) {
  *
  * An init answered counts as joining on cm->conn until its comm is
  * tracked: a daemon that goes just after the answer has it rejoined. */
-/* Tests only: CCS_TEST_INIT_PAUSE_MS widens the moment between an init's
- * answer and its comm being tracked, which a daemon dying in it must not
- * escape (test_restart). Unset, it costs a getenv per init. */
-static void answered_pause(void) {
-  const char *ms = getenv("CCS_TEST_INIT_PAUSE_MS");
-  if (ms) usleep((useconds_t)atoi(ms) * 1000);
-}
-
 static ccs_result_t init_call(struct ccs_comm *cm, Ccs__Request *req, const struct join *j,
                               Ccs__Reply **reply) {
   struct ccs__ride ride = {0};

@@ -213,6 +213,7 @@ struct comm {
   int rejoining;           /* made again by its ranks after this daemon restarted */
   uint64_t rejoin_until_ms; /* rejoining across daemons: when it fails, not made yet */
   int refound;             /* made again through its root: every daemon of it restarted (refound.c) */
+  int via_holders;         /* regather.c: made whole again from the word of the daemons that held it */
   struct regather *regather; /* span.c: the daemons that held it, heard so far */
   char (*let_go)[CCSD_ADDR_MAX]; /* regather.c: the daemons whose word a rejoin let go (one went):
                                   * those still up may fail it yet */

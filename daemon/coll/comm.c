@@ -110,11 +110,13 @@ int ccsd_comm_forming(const struct comm *c) {
 void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
   if (c->state == COMM_FAILED) return;
   enum comm_state was = c->state;
-  if ((was == COMM_JOINING && c->rejoining) || c->hold) c->co->restarts[RESTART_FAILED]++;
   /* only a first init is sent again on it (span.c): a ready or rejoined
    * comm's calls would repeat forever (another daemon's word may say it
    * of any comm) */
   if (error == CCS_ERR_RETRY && !ccsd_comm_forming(c)) error = CCS_ERR_PEER_LOST;
+  /* (one forming again is not lost: its ranks send their inits again) */
+  if (error != CCS_ERR_RETRY && ((was == COMM_JOINING && c->rejoining) || c->hold))
+    c->co->restarts[RESTART_FAILED]++;
   c->state = COMM_FAILED;
   c->error = error;
   va_list ap;
@@ -273,8 +275,9 @@ void ccsd_comm_ready(struct comm *c) {
            c->nlocal);
   for (int r = 0; r < c->nranks; r++) ccsd_member_answer_init(c->members[r], CCS_OK, NULL);
   if (c->rejoining) {
-    c->co->restarts[c->refound ? RESTART_REJOINED_THROUGH_ROOT
-                    : c->nnodes > 1 ? RESTART_REJOINED_FROM_HOLDERS : RESTART_REJOINED_HERE]++;
+    c->co->restarts[c->via_holders                ? RESTART_REJOINED_FROM_HOLDERS
+                    : c->refound || c->nnodes > 1 ? RESTART_REJOINED_THROUGH_ROOT /* (or formed anew there) */
+                                                  : RESTART_REJOINED_HERE]++;
     ccsd_failpoint("rejoined");
   }
   if (c->coordinator) { /* the other daemons have it now */

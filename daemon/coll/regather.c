@@ -253,10 +253,11 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
     }
     ch->arrived = k->finished;
   }
-  if (!g->heard[node_of(g, addr)]) co->restarts[RESTART_HOLDER_HEARD]++;
-  g->heard[node_of(g, addr)] = 1;
-  g->hold[node_of(g, addr)] = m->hold;
-  g->kept[node_of(g, addr)] = m->kept;
+  int k = node_of(g, addr);
+  if (!g->heard[k]) co->restarts[RESTART_HOLDER_HEARD]++;
+  g->heard[k] = 1;
+  g->hold[k] = m->hold;
+  g->kept[k] = m->kept;
   ccsd_regather_check(c);
 }
 
@@ -288,6 +289,7 @@ void ccsd_regather_check(struct comm *c) {
     for (int k = 0; k < nnodes; k++)
       if (ccsd_span_node_of(c, nodes[k]) >= 0) c->node_kept[ccsd_span_node_of(c, nodes[k])] = g_kept[k];
   free(g_kept);
+  c->via_holders = 1;
   if (made || !c->node_kept) ccsd_comm_fail(c, CCS_ERR_NO_MEMORY, "out of memory rejoining the communicator");
   else ccsd_comm_ready(c); /* the verdicts: every rank's, the other daemons' included */
   if (c->state == COMM_READY && (c->resumed = calloc((size_t)c->nnodes, sizeof(*c->resumed)))) {

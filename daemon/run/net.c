@@ -498,7 +498,7 @@ void ccsd_peers_registrations(struct peers *p, struct reg_cache_counts *out) {
 
 int ccsd_peers_transport_counters(struct peers *p, struct transport_counters *out) {
   *out = (struct transport_counters){0};
-  if (!p || !p->ops->counters) return -1;
+  if (!p || !p->t || !p->ops->counters) return -1;
   pthread_mutex_lock(&p->drive); /* (the driver counts as it sends) */
   p->ops->counters(p->t, out);
   pthread_mutex_unlock(&p->drive);
