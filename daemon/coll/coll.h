@@ -63,7 +63,7 @@ enum coll_restart_event {
   RESTART_HOLDER_LOST,           /* a daemon whose word it rejoined from went before it settled */
   RESTART_HELD,                  /* held here while another daemon of it was away (hold.c) */
   RESTART_RESUMED,               /* held, and went on once that daemon was back */
-  RESTART_FAILED,                /* failed while rejoining or held */
+  RESTART_FAILED,                /* failed while rejoining or held, or could not be held */
   RESTART_EVENTS
 };
 
