@@ -210,6 +210,7 @@ struct comm {
   size_t np2p;
   struct plan_cache plans; /* its last small op's plan, for the next like it */
   struct comm_hold *hold;  /* hold.c: a daemon of it went; held until it is back */
+  int unholdable;          /* hold.c: a daemon of it went, and it could not be held */
   int rejoining;           /* made again by its ranks after this daemon restarted */
   uint64_t rejoin_until_ms; /* rejoining across daemons: when it fails, not made yet */
   int refound;             /* made again through its root: every daemon of it restarted (refound.c) */

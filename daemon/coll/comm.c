@@ -115,7 +115,7 @@ void ccsd_comm_fail(struct comm *c, ccs_result_t error, const char *fmt, ...) {
    * of any comm) */
   if (error == CCS_ERR_RETRY && !ccsd_comm_forming(c)) error = CCS_ERR_PEER_LOST;
   /* (one forming again is not lost: its ranks send their inits again) */
-  if (error != CCS_ERR_RETRY && ((was == COMM_JOINING && c->rejoining) || c->hold))
+  if (error != CCS_ERR_RETRY && ((was == COMM_JOINING && c->rejoining) || c->hold || c->unholdable))
     c->co->restarts[RESTART_FAILED]++;
   c->state = COMM_FAILED;
   c->error = error;

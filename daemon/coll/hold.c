@@ -115,6 +115,7 @@ int ccsd_hold_start(struct comm *c, int node, const char *why) {
   if (cannot) {
     LOG_WARN("comm %llu cannot wait for the daemon at %s to come back: %s", (unsigned long long)c->id,
              c->node_addr[node], cannot);
+    c->unholdable = 1; /* (its failure is then one a restart caused: counted) */
     return -1;
   }
   struct comm_hold *h = calloc(1, sizeof(*h));

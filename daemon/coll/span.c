@@ -533,10 +533,6 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
     }
     if (ranks[0] && ccsd_hold_start(c, ccsd_span_node_of(c, addr), why) == 0) continue; /* it may come back */
     ccs_result_t status = daemon_gone_status(c);
-    /* one that could not be held (a CUDA stream's op under way): lost to
-     * that daemon's restart all the same */
-    if (ranks[0] && c->state == COMM_READY && co->cfg.peer_restart_grace_s > 0 && status != CCS_ERR_RETRY)
-      co->restarts[RESTART_FAILED]++;
     if (ranks[0])
       ccsd_comm_fail(c, status, "the daemon at %s serving rank(s) %s is unreachable: %s", addr, ranks, why);
     else
