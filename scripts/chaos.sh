@@ -10,8 +10,8 @@
 # it (peer_restart_grace), at least 1.2 s after the one before. With one
 # daemon, a quarter of the deaths come as the ranks rejoin after the last.
 # Reports the calls that ended right, were repeated after CCS_ERR_RETRY or
-# failed, the wrong elements (must be 0) and the hangs (must be 0); exits 1
-# otherwise.
+# failed (and why), the wrong elements (must be 0), the hangs (must be 0)
+# and any sanitizer's report (must be none); exits 1 otherwise.
 #   scripts/chaos.sh [ROUNDS] [RANKS] [BUILD_DIR] [DAEMONS]   (default 10, 4, build, 1)
 # CCSD_PATH runs another daemon (the ThreadSanitizer one); CHAOS_DEATHS=kill
 # or term deals only one kind of death; CHAOS_TOGETHER=1 strikes every
@@ -103,7 +103,14 @@ together=
 echo "chaos: $rounds daemon deaths ($kills kill -9, $terms SIGTERM$together), $nranks ranks on $ndaemons daemon(s):" \
      "${calls:-?} calls, ${ok:-?} right, ${retried:-?} repeated after CCS_ERR_RETRY," \
      "${failed:-?} failed (${comms:-?} comms), ${wrong:-?} wrong elements, $hangs hangs"
-if [ "$status" -ne 0 ] || [ "$hangs" -ne 0 ] || [ "${wrong:-1}" -ne 0 ] || [ "${ok:-0}" -eq 0 ]; then
+if [ "${failed:-0}" != 0 ]; then # why, each reason once with its count
+  grep '^rank [0-9]* round' "$dir/ranks.log" | sed -E 's/^rank [0-9]+ round [0-9]+: //; s/[0-9]+/N/g' |
+    sort | uniq -c | sort -rn | head -8 | sed 's/^/chaos: failed: /' || true
+fi
+# a sanitizer's report from a daemon (CCSD_PATH, a sanitized build) or a rank
+sanitized=$(grep -h -E "ERROR: [A-Za-z]+Sanitizer|WARNING: ThreadSanitizer|runtime error:" "$dir"/unit*.log "$dir/ranks.log" | head -5 || true)
+[ -n "$sanitized" ] && echo "chaos: sanitizer reports, the first: $sanitized" >&2
+if [ -n "$sanitized" ] || [ "$status" -ne 0 ] || [ "$hangs" -ne 0 ] || [ "${wrong:-1}" -ne 0 ] || [ "${ok:-0}" -eq 0 ]; then
   tail -20 "$dir/ranks.log" >&2
   tail -n 5 "$dir"/unit*.log >&2
   exit 1
