@@ -1216,8 +1216,8 @@ static int ib_send(struct tconn *c, struct tmem *m, const void *buf, size_t len,
     send_header(c, H_MESSAGE, op);
   } else if (c->credit_waits || !send_bounce(c, op)) {
     if (c->failed) return 0; /* on the way: it finished op */
-    if (c->bounce_max && len <= c->bounce_max) op->state = S_WAIT_CREDIT, c->credit_waits++; /* in turn */
-    else send_eager(c, op, H_EAGER_NOW); /* (queue pair not up, or the peer takes no SENDs this long) */
+    if (c->ready && c->bounce_max && len <= c->bounce_max) op->state = S_WAIT_CREDIT, c->credit_waits++; /* after those waiting */
+    else send_eager(c, op, H_EAGER_NOW);
   }
   return 0; /* a failure on the way completes it */
 }
