@@ -539,11 +539,9 @@ static void send_eager(struct tconn *c, struct uop *op, int kind) {
 }
 
 /* A small message by SEND, header and bytes copied into a send buffer:
- * 0 when there is no credit, no buffer or no room in the send queue (or
- * the connection failed on the way). */
+ * 0 when there is no credit, no buffer or no room in the send queue. */
 static int send_bounce(struct tconn *c, struct uop *op) {
-  if (!c->ready || c->failed || c->tcp_down || !c->credits || !c->send_free || op->len > c->bounce_max)
-    return 0;
+  if (!c->ready || c->failed || !c->credits || !c->send_free || op->len > c->bounce_max) return 0;
   int slot = __builtin_ctzll(c->send_free);
   char *p = send_slot(c, slot);
   struct wire_header h = {.kind = htole32(H_SEND), .sid = htole32(op->id), .tag = htole64(op->tag),
@@ -554,11 +552,7 @@ static int send_bounce(struct tconn *c, struct uop *op) {
   struct ibv_send_wr wr = {.wr_id = (uintptr_t)op, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
                            .send_flags = IBV_SEND_SIGNALED},
                      *bad;
-  int rc = ibv_post_send(c->qp, &wr, &bad);
-  if (rc) { /* its queue full waits for a completion: one must come */
-    if (rc != ENOMEM || !writing(c)) conn_fail(c, -(rc > 0 ? rc : EIO), 0);
-    return 0;
-  }
+  if (ibv_post_send(c->qp, &wr, &bad)) return 0; /* its queue is full */
   c->send_free &= ~(1ull << slot);
   c->credits--;
   op->state = S_SENT;
@@ -570,22 +564,15 @@ static int send_bounce(struct tconn *c, struct uop *op) {
 }
 
 /* Sends that wait for a credit or a send buffer take them, in turn: when
- * credits come back and when a send completes. A large message after one
- * of them could not be answered meanwhile (the receiver matches in the
- * sender's order): its wait for an answer starts again. */
+ * credits come back and when a send completes. */
 static void send_waiting(struct tconn *c) {
-  if (!c->credit_waits) return;
-  double now = now_s();
-  int behind = 0;
-  for (struct uop *op = c->sends; op; op = op->next) {
+  for (struct uop *op = c->sends; op && c->credit_waits; op = op->next)
     if (op->state == S_WAIT_CREDIT) {
-      if (!send_bounce(c, op)) return; /* (a failure on the way finished the others) */
       c->credit_waits--;
-      behind = 1;
-    } else if (op->state == S_WAIT_CTS && behind) {
-      op->cts_by = now + CTS_WAIT_S;
+      if (send_bounce(c, op)) continue;
+      c->credit_waits++;
+      return;
     }
-  }
 }
 
 /* Writes op's bytes where the receiver said, the last write with its
@@ -625,10 +612,9 @@ static void on_cts(struct tconn *c, const struct wire_cts *cts) {
   send_write(c, op, cts);
 }
 
-/* Sends whose answer is overdue go eager; none after one that waits for
- * a credit, which no answer can pass. */
+/* Sends whose answer is overdue go eager. */
 static void overdue_sends(struct tconn *c, double now) {
-  for (struct uop *op = c->sends, *next; op && !c->failed && op->state != S_WAIT_CREDIT; op = next) {
+  for (struct uop *op = c->sends, *next; op && !c->failed; op = next) {
     next = op->next; /* (a failure on the way finishes the others: then no next) */
     if (op->state == S_WAIT_CTS && now >= op->cts_by) send_eager(c, op, H_EAGER);
   }
@@ -1215,7 +1201,6 @@ static int ib_send(struct tconn *c, struct tmem *m, const void *buf, size_t len,
   if (len >= RENDEZVOUS_MIN) {
     send_header(c, H_MESSAGE, op);
   } else if (c->credit_waits || !send_bounce(c, op)) {
-    if (c->failed) return 0; /* on the way: it finished op */
     if (c->ready && c->bounce_max && len <= c->bounce_max) op->state = S_WAIT_CREDIT, c->credit_waits++; /* after those waiting */
     else send_eager(c, op, H_EAGER_NOW);
   }
@@ -1279,7 +1264,8 @@ static int ib_wait_fds(struct transport *t, struct pollfd *fds, int max) {
 static int next_deadline_ms(struct transport *t, double now) {
   double first = 0;
   for (struct tconn *c = t->conns; c; c = c->next) {
-    for (struct uop *op = c->sends; op && op->state != S_WAIT_CREDIT; op = op->next) /* (overdue_sends) */
+    struct uop *op;
+    DL_FOREACH(c->sends, op)
       if (op->state == S_WAIT_CTS && (!first || op->cts_by < first)) first = op->cts_by;
     if (c->quiescing && (!first || c->quiesce_by < first)) first = c->quiesce_by;
   }
@@ -1348,7 +1334,6 @@ static void ib_free(struct transport *t) {
 static void ib_counters(struct transport *t, struct transport_counters *out) { *out = t->counters; }
 
 void ccs_ib_test_wire(struct transport *t, unsigned wire) { t->wire = wire; }
-int ccs_ib_test_credits(const struct tconn *c) { return c->ready ? c->credits : -1; }
 
 static int ib_failure(struct tconn *c, char *buf, size_t len) {
   if (!c->failed || !c->why[0]) return 0;

@@ -59,8 +59,5 @@ struct transport;
  * wire (0: as a daemon from before small messages went by SEND; 1: as one
  * whose bounce buffers took 8 KiB). */
 void ccs_ib_test_wire(struct transport *t, unsigned wire);
-struct tconn;
-/* ... the SENDs the connection's peer takes now (-1: its queue pair is not up). */
-int ccs_ib_test_credits(const struct tconn *c);
 
 #endif
