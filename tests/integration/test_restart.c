@@ -1079,6 +1079,7 @@ static int receiving_rank(int rank, int n, void *arg) {
   ccs_comm_t *comm;
   int64_t *buf = joined_two(&comm, rank);
   if (!buf) return 10;
+  __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST); /* joined: no collective under way */
   int bad = 0;
   for (int round = 0; round < 4 && !bad; round++) {
     int from = round % 2 ? 0 : 1, to = 1 - from;
@@ -1109,8 +1110,10 @@ static void test_nodes_receive_kept(void **state) {
   sh->seed = test_seed();
   start_nodes(NULL, 0, "30");
   sh->hold = 1;
+  sh->at_hold = 0;
   pid_t ranks = fork();
   if (ranks == 0) _exit(test_run_ranks(2, receiving_rank, NULL, 60, NULL));
+  wait_at_hold(2); /* the first all_reduce done at both: the call under way is rank 0's receive */
   wait_for_call(&node[0]);
   usleep(20000); /* its receive launched */
   test_daemon_kill(&node[1]);
