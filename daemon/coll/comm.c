@@ -35,24 +35,39 @@ static void on_timer_closed(uv_handle_t *handle) {
   free(c);
 }
 
-/* A comm made again after this daemon restarted that failed, kept once it
- * is let go: a rank that rejoins it later (held back, slow) is told why at
- * once rather than make it anew and wait out the rejoin. The last
- * FAILURES_KEPT, within the rejoin window. */
+/* Comms let go here, kept by name for the daemons and ranks that ask after
+ * them later. A comm made again after this daemon restarted that failed:
+ * a rank that rejoins it later (held back, slow) is told why at once
+ * rather than make it anew and wait out the rejoin (within the rejoin
+ * window). A comm across daemons, destroyed by its ranks here or failed:
+ * another daemon holding it, which took the closed connections for a
+ * restart of this one, is told at once rather than wait out
+ * peer_restart_grace (regather.c). The last FAILURES_KEPT. */
 #define FAILURES_KEPT 64
 struct comm_failure {
   uint8_t name[CCS__NAME_BYTES];
+  int for_rejoin; /* a failure of a comm made again: for the ranks that rejoin it */
   ccs_result_t error;
   char text[CCS__ERROR_TEXT_MAX];
 };
 
-static void keep_failure(struct comm *c) {
+static void keep_failure(struct comm *c, int for_rejoin) {
   struct coll *co = c->co;
   if (!co->failures && !(co->failures = calloc(FAILURES_KEPT, sizeof(*co->failures)))) return;
   struct comm_failure *f = &co->failures[co->nfailures++ % FAILURES_KEPT];
   memcpy(f->name, c->name, sizeof(f->name));
-  f->error = c->error;
-  snprintf(f->text, sizeof(f->text), "%s", c->error_text);
+  f->for_rejoin = for_rejoin;
+  if (c->state == COMM_FAILED) {
+    f->error = c->error;
+    if (for_rejoin) snprintf(f->text, sizeof(f->text), "%s", c->error_text);
+    else snprintf(f->text, sizeof(f->text), "it failed at the daemon at %s: %s", co->self, c->error_text);
+    return;
+  }
+  char ranks[128];
+  ccsd_comm_ranks_at(c, c->mynode, ranks, sizeof(ranks));
+  f->error = CCS_ERR_PEER_LOST;
+  snprintf(f->text, sizeof(f->text), "rank(s) %s, at the daemon at %s, destroyed the communicator", ranks,
+           co->self);
 }
 
 static const struct comm_failure *failure_of(const struct coll *co, const uint8_t *name) {
@@ -62,6 +77,13 @@ static const struct comm_failure *failure_of(const struct coll *co, const uint8_
     if (!memcmp(f->name, name, sizeof(f->name))) return f;
   }
   return NULL;
+}
+
+const char *ccsd_comm_closed_here(const struct coll *co, const uint8_t *name, ccs_result_t *error) {
+  const struct comm_failure *f = failure_of(co, name);
+  if (!f) return NULL;
+  *error = f->error;
+  return f->text;
 }
 
 void ccsd_comm_failures_free(struct coll *co) {
@@ -75,12 +97,20 @@ void ccsd_comm_unref(struct comm *c) {
   if (!list_empty(&c->slots) || !list_empty(&c->p2p) || !list_empty(&c->queued) || ccsd_hold_waiting(c))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
-  if (c->state == COMM_FAILED && c->rejoining && !c->unnamed && ccsd_rejoin_window_open(c->co)) keep_failure(c);
+  if (c->state == COMM_FAILED && c->rejoining && !c->unnamed && ccsd_rejoin_window_open(c->co)) keep_failure(c, 1);
+  else if (!c->unnamed && c->state != COMM_JOINING && c->nnodes > 1 && c->node_of_rank) keep_failure(c, 0);
   /* found no more, but in coll->comms until on_timer_closed: a walk of them
    * may be under way (failing one comm can free others) */
   c->gone = 1;
   if (!c->unnamed) HASH_DELETE(hh, c->co->comms_by_name, c);
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+void ccsd_comm_ranks_at(const struct comm *c, int node, char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int r = 0; r < c->nranks && n + 16 < len; r++)
+    if (c->node_of_rank[r] == node) n += (size_t)snprintf(buf + n, len - n, n ? ",%d" : "%d", r);
 }
 
 /* "0-2,5" for the ranks where missing[r] is set. */
@@ -324,7 +354,7 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
   ccsd_comm_name(id, name);
   struct comm *c = ccsd_comm_find(co, name);
   const struct comm_failure *f = !c && rejoin && rejoin->n ? failure_of(co, name) : NULL;
-  if (f) { /* back with its calls, after the comm failed here and was let go */
+  if (f && f->for_rejoin) { /* back with its calls, after the comm failed here and was let go */
     co->hooks.release(co->hooks.arg, t, COLL_CHARGE_RANK);
     snprintf(err, errlen, "the communicator failed here as its ranks rejoined it: %s", f->text);
     return f->error;

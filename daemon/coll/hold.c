@@ -92,14 +92,6 @@ static const char *unholdable(const struct comm *c) {
   return NULL;
 }
 
-/* "1,3-4"-like list of the ranks at node */
-static void ranks_of(const struct comm *c, int node, char *buf, size_t len) {
-  size_t n = 0;
-  buf[0] = 0;
-  for (int r = 0; r < c->nranks && n + 16 < len; r++)
-    if (c->node_of_rank[r] == node) n += (size_t)snprintf(buf + n, len - n, n ? ",%d" : "%d", r);
-}
-
 static void on_ask(uv_timer_t *t);
 
 int ccsd_hold_start(struct comm *c, int node, const char *why) {
@@ -154,7 +146,7 @@ int ccsd_hold_start(struct comm *c, int node, const char *why) {
   uv_timer_stop(&c->timer);
   ccsd_agree_release(c);
   char ranks[256];
-  ranks_of(c, node, ranks, sizeof(ranks));
+  ccsd_comm_ranks_at(c, node, ranks, sizeof(ranks));
   LOG_WARN("comm %llu held: the daemon at %s serving rank(s) %s went (%s); waiting up to %g s "
            "for it to come back (peer_restart_grace)", (unsigned long long)c->id, h->addr, ranks, why,
            c->co->cfg.peer_restart_grace_s);
@@ -514,7 +506,7 @@ static void on_ask(uv_timer_t *t) {
   }
   if (now >= h->until_ms) {
     char ranks[256];
-    ranks_of(c, h->node, ranks, sizeof(ranks));
+    ccsd_comm_ranks_at(c, h->node, ranks, sizeof(ranks));
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "the daemon at %s serving rank(s) %s went (%s) and did not "
                    "come back within %g s (peer_restart_grace)", h->addr, ranks, h->why,
                    c->co->cfg.peer_restart_grace_s);

@@ -95,7 +95,7 @@ struct net_task {
   struct list link; /* taken, waiting for its connection, or deferred */
   struct run_op *x;
   struct link_send send; /* a SEND task's place in its link's shares */
-  double fail_at;   /* deferred: a failed data connection, why, and */
+  double fail_at;   /* waiting: when it gives up on its connection; deferred: when it fails, */
   const char *why;
   int status;       /* the transport's error (negative errno), or 0, */
   char *detail;     /* and its account of it (verbs: the work completion's status), or NULL */
@@ -588,7 +588,10 @@ static void post(struct peers *p, struct net_task *rec) {
   struct pconn *c = nc->data[node * nc->lanes + lane_of(nc, rec)];
   if (c) transfer_start(p, c, rec);
   else if (nc->gone[node]) transfer_fail_later(p, rec, "it closed the communicator's connection", 0, NULL);
-  else list_insert_tail(&nc->waiting, &rec->link);
+  else {
+    rec->fail_at = now_s() + p->opt.peer_timeout_s + p->opt.io_timeout_s; /* (housekeeping) */
+    list_insert_tail(&nc->waiting, &rec->link);
+  }
 }
 
 /* A send waits its tenant's turn on the link to its daemon (run/link.h)
@@ -924,6 +927,19 @@ static void housekeeping(struct peers *p) {
     if (rec->fail_at > now) continue;
     list_remove(&rec->link);
     transfer_fail_deferred(p, rec);
+  }
+  /* a data connection the lower daemon never dialled: it let the comm go
+   * (its ranks destroyed it) or cannot reach this one; the comm holds and
+   * asks it which */
+  LIST_FOREACH_SAFE(it, tmp, &p->comms) {
+    struct net_comm *nc = LIST_ENTRY(it, struct net_comm, link);
+    struct list *w, *wtmp;
+    LIST_FOREACH_SAFE(w, wtmp, &nc->waiting) {
+      struct net_task *rec = LIST_ENTRY(w, struct net_task, link);
+      if (rec->fail_at > now) continue;
+      list_remove(&rec->link);
+      transfer_fail_later(p, rec, "it opened no data connection for the communicator", 0, NULL);
+    }
   }
   LIST_FOREACH_SAFE(it, tmp, &p->conns) {
     struct pconn *c = LIST_ENTRY(it, struct pconn, link);

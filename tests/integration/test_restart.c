@@ -1122,6 +1122,45 @@ static void test_nodes_receive_kept(void **state) {
   release_and_wait(ranks);
 }
 
+/* A rank that destroys the comm while a rank at another daemon calls a
+ * collective with it: the daemon there takes the closed connections for a
+ * restart and holds the comm, but the first daemon, asked, says its ranks
+ * destroyed it: the call fails at once saying so, not after
+ * peer_restart_grace (30 s here; the ranks have 20). */
+static int leaving_rank(int rank, int n, void *arg) {
+  (void)n, (void)arg;
+  ccs_comm_t *comm;
+  int64_t *buf = joined_two(&comm, rank);
+  if (!buf) return 10;
+  int bad = 0;
+  if (rank == 0) {
+    bad = ccs_comm_destroy(comm) != CCS_OK;
+    __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+  } else {
+    wait_at_hold(1);
+    for (size_t i = 0; i < COUNT; i++) buf[i] = value(rank, 0, i);
+    ccs_result_t rc = ccs_all_reduce(buf, buf, COUNT, CCS_INT64, CCS_SUM, comm, NULL);
+    const char *why = ccs_comm_last_error(comm);
+    if (rc != CCS_ERR_PEER_LOST || !strstr(why, "rank(s) 0, at the daemon at ") ||
+        !strstr(why, "destroyed the communicator")) {
+      fprintf(stderr, "rank 1: %s: %s\n", ccs_result_name(rc), why);
+      bad = 1;
+    }
+    ccs_comm_destroy(comm);
+  }
+  free(buf);
+  return bad;
+}
+
+static void test_nodes_peer_destroyed(void **state) {
+  (void)state;
+  sh->at_hold = 0;
+  start_nodes(NULL, 0, "30");
+  pid_t ranks = fork();
+  if (ranks == 0) _exit(test_run_ranks(2, leaving_rank, NULL, 20, NULL));
+  release_and_wait(ranks);
+}
+
 /* Stopped (SIGTERM) after the first daemon finished ops that the second had
  * not run: rank 0's broadcast and its send to rank 1 need nothing back, so
  * they finished at the first daemon while rank 1 had not called yet. The
@@ -1644,6 +1683,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_two_streams, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_quota_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_receive_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nodes_peer_destroyed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed_in_place, setup, teardown),
