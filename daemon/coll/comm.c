@@ -39,10 +39,10 @@ static void on_timer_closed(uv_handle_t *handle) {
  * them later. A comm made again after this daemon restarted that failed:
  * a rank that rejoins it later (held back, slow) is told why at once
  * rather than make it anew and wait out the rejoin (within the rejoin
- * window). A comm across daemons, destroyed by its ranks here or failed:
- * another daemon holding it, which took the closed connections for a
- * restart of this one, is told at once rather than wait out
- * peer_restart_grace (regather.c). The last FAILURES_KEPT. */
+ * window). A comm across daemons destroyed by its ranks here: another
+ * daemon holding it, which took the closed connections for a restart of
+ * this one, is told at once rather than wait out peer_restart_grace
+ * (regather.c). The last FAILURES_KEPT. */
 #define FAILURES_KEPT 64
 struct comm_failure {
   uint8_t name[CCS__NAME_BYTES];
@@ -51,23 +51,33 @@ struct comm_failure {
   char text[CCS__ERROR_TEXT_MAX];
 };
 
-static void keep_failure(struct comm *c, int for_rejoin) {
+static struct comm_failure *kept_new(struct comm *c) {
   struct coll *co = c->co;
-  if (!co->failures && !(co->failures = calloc(FAILURES_KEPT, sizeof(*co->failures)))) return;
+  if (!co->failures && !(co->failures = calloc(FAILURES_KEPT, sizeof(*co->failures)))) return NULL;
   struct comm_failure *f = &co->failures[co->nfailures++ % FAILURES_KEPT];
   memcpy(f->name, c->name, sizeof(f->name));
-  f->for_rejoin = for_rejoin;
-  if (c->state == COMM_FAILED) {
-    f->error = c->error;
-    if (for_rejoin) snprintf(f->text, sizeof(f->text), "%s", c->error_text);
-    else snprintf(f->text, sizeof(f->text), "it failed at the daemon at %s: %s", co->self, c->error_text);
-    return;
-  }
+  return f;
+}
+
+static void keep_failure(struct comm *c) {
+  struct comm_failure *f = kept_new(c);
+  if (!f) return;
+  f->for_rejoin = 1;
+  f->error = c->error;
+  snprintf(f->text, sizeof(f->text), "%s", c->error_text);
+}
+
+/* (A failed one is not: its ranks may make it again under its name, and
+ * the daemons were told, or hear, of the failure themselves.) */
+static void keep_destroyed(struct comm *c) {
+  struct comm_failure *f = kept_new(c);
+  if (!f) return;
   char ranks[128];
   ccsd_comm_ranks_at(c, c->mynode, ranks, sizeof(ranks));
+  f->for_rejoin = 0;
   f->error = CCS_ERR_PEER_LOST;
   snprintf(f->text, sizeof(f->text), "rank(s) %s, at the daemon at %s, destroyed the communicator", ranks,
-           co->self);
+           c->co->self);
 }
 
 static const struct comm_failure *failure_of(const struct coll *co, const uint8_t *name) {
@@ -97,8 +107,8 @@ void ccsd_comm_unref(struct comm *c) {
   if (!list_empty(&c->slots) || !list_empty(&c->p2p) || !list_empty(&c->queued) || ccsd_hold_waiting(c))
     ccsd_comm_fail(c, CCS_ERR_PEER_LOST, "every rank left with ops still pending");
   LOG_INFO(CCS_LOG_INIT, "comm %llu freed", (unsigned long long)c->id);
-  if (c->state == COMM_FAILED && c->rejoining && !c->unnamed && ccsd_rejoin_window_open(c->co)) keep_failure(c, 1);
-  else if (!c->unnamed && c->state != COMM_JOINING && c->nnodes > 1 && c->node_of_rank) keep_failure(c, 0);
+  if (c->state == COMM_FAILED && c->rejoining && !c->unnamed && ccsd_rejoin_window_open(c->co)) keep_failure(c);
+  else if (!c->unnamed && c->state == COMM_READY && c->nnodes > 1 && c->node_of_rank) keep_destroyed(c);
   /* found no more, but in coll->comms until on_timer_closed: a walk of them
    * may be under way (failing one comm can free others) */
   c->gone = 1;
