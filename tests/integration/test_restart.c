@@ -1126,23 +1126,31 @@ static void test_nodes_receive_kept(void **state) {
  * collective with it: the daemon there takes the closed connections for a
  * restart and holds the comm, but the first daemon, asked, says its ranks
  * destroyed it: the call fails at once saying so, not after
- * peer_restart_grace (30 s here; the ranks have 20). */
+ * peer_restart_grace (30 s here; the ranks have 25). *arg: the rank
+ * leaves while the second daemon is down (sh->hold 1; the other rank
+ * calls once it is back, at 0): the call fails naming the rank that did
+ * not rejoin, at the end of the rejoin window (the first daemon no longer
+ * holds the comm), rather than wait for it. */
 static int leaving_rank(int rank, int n, void *arg) {
-  (void)n, (void)arg;
+  (void)n;
+  int meanwhile = *(const int *)arg;
   ccs_comm_t *comm;
   int64_t *buf = joined_two(&comm, rank);
   if (!buf) return 10;
+  __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+  while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST) > 1 - rank) usleep(1000);
   int bad = 0;
   if (rank == 0) {
     bad = ccs_comm_destroy(comm) != CCS_OK;
-    __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&sh->at_hold2, 1, __ATOMIC_SEQ_CST);
   } else {
-    wait_at_hold(1);
+    wait_at(&sh->at_hold2, 1);
     for (size_t i = 0; i < COUNT; i++) buf[i] = value(rank, 0, i);
     ccs_result_t rc = ccs_all_reduce(buf, buf, COUNT, CCS_INT64, CCS_SUM, comm, NULL);
     const char *why = ccs_comm_last_error(comm);
-    if (rc != CCS_ERR_PEER_LOST || !strstr(why, "rank(s) 0, at the daemon at ") ||
-        !strstr(why, "destroyed the communicator")) {
+    if (meanwhile ? rc == CCS_OK || !strstr(why, "rank(s) 0 did not rejoin")
+                  : rc != CCS_ERR_PEER_LOST || !strstr(why, "rank(s) 0, at the daemon at ") ||
+                        !strstr(why, "destroyed the communicator")) {
       fprintf(stderr, "rank 1: %s: %s\n", ccs_result_name(rc), why);
       bad = 1;
     }
@@ -1154,56 +1162,22 @@ static int leaving_rank(int rank, int n, void *arg) {
 
 static void test_nodes_peer_destroyed(void **state) {
   (void)state;
-  sh->at_hold = 0;
-  start_nodes(NULL, 0, "30");
-  pid_t ranks = fork();
-  if (ranks == 0) _exit(test_run_ranks(2, leaving_rank, NULL, 20, NULL));
-  release_and_wait(ranks);
-}
-
-/* The same, the rank leaving while the second daemon is down: it comes
- * back, its rank rejoins and calls a collective, which fails naming the
- * rank that did not come back (at the end of the rejoin window: the first
- * daemon no longer holds the comm) rather than wait for it. */
-static int left_meanwhile_rank(int rank, int n, void *arg) {
-  (void)n, (void)arg;
-  ccs_comm_t *comm;
-  int64_t *buf = joined_two(&comm, rank);
-  if (!buf) return 10;
-  __atomic_add_fetch(&sh->at_hold, 1, __ATOMIC_SEQ_CST);
-  while (__atomic_load_n(&sh->hold, __ATOMIC_SEQ_CST) > 1 - rank) usleep(1000); /* 1: rank 0 goes, 0: rank 1 */
-  int bad = 0;
-  if (rank == 0) {
-    bad = ccs_comm_destroy(comm) != CCS_OK;
-    __atomic_add_fetch(&sh->at_hold2, 1, __ATOMIC_SEQ_CST);
-  } else {
-    for (size_t i = 0; i < COUNT; i++) buf[i] = value(rank, 0, i);
-    ccs_result_t rc = ccs_all_reduce(buf, buf, COUNT, CCS_INT64, CCS_SUM, comm, NULL);
-    const char *why = ccs_comm_last_error(comm);
-    if (rc == CCS_OK || !strstr(why, "rank(s) 0 did not rejoin")) {
-      fprintf(stderr, "rank 1: %s: %s\n", ccs_result_name(rc), why);
-      bad = 1;
+  for (int meanwhile = 0; meanwhile < 2; meanwhile++) {
+    sh->at_hold = sh->at_hold2 = 0;
+    sh->hold = meanwhile ? 2 : 0;
+    start_nodes(NULL, 0, "30");
+    pid_t ranks = fork();
+    if (ranks == 0) _exit(test_run_ranks(2, leaving_rank, &meanwhile, 25, NULL));
+    if (meanwhile) {
+      wait_at_hold(2);
+      test_daemon_kill(&node[1]);
+      usleep(100000); /* the first daemon holds the comm */
+      __atomic_store_n(&sh->hold, 1, __ATOMIC_SEQ_CST);
+      wait_at(&sh->at_hold2, 1);
+      assert_int_equal(start_node(1, 1, "30"), 0);
     }
-    ccs_comm_destroy(comm);
+    release_and_wait(ranks);
   }
-  free(buf);
-  return bad;
-}
-
-static void test_nodes_peer_destroyed_meanwhile(void **state) {
-  (void)state;
-  sh->at_hold = sh->at_hold2 = 0;
-  sh->hold = 2;
-  start_nodes(NULL, 0, "30");
-  pid_t ranks = fork();
-  if (ranks == 0) _exit(test_run_ranks(2, left_meanwhile_rank, NULL, 25, NULL));
-  wait_at_hold(2);
-  test_daemon_kill(&node[1]);
-  usleep(100000); /* the first daemon holds the comm */
-  __atomic_store_n(&sh->hold, 1, __ATOMIC_SEQ_CST);
-  wait_at(&sh->at_hold2, 1);
-  assert_int_equal(start_node(1, 1, "30"), 0);
-  release_and_wait(ranks);
 }
 
 /* Stopped (SIGTERM) after the first daemon finished ops that the second had
@@ -1729,7 +1703,6 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nodes_quota_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_receive_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_peer_destroyed, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_nodes_peer_destroyed_meanwhile, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_stop_owed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nodes_replayed_in_place, setup, teardown),
