@@ -352,11 +352,11 @@ ccs_result_t ccsd_comm_join(struct coll *co, const struct ccs__unique_id *id, co
                             struct member **ret, char *err, size_t errlen);
 struct comm *ccsd_comm_find(struct coll *co, const uint8_t *name);
 void ccsd_comm_failures_free(struct coll *co);
+/* "1,3,4"-like list of the ranks at node (a comm across daemons). */
+void ccsd_comm_ranks_at(const struct comm *c, int node, char *buf, size_t len);
 /* Why the comm named so, across daemons, was let go here (its ranks here
  * destroyed it; or it failed after this daemon restarted), with its error
  * in *error; NULL when it was not (or no longer is) known. */
-/* "1,3,4"-like list of the ranks at node (a comm across daemons). */
-void ccsd_comm_ranks_at(const struct comm *c, int node, char *buf, size_t len);
 const char *ccsd_comm_closed_here(const struct coll *co, const uint8_t *name, ccs_result_t *error);
 struct comm *ccsd_comm_create(struct coll *co, const struct ccs__unique_id *id, int nranks,
                               const char *algo, int first_rank, ccs_result_t *rc, char *err,
