@@ -175,15 +175,15 @@ static int take_map(struct comm *c, const char *addr, const struct peer_rejoin *
 }
 
 void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_rejoin *m) {
-  struct comm *c = m->name_len == CCS__NAME_BYTES ? ccsd_comm_find(co, m->name) : NULL;
-  if (co->silent || !strcmp(addr, co->self)) return;
-  ccs_result_t error;
-  const char *closed = !c && m->name_len == CCS__NAME_BYTES ? ccsd_comm_closed_here(co, m->name, &error) : NULL;
-  if (closed) { /* it took this daemon's closed connections for a restart */
-    ccsd_span_tell_failed(co, addr, m->name, error, closed);
-    return;
+  if (m->name_len != CCS__NAME_BYTES || co->silent || !strcmp(addr, co->self)) return;
+  struct comm *c = ccsd_comm_find(co, m->name);
+  if (!c) {
+    ccs_result_t error;
+    const char *closed = ccsd_comm_closed_here(co, m->name, &error);
+    if (closed) /* it took this daemon's closed connections for a restart */
+      ccsd_span_tell_failed(co, addr, m->name, error, closed);
+    return; /* (or its ranks are not back here yet: the daemon asks again) */
   }
-  if (!c) return; /* its ranks are not back here yet: the daemon asks again */
   if (c->state == COMM_FAILED) {
     ccsd_span_tell_failed(co, addr, c->name, c->error, c->error_text);
     return;
