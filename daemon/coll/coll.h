@@ -60,7 +60,7 @@ enum coll_restart_event {
   RESTART_REJOINED_FROM_HOLDERS, /* the same, from the word of the daemons that held it (regather.c) */
   RESTART_REJOINED_THROUGH_ROOT, /* the same, through its root: none held it (refound.c) */
   RESTART_HOLDER_HEARD,          /* a daemon that held it gave its word, first time per rejoin */
-  RESTART_HOLDER_LOST,           /* a daemon whose word it rejoined from went before it settled */
+  RESTART_HOLDER_LOST,           /* a daemon whose word it rejoined from went before it settled (once each) */
   RESTART_HELD,                  /* held here while another daemon of it was away (hold.c) */
   RESTART_RESUMED,               /* held, and went on once that daemon was back */
   RESTART_FAILED,                /* failed while rejoining or held, or could not be held */
@@ -488,6 +488,7 @@ void ccsd_regather_message(struct coll *co, const char *addr, const struct peer_
 void ccsd_regather_check(struct comm *c); /* a local rank rejoined: maybe every rank is back */
 int ccsd_regather_involved(const struct comm *c, const char *addr);
 void ccsd_regather_let_go(struct comm *c); /* one of them went before it settled */
+int ccsd_regather_was_let_go(const struct comm *c, const char *addr);
 void ccsd_regather_free(struct comm *c);
 
 /* refound.c: every daemon of a comm restarted, none holds it; its root

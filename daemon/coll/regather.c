@@ -45,7 +45,7 @@ static int node_of(const struct regather *g, const char *addr) {
   return -1;
 }
 
-static int let_go(const struct comm *c, const char *addr) {
+int ccsd_regather_was_let_go(const struct comm *c, const char *addr) {
   for (int k = 0; k < c->nlet_go; k++)
     if (!strcmp(c->let_go[k], addr)) return 1;
   return 0;
@@ -53,7 +53,7 @@ static int let_go(const struct comm *c, const char *addr) {
 
 int ccsd_regather_involved(const struct comm *c, const char *addr) {
   if (c->regather) return node_of(c->regather, addr) >= 0 && strcmp(addr, c->co->self);
-  return let_go(c, addr);
+  return ccsd_regather_was_let_go(c, addr);
 }
 
 /* Its word let go, the daemons that held it are remembered: one that still
@@ -67,7 +67,7 @@ void ccsd_regather_let_go(struct comm *c) {
   if (held) {
     c->let_go = held;
     for (int k = 0; k < g->nnodes; k++)
-      if (strcmp(g->nodes[k], c->co->self) && !let_go(c, g->nodes[k]))
+      if (strcmp(g->nodes[k], c->co->self) && !ccsd_regather_was_let_go(c, g->nodes[k]))
         memcpy(c->let_go[c->nlet_go++], g->nodes[k], CCSD_ADDR_MAX);
   }
   ccsd_regather_free(c);

@@ -525,7 +525,9 @@ void ccsd_span_peer_lost(struct coll *co, const char *addr, const char *why) {
     if (c->rejoining && c->state == COMM_JOINING && c->regather && ranks[0]) {
       LOG_WARN("comm %llu: the daemon at %s went as it rejoined from its word (%s); made again through "
                "the root if no daemon holds it", (unsigned long long)c->id, addr, why);
-      co->restarts[RESTART_HOLDER_LOST]++;
+      /* (a holder's word repeated after its let-go takes the map again:
+       * the daemon already lost is not lost twice) */
+      if (!ccsd_regather_was_let_go(c, addr)) co->restarts[RESTART_HOLDER_LOST]++;
       forget_ranks_at(c, NULL);
       ccsd_regather_let_go(c);
       ccsd_refound_wait(c, !ccsd_comm_forming(c));
