@@ -554,7 +554,10 @@ static void transfer_start(struct peers *p, struct pconn *c, struct net_task *re
   if (send && x->sent) memcpy(x->sent + x->sent_at[x->plan.task_item[task_of(rec)]] + off, sbuf, len);
   int rc = send ? p->ops->send(c->tc, m, sbuf, len, tag, rec)
                 : p->ops->recv(c->tc, m, rbuf, len, tag, rec);
-  if (rc && !failed_here(p, c, rec)) transfer_fail_later(p, rec, "its data connection is closed", 0, NULL);
+  if (rc && !failed_here(p, c, rec)) { /* (a post refused as the connection fails: as its completion says) */
+    char detail[160];
+    transfer_fail_later(p, rec, "data connection lost", rc, conn_failure(p, c, rc, detail, sizeof(detail)));
+  }
 }
 
 /* A receive whose message was carried over from the comm's earlier
