@@ -23,9 +23,12 @@
  * one way only: the sender decides, and an answer that comes after it
  * chose TCP is ignored.
  * Small messages go eager at once: by SEND, header and bytes together,
- * into a buffer the receiver posted (a bounce buffer), while the sender
- * has a credit for one, else over TCP. The receiver posts each buffer
- * again once it took what came, and gives the credits back over TCP.
+ * into a buffer the receiver posted (a bounce buffer), for which the
+ * sender needs a credit: one without waits for one, in turn (over TCP only
+ * before the queue pair is up, or to a peer that takes no SENDs). The
+ * receiver posts each buffer again once it took what came (into its
+ * receive or held, never waiting for a receive), and gives the credits
+ * back over TCP.
  * Headers thus come two ways; the receiver matches messages in the
  * sender's order (sid) all the same, so a tag's messages keep theirs.
  * Every posted receive is a bounce buffer, as a write's immediate takes
@@ -64,7 +67,8 @@
 #define SQ_DEPTH 128               /* writes outstanding per connection */
 #define WRITE_MAX (1u << 30)       /* one write's bytes at most */
 #define RENDEZVOUS_MIN (16u << 10) /* smaller messages go eager: a round trip costs more than the copy */
-#define BOUNCE_BYTES (8u << 10)    /* a message this small goes by SEND, while credits last */
+#define BOUNCE_BYTES RENDEZVOUS_MIN /* every smaller message goes by SEND */
+#define BOUNCE_BYTES_V1 (8u << 10)  /* what a peer before WIRE_SENDS_16K takes */
 #define CREDITS 32                 /* SENDs a receiver takes before it gives credits back */
 #define CTS_WAIT_S 0.02 /* from when the queue pair is up */
 #define QUIESCE_S 0.5   /* writes either way still completing after the peer closed */
@@ -75,7 +79,8 @@ struct wire_qp {
   uint32_t qpn, psn, mtu, lid;
   uint8_t gid[16];
 };
-#define WIRE_SENDS 1 /* small messages by SEND, credits */
+#define WIRE_SENDS 1     /* small messages by SEND, credits */
+#define WIRE_SENDS_16K 2 /* ... of up to BOUNCE_BYTES (BOUNCE_BYTES_V1 before) */
 
 enum {
   H_MESSAGE = 1, /* its bytes wait for an answer */
@@ -120,7 +125,7 @@ struct uop {
   void *user;
   uint32_t id; /* send: sid; receive: rid */
   /* send */
-  enum { S_WAIT_CTS, S_WRITING, S_SENT, S_EAGER } state;
+  enum { S_WAIT_CTS, S_WRITING, S_SENT, S_EAGER, S_WAIT_CREDIT } state;
   double cts_by;
   int writes_left;
   int slot; /* S_SENT: its send buffer */
@@ -196,6 +201,8 @@ struct tconn {
   struct ibv_mr *bounce_mr;
   uint64_t send_free; /* send buffers free, a bit each */
   int credits;        /* SENDs the peer takes */
+  uint64_t bounce_max; /* the longest message its bounce buffers take (0: none, it takes no SENDs) */
+  int credit_waits;    /* sends waiting for a credit or a send buffer (S_WAIT_CREDIT) */
   int credits_owed;   /* buffers posted again, not yet said */
   struct uop *sends, *recvs; /* posted, not complete */
   struct uop *by_rid;
@@ -249,6 +256,7 @@ static void uop_finish(struct uop *op, int status, size_t bytes) {
   if (op->is_send) {
     DL_DELETE(c->sends, op);
     if (op->state == S_SENT) c->send_free |= 1ull << op->slot;
+    if (op->state == S_WAIT_CREDIT) c->credit_waits--;
   } else {
     DL_DELETE(c->recvs, op);
     if (op->matched) op->matched->r = NULL;
@@ -368,8 +376,8 @@ static void conn_fail(struct tconn *c, int status, int from_tcp) {
     c->tcp = NULL;
   }
   struct uop *op, *otmp;
-  DL_FOREACH_SAFE(c->sends, op, otmp)
-    if (op->state == S_WAIT_CTS) uop_finish(op, status, 0);
+  DL_FOREACH_SAFE(c->sends, op, otmp) /* (none of their bytes went) */
+    if (op->state == S_WAIT_CTS || op->state == S_WAIT_CREDIT) uop_finish(op, status, 0);
   DL_FOREACH_SAFE(c->recvs, op, otmp)
     if (!op->matched || (!op->matched->receiving && !op->matched->cts_out)) uop_finish(op, status, 0);
   struct msg *m, *mtmp;
@@ -496,7 +504,11 @@ static void qp_connect(struct tconn *c, const struct wire_qp *peer) {
     return;
   }
   c->ready = 1;
-  if (le32toh(peer->lid) >> 16 >= WIRE_SENDS && t->wire >= WIRE_SENDS) c->credits = CREDITS;
+  unsigned wire = le32toh(peer->lid) >> 16 < t->wire ? le32toh(peer->lid) >> 16 : t->wire;
+  if (wire >= WIRE_SENDS) {
+    c->credits = CREDITS;
+    c->bounce_max = wire >= WIRE_SENDS_16K ? BOUNCE_BYTES : BOUNCE_BYTES_V1;
+  }
   struct uop *op;
   DL_FOREACH(c->sends, op) op->cts_by = now_s() + CTS_WAIT_S;
   send_answers(c);
@@ -527,9 +539,11 @@ static void send_eager(struct tconn *c, struct uop *op, int kind) {
 }
 
 /* A small message by SEND, header and bytes copied into a send buffer:
- * 0 when there is no credit or no buffer (it goes over TCP then). */
+ * 0 when there is no credit, no buffer or no room in the send queue (or
+ * the connection failed on the way). */
 static int send_bounce(struct tconn *c, struct uop *op) {
-  if (!c->ready || c->failed || !c->credits || !c->send_free || op->len > BOUNCE_BYTES) return 0;
+  if (!c->ready || c->failed || c->tcp_down || !c->credits || !c->send_free || op->len > c->bounce_max)
+    return 0;
   int slot = __builtin_ctzll(c->send_free);
   char *p = send_slot(c, slot);
   struct wire_header h = {.kind = htole32(H_SEND), .sid = htole32(op->id), .tag = htole64(op->tag),
@@ -540,7 +554,11 @@ static int send_bounce(struct tconn *c, struct uop *op) {
   struct ibv_send_wr wr = {.wr_id = (uintptr_t)op, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
                            .send_flags = IBV_SEND_SIGNALED},
                      *bad;
-  if (ibv_post_send(c->qp, &wr, &bad)) return 0; /* its queue is full */
+  int rc = ibv_post_send(c->qp, &wr, &bad);
+  if (rc) { /* its queue full waits for a completion: one must come */
+    if (rc != ENOMEM || !writing(c)) conn_fail(c, -(rc > 0 ? rc : EIO), 0);
+    return 0;
+  }
   c->send_free &= ~(1ull << slot);
   c->credits--;
   op->state = S_SENT;
@@ -549,6 +567,25 @@ static int send_bounce(struct tconn *c, struct uop *op) {
   c->t->counters.send_messages++;
   c->t->counters.send_bytes += op->len;
   return 1;
+}
+
+/* Sends that wait for a credit or a send buffer take them, in turn: when
+ * credits come back and when a send completes. A large message after one
+ * of them could not be answered meanwhile (the receiver matches in the
+ * sender's order): its wait for an answer starts again. */
+static void send_waiting(struct tconn *c) {
+  if (!c->credit_waits) return;
+  double now = now_s();
+  int behind = 0;
+  for (struct uop *op = c->sends; op; op = op->next) {
+    if (op->state == S_WAIT_CREDIT) {
+      if (!send_bounce(c, op)) return; /* (a failure on the way finished the others) */
+      c->credit_waits--;
+      behind = 1;
+    } else if (op->state == S_WAIT_CTS && behind) {
+      op->cts_by = now + CTS_WAIT_S;
+    }
+  }
 }
 
 /* Writes op's bytes where the receiver said, the last write with its
@@ -588,9 +625,10 @@ static void on_cts(struct tconn *c, const struct wire_cts *cts) {
   send_write(c, op, cts);
 }
 
-/* Sends whose answer is overdue go eager. */
+/* Sends whose answer is overdue go eager; none after one that waits for
+ * a credit, which no answer can pass. */
 static void overdue_sends(struct tconn *c, double now) {
-  for (struct uop *op = c->sends, *next; op && !c->failed; op = next) {
+  for (struct uop *op = c->sends, *next; op && !c->failed && op->state != S_WAIT_CREDIT; op = next) {
     next = op->next; /* (a failure on the way finishes the others: then no next) */
     if (op->state == S_WAIT_CTS && now >= op->cts_by) send_eager(c, op, H_EAGER);
   }
@@ -880,6 +918,7 @@ static void on_wc(struct tconn *c, const struct ibv_wc *wc) {
   }
   struct uop *op = (struct uop *)(uintptr_t)wc->wr_id;
   if (op && --op->writes_left == 0) uop_finish(op, 0, op->len);
+  if (c->credit_waits) send_waiting(c); /* a send buffer, a place in the send queue */
 }
 
 static void poll_cq(struct tconn *c) {
@@ -930,8 +969,12 @@ static void on_note(const struct tcompletion *tc) {
       break;
     case TAG_CREDIT:
       c->credits += (int)le32toh(n->u.credit.count);
-      if (c->credits > CREDITS) conn_fail(c, -EPROTO, 0);
-      else note_recv(c, TAG_CREDIT, sizeof(n->u.credit));
+      if (c->credits > CREDITS) {
+        conn_fail(c, -EPROTO, 0);
+        break;
+      }
+      note_recv(c, TAG_CREDIT, sizeof(n->u.credit));
+      send_waiting(c);
       break;
     case TAG_EAGER: on_eager_bytes(c, m); break;
     }
@@ -1032,7 +1075,7 @@ static struct transport *ib_open(const struct transport_params *params, char *er
     return NULL;
   }
   t->params = *params;
-  t->wire = WIRE_SENDS;
+  t->wire = WIRE_SENDS_16K;
   ccs_auth_wipe_key(&t->params); /* the wrapped transport keeps its own copy */
   atomic_init(&t->refs, 1);
   struct ib_want want[CCS_IB_WANT_MAX];
@@ -1169,8 +1212,13 @@ static int ib_send(struct tconn *c, struct tmem *m, const void *buf, size_t len,
   op->id = c->next_sid++;
   op->cts_by = now_s() + CTS_WAIT_S;
   DL_APPEND(c->sends, op);
-  if (len >= RENDEZVOUS_MIN) send_header(c, H_MESSAGE, op);
-  else if (!send_bounce(c, op)) send_eager(c, op, H_EAGER_NOW);
+  if (len >= RENDEZVOUS_MIN) {
+    send_header(c, H_MESSAGE, op);
+  } else if (c->credit_waits || !send_bounce(c, op)) {
+    if (c->failed) return 0; /* on the way: it finished op */
+    if (c->bounce_max && len <= c->bounce_max) op->state = S_WAIT_CREDIT, c->credit_waits++; /* in turn */
+    else send_eager(c, op, H_EAGER_NOW); /* (queue pair not up, or the peer takes no SENDs this long) */
+  }
   return 0; /* a failure on the way completes it */
 }
 
@@ -1231,8 +1279,7 @@ static int ib_wait_fds(struct transport *t, struct pollfd *fds, int max) {
 static int next_deadline_ms(struct transport *t, double now) {
   double first = 0;
   for (struct tconn *c = t->conns; c; c = c->next) {
-    struct uop *op;
-    DL_FOREACH(c->sends, op)
+    for (struct uop *op = c->sends; op && op->state != S_WAIT_CREDIT; op = op->next) /* (overdue_sends) */
       if (op->state == S_WAIT_CTS && (!first || op->cts_by < first)) first = op->cts_by;
     if (c->quiescing && (!first || c->quiesce_by < first)) first = c->quiesce_by;
   }
@@ -1301,6 +1348,7 @@ static void ib_free(struct transport *t) {
 static void ib_counters(struct transport *t, struct transport_counters *out) { *out = t->counters; }
 
 void ccs_ib_test_wire(struct transport *t, unsigned wire) { t->wire = wire; }
+int ccs_ib_test_credits(const struct tconn *c) { return c->ready ? c->credits : -1; }
 
 static int ib_failure(struct tconn *c, char *buf, size_t len) {
   if (!c->failed || !c->why[0]) return 0;

@@ -56,7 +56,11 @@ double ccs_ib_port_gbps(const struct ibv_port_attr *attr);
 
 struct transport;
 /* Tests (verbs.c): the transport's connections from now on speak an older
- * wire (0: as a daemon from before small messages went by SEND). */
+ * wire (0: as a daemon from before small messages went by SEND; 1: as one
+ * whose bounce buffers took 8 KiB). */
 void ccs_ib_test_wire(struct transport *t, unsigned wire);
+struct tconn;
+/* ... the SENDs the connection's peer takes now (-1: its queue pair is not up). */
+int ccs_ib_test_credits(const struct tconn *c);
 
 #endif

@@ -57,7 +57,7 @@ static int collect(struct transport *a, struct transport *b, struct tcompletion 
   return got;
 }
 
-/* b speaks wire b_wire (1: today's) */
+/* b speaks wire b_wire (2: today's) */
 static void connect_pair_wire(struct transport **a, struct transport **b, struct tconn **ca, struct tconn **cb,
                               unsigned b_wire) {
   char err[256], bound[128];
@@ -76,7 +76,25 @@ static void connect_pair_wire(struct transport **a, struct transport **b, struct
 }
 
 static void connect_pair(struct transport **a, struct transport **b, struct tconn **ca, struct tconn **cb) {
-  connect_pair_wire(a, b, ca, cb, 1);
+  connect_pair_wire(a, b, ca, cb, 2);
+}
+
+/* Polls both until both queue pairs are up: small messages go by SEND from then on. */
+static void queue_pairs_up(struct transport *a, struct transport *b, struct tconn *ca, struct tconn *cb) {
+  struct tcompletion none[1];
+  for (double until = test_now() + 10; test_now() < until;) {
+    if (ccs_ib_test_credits(ca) >= 0 && ccs_ib_test_credits(cb) >= 0) return;
+    T->poll(a, 1, none, 0), T->poll(b, 1, none, 0);
+  }
+  fail_msg("the queue pairs did not come up");
+}
+
+/* Polls both until c's peer has given back every credit. */
+static void credits_back(struct transport *a, struct transport *b, struct tconn *c) {
+  struct tcompletion none[1];
+  for (double until = test_now() + 10; ccs_ib_test_credits(c) != 32 && test_now() < until;)
+    T->poll(a, 1, none, 0), T->poll(b, 1, none, 0);
+  assert_int_equal(ccs_ib_test_credits(c), 32);
 }
 
 static void fill(char *p, size_t n, uint64_t seed) {
@@ -101,6 +119,7 @@ static void test_sizes_both_ways(void **state) {
   struct transport *a, *b;
   struct tconn *ca, *cb;
   connect_pair(&a, &b, &ca, &cb);
+  queue_pairs_up(a, b, ca, cb);
   static const size_t sizes[] = {0, 1, 4097, (16 << 10) - 1, 16 << 10, 1 << 20, (8 << 20) + 3};
   enum { N = sizeof(sizes) / sizeof(sizes[0]) };
   uint64_t seed = test_seed();
@@ -160,9 +179,8 @@ static void test_sizes_both_ways(void **state) {
     /* the tuner's rate: the emulated port's 4X EDR less the headers */
     assert_true(T->link_rate(a) == 0.9 * 4 * 25.78125e9 / 8);
     uint64_t large = 0, small = 0, tiny = 0;
-    for (int i = 0; i < N; i++) sizes[i] >= (16 << 10) ? (large++) : (small++), tiny += sizes[i] <= 8192;
-    /* the queue pairs are up: the messages of 8 KiB or less went by SEND,
-     * the others of less than 16 KiB over TCP */
+    for (int i = 0; i < N; i++) sizes[i] >= (16 << 10) ? (large++) : (small++), tiny += sizes[i] < (16 << 10);
+    /* the queue pairs are up: the messages of less than 16 KiB went by SEND */
     uint64_t sent = ka.send_messages + kb.send_messages;
     assert_int_equal(sent - sent_first, 2 * tiny);
     if (recv_first) {
@@ -228,11 +246,12 @@ static void test_order_and_sizes_that_differ(void **state) {
   free_pair(a, b, mo, mi, out, in);
 }
 
-/* One tag, messages going every way at once: by SEND (8 KiB or less,
- * while credits last), eager over TCP, and by RDMA, in batches so that
- * the receiver gives its credits back; a receive posted first for a third
- * of them, one of them too small. Each receive gets the message sent in
- * its turn, whichever way the messages went. */
+/* One tag, messages going every way at once: by SEND (less than 16 KiB,
+ * more than the credits: the later ones wait for credits), and by RDMA or
+ * eager over TCP (70000 bytes: RDMA when the receive was posted in time),
+ * in batches so that the receiver gives its credits back; a receive posted
+ * first for a third of them, one of them too small. Each receive gets the
+ * message sent in its turn, whichever way the messages went. */
 static void test_one_tag_every_way(void **state) {
   struct transport *a, *b;
   struct tconn *ca, *cb;
@@ -249,6 +268,7 @@ static void test_one_tag_every_way(void **state) {
   assert_non_null(mi);
   static struct tcompletion done[2 * N];
   int got = 0;
+  queue_pairs_up(a, b, ca, cb);
   for (int i = 0; i < N / 3; i++) {
     size_t len = kinds[i % K] - (i == SMALL_ONE);
     assert_int_equal(T->recv(ca, mi, in + off[i], len, 7, (void *)(uintptr_t)(i + 1)), 0);
@@ -279,9 +299,8 @@ static void test_one_tag_every_way(void **state) {
   }
   struct transport_counters kb;
   T->counters(b, &kb);
-  assert_int_equal(kb.rdma_messages + kb.eager_messages + kb.send_messages, N);
-  assert_true(kb.send_messages > 32); /* more than the credits it started with */
-  assert_true(kb.eager_messages >= N / K); /* the 12000-byte ones at least */
+  assert_int_equal(kb.send_messages, N - N / K); /* all but the 70000-byte ones */
+  assert_int_equal(kb.rdma_messages + kb.eager_messages, N / K);
   free_pair(a, b, mo, mi, out, in);
 }
 
@@ -302,7 +321,7 @@ static void test_answers_run_out(void **state) {
   struct tmem *mo = T->mem_register(b, out, total, err, sizeof(err));
   struct tmem *mi = T->mem_register(a, in, total, err, sizeof(err));
   static struct tcompletion done[2 * N];
-  for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0), T->poll(b, 1, done, 0); /* queue pairs up */
+  queue_pairs_up(a, b, ca, cb);
   for (int i = 0; i < N; i++)
     assert_int_equal(T->recv(ca, mi, in + off[i], off[i + 1] - off[i], 100 + (uint64_t)i, NULL), 0);
   for (int i = 0; i < N; i++)
@@ -323,41 +342,108 @@ static void test_answers_run_out(void **state) {
   free_pair(a, b, mo, mi, out, in);
 }
 
-/* A daemon from before small messages went by SEND (a rolling upgrade):
- * neither end sends any to the other, and small messages go over TCP both
- * ways. */
+/* Daemons from before (a rolling upgrade): wire 0 takes no SENDs, so
+ * small messages go over TCP both ways; wire 1 takes SENDs of 8 KiB at
+ * most, so both ends send those by SEND and the larger ones (12000
+ * bytes) over TCP. */
 static void test_older_peer(void **state) {
+  for (unsigned wire = 0; wire <= 1; wire++) {
+    struct transport *a, *b;
+    struct tconn *ca, *cb;
+    connect_pair_wire(&a, &b, &ca, &cb, wire);
+    enum { N = 40, SMALL = 8192, LARGER = 12000, BYTES = N / 2 * (SMALL + LARGER) };
+    char *out = malloc(2 * BYTES), *in = calloc(1, 2 * BYTES), err[256];
+    fill(out, 2 * BYTES, test_seed());
+    struct tmem *mo_a = T->mem_register(a, out, BYTES, err, sizeof(err));
+    struct tmem *mo_b = T->mem_register(b, out + BYTES, BYTES, err, sizeof(err));
+    struct tmem *mi_a = T->mem_register(a, in + BYTES, BYTES, err, sizeof(err));
+    struct tmem *mi_b = T->mem_register(b, in, BYTES, err, sizeof(err));
+    static struct tcompletion done[4 * N];
+    queue_pairs_up(a, b, ca, cb);
+    for (size_t i = 0, at = 0; i < N; i++) {
+      size_t len = i % 2 ? LARGER : SMALL;
+      assert_int_equal(T->recv(cb, mi_b, in + at, len, 9, NULL), 0);
+      assert_int_equal(T->recv(ca, mi_a, in + BYTES + at, len, 9, NULL), 0);
+      assert_int_equal(T->send(ca, mo_a, out + at, len, 9, NULL), 0);
+      assert_int_equal(T->send(cb, mo_b, out + BYTES + at, len, 9, NULL), 0);
+      at += len;
+    }
+    int got = collect(a, b, done, 4 * N);
+    assert_int_equal(got, 4 * N);
+    for (int i = 0; i < got; i++) assert_int_equal(done[i].status, 0);
+    assert_memory_equal(in, out, 2 * BYTES);
+    struct transport_counters ka, kb;
+    T->counters(a, &ka);
+    T->counters(b, &kb);
+    assert_int_equal(ka.send_messages + kb.send_messages, wire ? N : 0);
+    assert_int_equal(ka.eager_messages + kb.eager_messages, wire ? N : 2 * N);
+    T->mem_deregister(mo_a);
+    T->mem_deregister(mo_b);
+    free_pair(a, b, mi_a, mi_b, out, in);
+  }
+}
+
+/* Far more small messages at once than the sender has credits (32), none
+ * of them awaited yet: the rest wait for credits, which come back as the
+ * receiver takes what came (held: it waits for no receive), and every
+ * one goes by SEND. A large one sent after them, its receive posted, is
+ * answered once they went, however long that takes: it goes by RDMA, not
+ * over TCP after its wait for an answer. Then, every credit back, the receiver goes away while
+ * sends wait for credits: each send completes, those beyond the credits
+ * with an error. */
+static void test_credits_run_out(void **state) {
   struct transport *a, *b;
   struct tconn *ca, *cb;
-  connect_pair_wire(&a, &b, &ca, &cb, 0);
-  enum { N = 40, LEN = 3000 };
-  char *out = malloc(2 * N * LEN), *in = calloc(1, 2 * N * LEN), err[256];
-  fill(out, 2 * N * LEN, test_seed());
-  struct tmem *mo_a = T->mem_register(a, out, N * LEN, err, sizeof(err));
-  struct tmem *mo_b = T->mem_register(b, out + N * LEN, N * LEN, err, sizeof(err));
-  struct tmem *mi_a = T->mem_register(a, in + N * LEN, N * LEN, err, sizeof(err));
-  struct tmem *mi_b = T->mem_register(b, in, N * LEN, err, sizeof(err));
-  static struct tcompletion done[4 * N];
-  for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0), T->poll(b, 1, done, 0); /* queue pairs up */
-  for (int i = 0; i < N; i++) {
-    size_t at = (size_t)i * LEN;
-    assert_int_equal(T->recv(cb, mi_b, in + at, LEN, 9, NULL), 0);
-    assert_int_equal(T->recv(ca, mi_a, in + N * LEN + at, LEN, 9, NULL), 0);
-    assert_int_equal(T->send(ca, mo_a, out + at, LEN, 9, NULL), 0);
-    assert_int_equal(T->send(cb, mo_b, out + N * LEN + at, LEN, 9, NULL), 0);
-  }
-  int got = collect(a, b, done, 4 * N);
-  assert_int_equal(got, 4 * N);
-  for (int i = 0; i < got; i++) assert_int_equal(done[i].status, 0);
-  assert_memory_equal(in, out, 2 * N * LEN);
-  struct transport_counters ka, kb;
-  T->counters(a, &ka);
+  connect_pair(&a, &b, &ca, &cb);
+  enum { N = 296, LEN = 3001, BIG = 70000 }; /* (credits come back 8 at a time) */
+  size_t bytes = (size_t)N * LEN + BIG;
+  char *out = malloc(bytes), *in = calloc(1, bytes), err[256];
+  fill(out, bytes, test_seed());
+  struct tmem *mo = T->mem_register(b, out, bytes, err, sizeof(err));
+  struct tmem *mi = T->mem_register(a, in, bytes, err, sizeof(err));
+  static struct tcompletion done[2 * N];
+  queue_pairs_up(a, b, ca, cb);
+  char *big_out = out + (size_t)N * LEN, *big_in = in + (size_t)N * LEN;
+  assert_int_equal(T->recv(ca, mi, big_in, BIG, 900, NULL), 0);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(T->send(cb, mo, out + (size_t)i * LEN, LEN, 500 + (uint64_t)(i % 7), NULL), 0);
+  assert_int_equal(T->send(cb, mo, big_out, BIG, 900, NULL), 0);
+  usleep(40000); /* longer than a send waits for its answer */
+  /* the sends, as credits come back; the large one's receive */
+  assert_int_equal(collect(a, b, done, N + 2), N + 2);
+  for (int i = 0; i < N + 2; i++) assert_int_equal(done[i].status, 0);
+  assert_memory_equal(big_in, big_out, BIG);
+  for (int i = 0; i < N; i++) /* per tag, in order */
+    assert_int_equal(T->recv(ca, mi, in + (size_t)i * LEN, LEN, 500 + (uint64_t)(i % 7), NULL), 0);
+  assert_int_equal(collect(a, b, done, N), N);
+  for (int i = 0; i < N; i++) assert_int_equal(done[i].status, 0);
+  assert_memory_equal(in, out, (size_t)N * LEN);
+  struct transport_counters kb;
   T->counters(b, &kb);
-  assert_int_equal(ka.send_messages + kb.send_messages, 0);
-  assert_int_equal(ka.eager_messages + kb.eager_messages, 2 * N);
-  T->mem_deregister(mo_a);
-  T->mem_deregister(mo_b);
-  free_pair(a, b, mi_a, mi_b, out, in);
+  assert_int_equal(kb.send_messages, N);
+  assert_int_equal(kb.rdma_messages, 1);
+  assert_int_equal(kb.eager_messages, 0);
+
+  credits_back(a, b, cb);
+  for (int i = 0; i < N; i++) /* a takes none of them: no credit comes back */
+    assert_int_equal(T->send(cb, mo, out + (size_t)i * LEN, LEN, 600, (void *)(uintptr_t)(i + 1)), 0);
+  T->close(ca);
+  int got = 0, failed = 0;
+  for (double end = test_now() + 20; got < N && test_now() < end;) {
+    int n = T->poll(b, 1, done, N);
+    for (int i = 0; i < n; i++) {
+      int k = (int)(uintptr_t)done[i].user - 1;
+      failed += done[i].status != 0;
+      if (k >= 32) assert_true(done[i].status < 0); /* waited for a credit */
+    }
+    got += n;
+  }
+  assert_int_equal(got, N);
+  assert_true(failed >= N - 32);
+  T->counters(b, &kb);
+  assert_true(kb.send_messages <= N + 32);
+  assert_int_equal(kb.eager_messages, 0);
+  free_pair(a, b, mo, mi, out, in);
 }
 
 /* The sender closes at once: what it sent eager is still received after
@@ -416,7 +502,7 @@ static void test_held_taken_after_close(void **state) {
   struct tmem *ms = T->mem_register(b, small, sizeof(small), err, sizeof(err));
   struct tmem *ml = T->mem_register(b, large, sizeof(large), err, sizeof(err));
   struct tcompletion done[4];
-  for (int spin = 0; spin < 20; spin++) T->poll(a, 1, done, 0), T->poll(b, 1, done, 0); /* queue pairs up */
+  queue_pairs_up(a, b, ca, cb);
   assert_int_equal(T->send(cb, ms, small, sizeof(small), 42, NULL), 0);
   assert_int_equal(T->send(cb, ml, large, sizeof(large), 43, NULL), 0);
   assert_int_equal(T->send(cb, NULL, plain, sizeof(plain), 44, NULL), 0);
@@ -684,6 +770,7 @@ int main(void) {
       cmocka_unit_test(test_order_and_sizes_that_differ),
       cmocka_unit_test(test_one_tag_every_way),
       cmocka_unit_test(test_older_peer),
+      cmocka_unit_test(test_credits_run_out),
       cmocka_unit_test(test_answers_run_out),
       cmocka_unit_test(test_held_after_close),
       cmocka_unit_test(test_held_taken_after_close),
